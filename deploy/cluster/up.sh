@@ -1,0 +1,441 @@
+#!/usr/bin/env bash
+# Starts a throwaway Kubernetes control plane (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler) on 127.0.0.1, for tests of the carve
+# DRA driver against a real API server. There is no kubelet: nodes, if a test
+# needs them, are plain API objects.
+#
+# Usage: up.sh
+# Prints progress on stderr; the LAST LINE on stdout is the admin kubeconfig
+# path, so callers can do KUBECONFIG=$(deploy/cluster/up.sh | tail -n1).
+# If the cluster is already up (live pid files), it just prints that path.
+# Stop it with down.sh (same environment).
+#
+# Environment (all optional):
+#   CARVE_CLUSTER_DIR              state dir: pki, kubeconfigs, data, logs, pids
+#                                  (default /tmp/carve-cluster)
+#   CARVE_ETCD_PORT                etcd client port        (default 23790)
+#   CARVE_ETCD_PEER_PORT           etcd peer port          (default 23800)
+#   CARVE_APISERVER_PORT           kube-apiserver port     (default 26443)
+#   CARVE_CONTROLLER_MANAGER_PORT  controller-manager port (default 20257)
+#   CARVE_SCHEDULER_PORT           scheduler port          (default 20259)
+#   CARVE_FEATURE_GATES            --feature-gates for all three components
+#                                  (default DRAConsumableCapacity=true)
+#   CARVE_CLUSTER_TIMEOUT          seconds to wait for each readiness step (60)
+#   K8S_VERSION, CARVE_CACHE_DIR   passed on to build-binaries.sh
+#
+# The default ports are below the kernel's ephemeral range (32768-60999), so an
+# outgoing connection never happens to hold one, and away from the well-known
+# Kubernetes ports, so a real cluster on the machine does not collide.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+STATE_DIR=${CARVE_CLUSTER_DIR:-/tmp/carve-cluster}
+STATE_DIR=${STATE_DIR%/}
+ETCD_PORT=${CARVE_ETCD_PORT:-23790}
+ETCD_PEER_PORT=${CARVE_ETCD_PEER_PORT:-23800}
+APISERVER_PORT=${CARVE_APISERVER_PORT:-26443}
+KCM_PORT=${CARVE_CONTROLLER_MANAGER_PORT:-20257}
+SCHEDULER_PORT=${CARVE_SCHEDULER_PORT:-20259}
+# DRAConsumableCapacity is beta and on by default in v1.37, but carve depends
+# on it (allowMultipleAllocations, capacity requestPolicy), so it is named
+# explicitly: the apiserver silently drops those fields when it is off, and the
+# scheduler and controller manager must agree with the apiserver.
+# DRAResourceClaimDeviceStatus is deliberately NOT set: it is GA and locked to
+# true in v1.37 (setting it false is a startup error, true only logs a warning).
+FEATURE_GATES=${CARVE_FEATURE_GATES:-DRAConsumableCapacity=true}
+TIMEOUT=${CARVE_CLUSTER_TIMEOUT:-60}
+SERVICE_CIDR=10.96.0.0/12
+SERVICE_IP=10.96.0.1 # first address of SERVICE_CIDR: the `kubernetes` Service
+
+# Every process runs one of these binaries; down.sh knows the same list.
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+
+PKI=$STATE_DIR/pki
+LOGS=$STATE_DIR/logs
+PIDS=$STATE_DIR/pids
+ADMIN_KUBECONFIG=$STATE_DIR/admin.kubeconfig
+# up.sh only ever deletes a directory carrying this marker, so a mistyped
+# CARVE_CLUSTER_DIR (say $HOME) cannot be wiped.
+MARKER=$STATE_DIR/.carve-cluster
+
+log() { echo "[cluster-up] $*" >&2; }
+
+# --- serialise up.sh/down.sh ---------------------------------------------
+# `go test ./...` runs packages in parallel, and each may call up.sh; without a
+# lock two of them would race to build binaries, generate certs and start
+# etcd. The lock file sits beside the state dir, not in it, because down.sh
+# deletes the state dir while holding the lock. Daemons are started with fd 9
+# closed (see start_daemon), or they would hold the lock until they die.
+mkdir -p "$(dirname "$STATE_DIR")"
+exec 9>"$STATE_DIR.lock"
+if ! flock -n 9; then
+  log "waiting for another up.sh/down.sh on $STATE_DIR"
+  flock 9
+fi
+
+# --- helpers ----------------------------------------------------------------
+
+# pid_of NAME: prints the pid from NAME's pid file if that process is alive
+# and really runs the NAME binary (a stale pid may have been reused).
+pid_of() {
+  local f=$PIDS/$1.pid pid exe
+  [ -f "$f" ] || return 1
+  pid=$(cat "$f" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [ "$(basename "$exe")" = "$1" ] || return 1
+  echo "$pid"
+}
+
+# port_open PORT: true when something accepts TCP connections on 127.0.0.1:PORT
+# (bash's /dev/tcp; no extra tools needed).
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# stop_all: kills whatever this state dir's pid files name; used when a start
+# fails half way. The state dir (with logs) is kept for debugging; the next
+# up.sh or down.sh removes it.
+stop_all() {
+  local c pid
+  for c in "${COMPONENTS[@]}"; do
+    if pid=$(pid_of "$c"); then
+      kill "$pid" 2>/dev/null || true
+    fi
+  done
+  sleep 1
+  for c in "${COMPONENTS[@]}"; do
+    if pid=$(pid_of "$c"); then
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
+}
+
+# fail MSG [COMPONENT...]: prints MSG and the tail of each component's log,
+# stops everything, and exits non-zero.
+fail() {
+  local msg=$1 c
+  shift
+  log "ERROR: $msg"
+  for c in "$@"; do
+    if [ -f "$LOGS/$c.log" ]; then
+      log "---- last lines of $LOGS/$c.log ----"
+      tail -n 25 "$LOGS/$c.log" >&2 || true
+    fi
+  done
+  stop_all
+  log "logs kept in $LOGS; run $here/down.sh to clean up"
+  exit 1
+}
+
+# start_daemon NAME ARGS...: starts $BIN_DIR/NAME detached and records its pid.
+#  - setsid: its own session, so a caller killing its process group (a test
+#    harness timing out, the shell's job control) does not take the cluster
+#    down with it; down.sh is the way to stop it.
+#  - stdin/stdout/stderr redirected, fd 9 (the lock) closed: a caller reading
+#    up.sh's stdout through a pipe (e.g. Go's exec.Cmd.Output) would otherwise
+#    never see EOF while the daemons live.
+#  - the wrapper shell writes its own pid and then execs the binary, so the
+#    pid file holds the daemon's pid even if setsid had to fork.
+start_daemon() {
+  local name=$1
+  shift
+  rm -f "$PIDS/$name.pid"
+  setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDS/$name.pid" "$BIN_DIR/$name" "$@" \
+    </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
+  local i
+  for i in $(seq 50); do
+    [ -s "$PIDS/$name.pid" ] && return 0
+    sleep 0.1
+  done
+  fail "$name did not start" "$name"
+}
+
+# wait_for DESC COMPONENT CMD...: retries CMD every 0.25 s until it succeeds,
+# the component dies, or TIMEOUT passes.
+wait_for() {
+  local desc=$1 comp=$2 deadline=$((SECONDS + TIMEOUT))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    pid_of "$comp" >/dev/null || fail "$comp exited while waiting for $desc" "$comp"
+    [ $SECONDS -lt $deadline ] || fail "timed out after ${TIMEOUT}s waiting for $desc" "${COMPONENTS[@]}"
+    sleep 0.25
+  done
+}
+
+# write_kubeconfig FILE USER CERT KEY: a kubeconfig with embedded credentials,
+# so it stays valid if copied elsewhere.
+write_kubeconfig() {
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: carve
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $(base64 -w0 <"$3")
+    client-key-data: $(base64 -w0 <"$4")
+contexts:
+- name: carve
+  context:
+    cluster: carve
+    user: $2
+current-context: carve
+EOF
+  chmod 600 "$1"
+}
+
+# make_ca NAME CN: a self-signed EC P-256 CA. EC keys because they generate in
+# milliseconds; Go's TLS accepts them.
+make_ca() {
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$1.key" 2>/dev/null
+  openssl req -x509 -new -key "$PKI/$1.key" -subj "/CN=$2" -days 3650 -sha256 \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "$PKI/$1.crt" 2>/dev/null
+}
+
+# issue CA NAME SUBJECT EXTENSIONS: an EC P-256 key and a certificate for it
+# signed by CA (a make_ca name).
+issue() {
+  local ca=$1 name=$2 subj=$3 ext=$4
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key" 2>/dev/null
+  printf '%s\n' "$ext" >"$PKI/$name.ext"
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" \
+    -CAcreateserial -CAserial "$PKI/$ca.srl" -days 365 -sha256 \
+    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+# --- already running? -------------------------------------------------------
+alive=0
+for c in "${COMPONENTS[@]}"; do
+  if pid_of "$c" >/dev/null; then alive=$((alive + 1)); fi
+done
+if [ $alive -eq ${#COMPONENTS[@]} ] && [ -f "$ADMIN_KUBECONFIG" ]; then
+  log "already running in $STATE_DIR"
+  echo "$ADMIN_KUBECONFIG"
+  exit 0
+fi
+if [ $alive -gt 0 ]; then
+  # Half a cluster (e.g. one component crashed) is not worth repairing: its
+  # state is throwaway, so start again from nothing.
+  log "only $alive of ${#COMPONENTS[@]} components alive in $STATE_DIR; restarting from scratch"
+  stop_all
+fi
+if [ -e "$STATE_DIR" ]; then
+  [ -f "$MARKER" ] || { log "ERROR: $STATE_DIR exists but was not made by up.sh; refusing to reuse it"; exit 1; }
+  rm -rf "$STATE_DIR"
+fi
+
+# --- prerequisites ----------------------------------------------------------
+if ! command -v openssl >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing openssl"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl >&2 ||
+      { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl >&2; }
+  else
+    log "ERROR: openssl is required (apt-get install openssl)"
+    exit 1
+  fi
+fi
+
+# Port conflicts give confusing errors deep in component logs; catch them here.
+for p in "CARVE_ETCD_PORT=$ETCD_PORT" "CARVE_ETCD_PEER_PORT=$ETCD_PEER_PORT" \
+  "CARVE_APISERVER_PORT=$APISERVER_PORT" "CARVE_CONTROLLER_MANAGER_PORT=$KCM_PORT" \
+  "CARVE_SCHEDULER_PORT=$SCHEDULER_PORT"; do
+  if port_open "${p#*=}"; then
+    log "ERROR: port ${p#*=} on 127.0.0.1 is in use; set ${p%%=*} to a free port"
+    exit 1
+  fi
+done
+
+# Built once and cached outside the repo; a no-op when the binaries exist,
+# about 10 minutes cold (its progress goes to stderr).
+BIN_DIR=$("$here/build-binaries.sh" etcd kube-apiserver kube-controller-manager kube-scheduler kubectl | tail -n1)
+[ -x "$BIN_DIR/kube-apiserver" ] || { log "ERROR: build-binaries.sh gave no usable bin dir ($BIN_DIR)"; exit 1; }
+
+started=$SECONDS
+mkdir -p "$PKI" "$LOGS" "$PIDS" "$STATE_DIR/etcd" "$STATE_DIR/flexvolume"
+# etcd warns about a data dir more open than 0700; the pki holds private keys.
+chmod 700 "$STATE_DIR" "$PKI" "$STATE_DIR/etcd"
+touch "$MARKER"
+# Handy for callers: $CARVE_CLUSTER_DIR/bin/kubectl matches the server version.
+ln -sfn "$BIN_DIR" "$STATE_DIR/bin"
+
+# --- certificates -------------------------------------------------------------
+# One CA signs everything: apiserver serving cert, client certs for the admin,
+# controller manager and scheduler, and the apiserver's kubelet client cert
+# (unused until a kubelet exists, but cheap). Fresh on every cold start.
+# A second CA is the front-proxy (request-header) CA, as kubeadm sets up: the
+# controller manager and scheduler read it from the
+# extension-apiserver-authentication ConfigMap for delegated authentication
+# and log an error every few seconds, forever, when it is missing; it also
+# makes aggregated API servers work should a test need one.
+log "generating certificates in $PKI"
+make_ca ca carve-test-ca
+make_ca front-proxy-ca carve-test-front-proxy-ca
+server_ext="basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+client_ext="basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+issue ca apiserver "/CN=kube-apiserver" "$server_ext"
+# system:masters bypasses RBAC: tests act as cluster admin.
+issue ca admin "/O=system:masters/CN=carve-admin" "$client_ext"
+# These user names are what the bootstrap RBAC roles are bound to.
+issue ca controller-manager "/CN=system:kube-controller-manager" "$client_ext"
+issue ca scheduler "/CN=system:kube-scheduler" "$client_ext"
+issue ca apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client_ext"
+issue front-proxy-ca front-proxy-client "/CN=front-proxy-client" "$client_ext"
+# Service-account tokens are signed with an RSA key: RS256 is what every
+# token consumer supports.
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key" 2>/dev/null
+openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+
+write_kubeconfig "$ADMIN_KUBECONFIG" carve-admin "$PKI/admin.crt" "$PKI/admin.key"
+write_kubeconfig "$STATE_DIR/controller-manager.kubeconfig" system:kube-controller-manager \
+  "$PKI/controller-manager.crt" "$PKI/controller-manager.key"
+write_kubeconfig "$STATE_DIR/scheduler.kubeconfig" system:kube-scheduler \
+  "$PKI/scheduler.crt" "$PKI/scheduler.key"
+
+# --- etcd -----------------------------------------------------------------------
+# Plain HTTP on loopback: only the apiserver talks to it. --unsafe-no-fsync
+# because the data is thrown away anyway and fsync dominates write latency on
+# a VM disk.
+log "starting etcd on 127.0.0.1:$ETCD_PORT"
+start_daemon etcd \
+  --name=carve \
+  --data-dir="$STATE_DIR/etcd" \
+  --listen-client-urls="http://127.0.0.1:$ETCD_PORT" \
+  --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster="carve=http://127.0.0.1:$ETCD_PEER_PORT" \
+  --unsafe-no-fsync \
+  --log-level=warn
+wait_for "etcd to listen" etcd port_open "$ETCD_PORT"
+
+# --- kube-apiserver -----------------------------------------------------------
+# - resource.k8s.io/v1 is GA and served by default in v1.37; the runtime-config
+#   only makes that explicit (and keeps working if a default changes).
+#   ValidatingAdmissionPolicy is GA and on by default, nothing to set.
+# - --endpoint-reconciler-type=none: the reconciler would publish 127.0.0.1 as
+#   the `kubernetes` Service endpoint, which is invalid for an Endpoints object.
+# - TaintNodesByCondition is disabled because no kubelet ever clears the
+#   not-ready taint it puts on new Node objects, so nothing would schedule onto
+#   the fake nodes tests create.
+# - --cert-dir points into the state dir so nothing is ever written to
+#   /var/run/kubernetes (the default).
+log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
+start_daemon kube-apiserver \
+  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+  --bind-address=127.0.0.1 \
+  --advertise-address=127.0.0.1 \
+  --secure-port="$APISERVER_PORT" \
+  --cert-dir="$PKI" \
+  --tls-cert-file="$PKI/apiserver.crt" \
+  --tls-private-key-file="$PKI/apiserver.key" \
+  --client-ca-file="$PKI/ca.crt" \
+  --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+  --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+  --kubelet-preferred-address-types=InternalIP \
+  --requestheader-client-ca-file="$PKI/front-proxy-ca.crt" \
+  --requestheader-allowed-names=front-proxy-client \
+  --requestheader-username-headers=X-Remote-User \
+  --requestheader-group-headers=X-Remote-Group \
+  --requestheader-extra-headers-prefix=X-Remote-Extra- \
+  --proxy-client-cert-file="$PKI/front-proxy-client.crt" \
+  --proxy-client-key-file="$PKI/front-proxy-client.key" \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file="$PKI/sa.pub" \
+  --service-account-signing-key-file="$PKI/sa.key" \
+  --service-cluster-ip-range="$SERVICE_CIDR" \
+  --authorization-mode=Node,RBAC \
+  --endpoint-reconciler-type=none \
+  --disable-admission-plugins=TaintNodesByCondition \
+  --allow-privileged=true \
+  --runtime-config=resource.k8s.io/v1=true \
+  --feature-gates="$FEATURE_GATES" \
+  --profiling=false \
+  --v=1
+kubectl_() { "$BIN_DIR/kubectl" --kubeconfig="$ADMIN_KUBECONFIG" --request-timeout=5s "$@"; }
+# /readyz (not /healthz) also waits for the RBAC bootstrap roles the
+# controller manager and scheduler need.
+wait_for "kube-apiserver /readyz" kube-apiserver kubectl_ get --raw /readyz
+
+# --- controller manager and scheduler -------------------------------------------
+# Started only once the apiserver is ready: the controller manager gives up and
+# exits if the apiserver is not healthy within 10 s of its start, which can
+# happen on a loaded 2-core machine.
+#  - node-lifecycle-controller is off: with no kubelet it would mark every Node
+#    NotReady and taint/evict from it.
+#  - --use-service-account-credentials: each controller gets its own
+#    ServiceAccount token (the token controller needs the SA private key).
+#  - --flex-volume-plugin-dir: the default is under /usr/libexec, which the
+#    controller manager would create.
+#  - the cluster-signing files let the CSR signer issue kubelet certs later.
+log "starting kube-controller-manager and kube-scheduler"
+start_daemon kube-controller-manager \
+  --kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
+  --authentication-kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
+  --authorization-kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
+  --bind-address=127.0.0.1 \
+  --secure-port="$KCM_PORT" \
+  --leader-elect=false \
+  --controllers='*,-node-lifecycle-controller' \
+  --flex-volume-plugin-dir="$STATE_DIR/flexvolume" \
+  --service-account-private-key-file="$PKI/sa.key" \
+  --root-ca-file="$PKI/ca.crt" \
+  --use-service-account-credentials=true \
+  --cluster-signing-cert-file="$PKI/ca.crt" \
+  --cluster-signing-key-file="$PKI/ca.key" \
+  --service-cluster-ip-range="$SERVICE_CIDR" \
+  --feature-gates="$FEATURE_GATES" \
+  --profiling=false \
+  --v=1
+# The scheduler takes its client settings from a config file: with --config,
+# the old --kubeconfig/--leader-elect flags would be ignored.
+cat >"$STATE_DIR/scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $STATE_DIR/scheduler.kubeconfig
+leaderElection:
+  leaderElect: false
+EOF
+start_daemon kube-scheduler \
+  --config="$STATE_DIR/scheduler.yaml" \
+  --authentication-kubeconfig="$STATE_DIR/scheduler.kubeconfig" \
+  --authorization-kubeconfig="$STATE_DIR/scheduler.kubeconfig" \
+  --bind-address=127.0.0.1 \
+  --secure-port="$SCHEDULER_PORT" \
+  --feature-gates="$FEATURE_GATES" \
+  --profiling=false \
+  --v=1
+
+# Pods cannot be created until the controller manager has made the namespace's
+# `default` ServiceAccount; that is the sign it is working.
+wait_for "the default ServiceAccount" kube-controller-manager \
+  kubectl_ get serviceaccount default --namespace default
+pid_of kube-scheduler >/dev/null || fail "kube-scheduler exited" kube-scheduler
+
+# For scripts that want the ports without re-deriving the defaults.
+cat >"$STATE_DIR/cluster.env" <<EOF
+KUBECONFIG=$ADMIN_KUBECONFIG
+CARVE_CLUSTER_DIR=$STATE_DIR
+CARVE_K8S_BIN_DIR=$BIN_DIR
+CARVE_ETCD_PORT=$ETCD_PORT
+CARVE_APISERVER_PORT=$APISERVER_PORT
+CARVE_CONTROLLER_MANAGER_PORT=$KCM_PORT
+CARVE_SCHEDULER_PORT=$SCHEDULER_PORT
+EOF
+
+log "control plane ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
+echo "$ADMIN_KUBECONFIG"

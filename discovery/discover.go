@@ -1,0 +1,54 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Options says where and what to discover.
+type Options struct {
+	// Root is the host root: "/" in production, a fixture tree in tests.
+	Root string
+	Net  NetFilter
+}
+
+// Discover reads the node's hardware under opts.Root. Missing optional files
+// give fewer attributes; a malformed file is an error that names it.
+func Discover(ctx context.Context, opts Options) (*Inventory, error) {
+	logger := klog.FromContext(ctx)
+	start := time.Now()
+	root := opts.Root
+	if root == "" {
+		root = "/"
+	}
+	t := tree{root: root}
+
+	pci, err := t.listPCI(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("discover PCI functions: %w", err)
+	}
+	inv := &Inventory{}
+	if inv.NICs, err = t.listNICs(opts.Net, pci); err != nil {
+		return nil, fmt.Errorf("discover NICs: %w", err)
+	}
+	if inv.LLCs, err = t.listLLCs(); err != nil {
+		return nil, fmt.Errorf("discover LLCs: %w", err)
+	}
+	for _, f := range sortedPCI(pci) {
+		switch {
+		case isFPGA(f):
+			inv.FPGAs = append(inv.FPGAs, FPGA{PCIFunction: f, DevNodes: devNodes(f.SysfsPath)})
+		case isNVIDIAGPU(f):
+			inv.GPUs = append(inv.GPUs, GPU{PCIFunction: f})
+		}
+	}
+	if inv.Kernel, err = t.readKernelFeatures(); err != nil {
+		return nil, fmt.Errorf("discover kernel features: %w", err)
+	}
+	logger.V(2).Info("Discovered hardware", "root", root, "nics", len(inv.NICs), "llcs", len(inv.LLCs),
+		"fpgas", len(inv.FPGAs), "gpus", len(inv.GPUs), "duration", time.Since(start))
+	return inv, nil
+}

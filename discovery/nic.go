@@ -1,0 +1,160 @@
+package discovery
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// NetFilter selects the netdevs discovery reports. PCI-backed netdevs are
+// reported by default; virtual ones (veth, bridges, lo) only when asked for.
+type NetFilter struct {
+	// Include, when not empty, keeps only interfaces whose name matches one
+	// of these globs.
+	Include []string
+	// Exclude drops interfaces whose name matches one of these globs.
+	Exclude []string
+	// IncludeVirtual reports netdevs that have no device behind them.
+	IncludeVirtual bool
+}
+
+func (f NetFilter) keeps(name string, virtual bool) bool {
+	if virtual && !f.IncludeVirtual {
+		return false
+	}
+	if matchAny(f.Exclude, name) {
+		return false
+	}
+	return len(f.Include) == 0 || matchAny(f.Include, name)
+}
+
+func matchAny(globs []string, name string) bool {
+	for _, g := range globs {
+		if ok, _ := path.Match(g, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// listNICs reads sys/class/net. pci maps addresses to PCI functions.
+func (t tree) listNICs(filter NetFilter, pci map[string]PCIFunction) ([]NIC, error) {
+	const dir = "sys/class/net"
+	entries, err := os.ReadDir(t.path(dir))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", t.path(dir), err)
+	}
+	var nics []NIC
+	for _, e := range entries {
+		name := e.Name()
+		rel := filepath.Join(dir, name)
+		real, err := t.resolve(rel)
+		if err != nil {
+			return nil, err
+		}
+		// A netdev with no "device" link is virtual: veth, bridge, lo.
+		_, hasDevice, err := t.optionalLink(filepath.Join(rel, "device"))
+		if err != nil {
+			return nil, err
+		}
+		if !filter.keeps(name, !hasDevice) {
+			continue
+		}
+		nic, err := t.readNIC(name, rel)
+		if err != nil {
+			return nil, err
+		}
+		nic.Virtual = !hasDevice
+		if hasDevice {
+			if addr := lastPCIAddress(real); addr != "" {
+				if fn, ok := pci[addr]; ok {
+					nic.PCI = &fn
+				} else {
+					nic.PCI = &PCIFunction{Address: addr, NUMANode: -1}
+				}
+			}
+		}
+		nics = append(nics, nic)
+	}
+	sort.Slice(nics, func(i, j int) bool { return nics[i].Name < nics[j].Name })
+	return nics, nil
+}
+
+func (t tree) readNIC(name, rel string) (NIC, error) {
+	nic := NIC{Name: name}
+	var err error
+	get := func(file string) string {
+		if err != nil {
+			return ""
+		}
+		var s string
+		s, _, err = t.optionalString(filepath.Join(rel, file))
+		return s
+	}
+	getInt := func(file string) (int64, bool) {
+		if err != nil {
+			return 0, false
+		}
+		var v int64
+		var ok bool
+		v, ok, err = t.optionalInt(filepath.Join(rel, file))
+		return v, ok
+	}
+	nic.MAC = get("address")
+	nic.OperState = get("operstate")
+	if v, ok := getInt("mtu"); ok {
+		nic.MTU = int(v)
+	}
+	if v, ok := getInt("carrier"); ok {
+		nic.Carrier = v == 1
+	}
+	// The kernel reports -1 (or refuses the read) when it does not know
+	// the speed, as for virtio; that is "unknown", not an error.
+	if v, ok := getInt("speed"); ok && v > 0 {
+		nic.SpeedMbps = v
+	}
+	if v, ok := getInt("dev_port"); ok {
+		nic.DevPort = int(v)
+	}
+	if total, ok := getInt("device/sriov_totalvfs"); ok && total > 0 {
+		num, _ := getInt("device/sriov_numvfs")
+		nic.SRIOV = &SRIOV{TotalVFs: int(total), NumVFs: int(num)}
+	}
+	if err != nil {
+		return NIC{}, fmt.Errorf("netdev %s: %w", name, err)
+	}
+	nic.Driver = t.linkBase(filepath.Join(rel, "device", "driver"))
+	nic.PhysFn = t.linkBase(filepath.Join(rel, "device", "physfn"))
+	return nic, nil
+}
+
+// optionalLink reads a symlink that may be missing.
+func (t tree) optionalLink(rel string) (string, bool, error) {
+	target, err := os.Readlink(t.path(rel))
+	switch {
+	case err == nil:
+		return target, true, nil
+	case os.IsNotExist(err):
+		return "", false, nil
+	default:
+		return "", false, fmt.Errorf("read link %s: %w", t.path(rel), err)
+	}
+}
+
+// lastPCIAddress returns the deepest PCI address in a sysfs device path: for
+// ".../pci0000:00/0000:00:03.0/virtio2/net/eth0" it is "0000:00:03.0".
+func lastPCIAddress(p string) string {
+	parts := strings.Split(filepath.ToSlash(p), "/")
+	for i := len(parts) - 1; i >= 0; i-- {
+		if pciAddressPattern.MatchString(parts[i]) {
+			return parts[i]
+		}
+	}
+	return ""
+}

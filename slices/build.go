@@ -1,0 +1,343 @@
+package slices
+
+import (
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+// Kinds, the values of the "kind" attribute.
+const (
+	KindNIC  = "nic"
+	KindLLC  = "llc"
+	KindFPGA = "fpga"
+	KindGPU  = "gpu"
+)
+
+// Attribute and capacity names of the contract.
+const (
+	AttrKind       resourceapi.QualifiedName = "kind"
+	AttrPCIAddress resourceapi.QualifiedName = "pciAddress"
+	AttrNUMANode   resourceapi.QualifiedName = "numaNode"
+	AttrIfName     resourceapi.QualifiedName = "ifName"
+	AttrMAC        resourceapi.QualifiedName = "mac"
+	AttrCacheID    resourceapi.QualifiedName = "cacheId"
+	AttrCPUs       resourceapi.QualifiedName = "cpus"
+	AttrVendorID   resourceapi.QualifiedName = "vendorID"
+	AttrDeviceID   resourceapi.QualifiedName = "deviceID"
+
+	CapEgressBandwidth  resourceapi.QualifiedName = "egressBandwidth"
+	CapIngressBandwidth resourceapi.QualifiedName = "ingressBandwidth"
+	CapWays             resourceapi.QualifiedName = "ways"
+	CapSize             resourceapi.QualifiedName = "size"
+)
+
+// Result is a node's pool and what an operator should know about it.
+type Result struct {
+	Resources resourceslice.DriverResources
+	// Notices say what was found but cannot be offered fully, such as a
+	// link of unknown speed or a kernel that cannot enforce shares.
+	Notices []string
+}
+
+// Build makes the node's pool. Devices are ordered by name, so the output is
+// stable, and the pool is split into as many slices as the API's per-slice
+// limit requires.
+func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string) Result {
+	b := builder{cfg: cfg, kernel: inv.Kernel}
+	var devices []resourceapi.Device
+	for _, nic := range inv.NICs {
+		devices = append(devices, b.nic(nic))
+	}
+	b.dedupeNames(devices)
+	for _, llc := range inv.LLCs {
+		devices = append(devices, b.llc(llc))
+	}
+	for _, f := range inv.FPGAs {
+		devices = append(devices, b.fpga(f))
+	}
+	if len(inv.GPUs) > 0 {
+		b.notef("%d NVIDIA GPU PCI function(s) found; GPUs are published once NVML confirms them", len(inv.GPUs))
+	}
+	sortDevices(devices)
+	return Result{
+		Resources: resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+			nodeName: {Slices: split(devices, resourceapi.ResourceSliceMaxDevices)},
+		}},
+		Notices: b.notices,
+	}
+}
+
+type builder struct {
+	cfg     *nodeconfig.NodeConfig
+	kernel  discovery.KernelFeatures
+	notices []string
+}
+
+func (b *builder) notef(format string, args ...any) {
+	b.notices = append(b.notices, fmt.Sprintf(format, args...))
+}
+
+func (b *builder) nic(n discovery.NIC) resourceapi.Device {
+	d := newDevice(KindNIC, nicName(n))
+	setString(d, AttrIfName, n.Name)
+	setString(d, AttrMAC, n.MAC)
+	if n.MTU > 0 {
+		setInt(d, "mtu", int64(n.MTU))
+	}
+	setString(d, "driver", n.Driver)
+	setBool(d, "virtual", n.Virtual)
+	if n.PCI != nil {
+		setPCI(d, *n.PCI)
+	}
+	if n.SRIOV != nil {
+		setInt(d, "sriovTotalVFs", int64(n.SRIOV.TotalVFs))
+		setInt(d, "sriovNumVFs", int64(n.SRIOV.NumVFs))
+	}
+	setString(d, "sriovPhysFn", n.PhysFn)
+
+	egress, ingress, known := b.bandwidth(n)
+	if !known {
+		b.notef("NIC %s: link speed unknown and no netdev.bandwidth entry in the node config; published without bandwidth, not shareable", n.Name)
+		return *d
+	}
+	shareable := b.nicShareable(n)
+	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		CapEgressBandwidth:  b.capacity(KindNIC, CapEgressBandwidth, egress, shareable, defaultBandwidthPolicy(egress)),
+		CapIngressBandwidth: b.capacity(KindNIC, CapIngressBandwidth, ingress, shareable, defaultBandwidthPolicy(ingress)),
+	}
+	if shareable {
+		d.AllowMultipleAllocations = ptr.To(true)
+	}
+	return *d
+}
+
+// bandwidth is the NIC's capacity in bits per second: the link speed where
+// the kernel knows it, else the node config's entry for the interface.
+func (b *builder) bandwidth(n discovery.NIC) (egress, ingress resource.Quantity, known bool) {
+	if n.SpeedMbps > 0 {
+		q := *resource.NewQuantity(n.SpeedMbps*1_000_000, resource.DecimalSI)
+		return q, q, true
+	}
+	return b.cfg.BandwidthFor(n.Name)
+}
+
+// nicShareable reports whether this node can hold bandwidth shares of the NIC
+// to their allocation, and notes why not where it cannot.
+func (b *builder) nicShareable(n discovery.NIC) bool {
+	switch {
+	case !b.kernel.Known:
+		b.notef("NIC %s: the kernel's configuration could not be read (proc/config.gz, boot/config-<release>); bandwidth shares not offered", n.Name)
+	case !b.kernel.CanShareNIC():
+		b.notef("NIC %s: this kernel cannot enforce bandwidth shares (tc BPF %t, egress shaping %t, ingress shaping %t, macvlan/ipvlan %t); published as a whole device",
+			n.Name, b.kernel.CanAttachTC(), b.kernel.CanShapeEgress(), b.kernel.CanShapeIngress(), b.kernel.Macvlan || b.kernel.IPVlan)
+	case !n.LinkUsable():
+		b.notef("NIC %s: link is %s (carrier %t); not offered for sharing until it is up", n.Name, n.OperState, n.Carrier)
+	default:
+		return true
+	}
+	return false
+}
+
+func (b *builder) llc(l discovery.LLC) resourceapi.Device {
+	d := newDevice(KindLLC, fmt.Sprintf("llc-%d", l.ID))
+	setInt(d, AttrCacheID, int64(l.ID))
+	if len(l.CPUs) <= resourceapi.DeviceAttributeMaxValueLength {
+		setString(d, AttrCPUs, l.CPUs)
+	} else {
+		b.notef("LLC %d: CPU list is longer than an attribute may be (%d characters); cpus omitted", l.ID, resourceapi.DeviceAttributeMaxValueLength)
+	}
+	setBool(d, "resctrl", l.Resctrl != nil)
+
+	ways := l.Ways
+	shareable := l.Resctrl != nil
+	if shareable {
+		// resctrl allocates by capacity bitmask bits; those are the ways
+		// a share can be given.
+		ways = discovery.MaskWays(l.Resctrl.CBMMask)
+	} else {
+		b.notef("LLC %d: resctrl is not mounted; cache ways cannot be partitioned, published as a whole device", l.ID)
+	}
+	if ways <= 0 || l.SizeBytes <= 0 {
+		b.notef("LLC %d: ways or size unknown; published without capacities", l.ID)
+		return *d
+	}
+	minWays := int64(1)
+	if l.Resctrl != nil {
+		minWays = int64(l.Resctrl.MinCBMBits)
+	}
+	wayBytes := l.SizeBytes / int64(ways)
+	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		CapWays: b.capacity(KindLLC, CapWays, *resource.NewQuantity(int64(ways), resource.DecimalSI), shareable,
+			policy(minWays, minWays, 1)),
+		CapSize: b.capacity(KindLLC, CapSize, *resource.NewQuantity(l.SizeBytes, resource.BinarySI), shareable,
+			policy(minWays*wayBytes, wayBytes, wayBytes)),
+	}
+	if shareable {
+		d.AllowMultipleAllocations = ptr.To(true)
+	}
+	return *d
+}
+
+func (b *builder) fpga(f discovery.FPGA) resourceapi.Device {
+	d := newDevice(KindFPGA, pciName(KindFPGA, f.Address))
+	setPCI(d, f.PCIFunction)
+	setString(d, AttrVendorID, f.VendorID)
+	setString(d, AttrDeviceID, f.DeviceID)
+	setString(d, "driver", f.Driver)
+	return *d
+}
+
+// capacity is a device's capacity with, when the device is shareable, the
+// configured request policy or else the built-in one.
+func (b *builder) capacity(kind string, name resourceapi.QualifiedName, value resource.Quantity, shareable bool, builtin nodeconfig.Policy) resourceapi.DeviceCapacity {
+	c := resourceapi.DeviceCapacity{Value: value}
+	if !shareable {
+		return c
+	}
+	pol, ok := b.cfg.Policy(kind, string(name))
+	if !ok {
+		pol = builtin
+	}
+	rp := &resourceapi.CapacityRequestPolicy{Default: ptr.To(pol.Default)}
+	if pol.Min != nil || pol.Step != nil || pol.Max != nil {
+		rp.ValidRange = &resourceapi.CapacityRequestPolicyRange{Min: pol.Min, Max: pol.Max, Step: pol.Step}
+		if rp.ValidRange.Min == nil {
+			rp.ValidRange.Min = ptr.To(resource.MustParse("0"))
+		}
+	}
+	// A policy must fit the device: clamp what the config asks to the
+	// device's own capacity rather than publish an unsatisfiable slice.
+	if rp.Default.Cmp(value) > 0 {
+		rp.Default = ptr.To(value.DeepCopy())
+	}
+	if r := rp.ValidRange; r != nil {
+		if r.Max != nil && r.Max.Cmp(value) > 0 {
+			r.Max = ptr.To(value.DeepCopy())
+		}
+		if r.Min.Cmp(*rp.Default) > 0 {
+			r.Min = ptr.To(rp.Default.DeepCopy())
+		}
+	}
+	c.RequestPolicy = rp
+	return c
+}
+
+// defaultBandwidthPolicy: a share gets 1% of the link unless it asks, and may
+// ask for any multiple of 1 Mbit/s from 1 Mbit/s up.
+func defaultBandwidthPolicy(link resource.Quantity) nodeconfig.Policy {
+	def := link.Value() / 100
+	if def < 1_000_000 {
+		def = 1_000_000
+	}
+	def -= def % 1_000_000
+	return policy(def, 1_000_000, 1_000_000)
+}
+
+func policy(def, min, step int64) nodeconfig.Policy {
+	return nodeconfig.Policy{
+		Default: *resource.NewQuantity(def, resource.DecimalSI),
+		Min:     resource.NewQuantity(min, resource.DecimalSI),
+		Step:    resource.NewQuantity(step, resource.DecimalSI),
+	}
+}
+
+func newDevice(kind, name string) *resourceapi.Device {
+	d := &resourceapi.Device{Name: name, Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}}
+	setString(d, AttrKind, kind)
+	return d
+}
+
+func setPCI(d *resourceapi.Device, f discovery.PCIFunction) {
+	setString(d, AttrPCIAddress, f.Address)
+	if f.PCIeRoot != "" {
+		setString(d, deviceattribute.StandardDeviceAttributePCIeRoot, f.PCIeRoot)
+	}
+	if f.NUMANode >= 0 {
+		setInt(d, AttrNUMANode, int64(f.NUMANode))
+		setInt(d, deviceattribute.StandardDeviceAttributeNUMANode, int64(f.NUMANode))
+	}
+	setString(d, "vendorName", f.VendorName)
+	setString(d, "productName", f.ProductName)
+}
+
+// setString sets a string attribute, cut to the API's value limit; empty
+// values are left out.
+func setString(d *resourceapi.Device, name resourceapi.QualifiedName, v string) {
+	if v == "" {
+		return
+	}
+	if len(v) > resourceapi.DeviceAttributeMaxValueLength {
+		v = v[:resourceapi.DeviceAttributeMaxValueLength]
+	}
+	d.Attributes[name] = resourceapi.DeviceAttribute{StringValue: &v}
+}
+
+func setInt(d *resourceapi.Device, name resourceapi.QualifiedName, v int64) {
+	d.Attributes[name] = resourceapi.DeviceAttribute{IntValue: &v}
+}
+
+func setBool(d *resourceapi.Device, name resourceapi.QualifiedName, v bool) {
+	d.Attributes[name] = resourceapi.DeviceAttribute{BoolValue: &v}
+}
+
+var nonNameChars = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// pciName derives a device name from a PCI address: 0000:1a:00.0 becomes
+// <kind>-0000-1a-00-0. PCI addresses are stable across reboots; interface
+// names can change with udev rules.
+func pciName(kind, addr string) string {
+	return kind + "-" + strings.NewReplacer(":", "-", ".", "-").Replace(addr)
+}
+
+// nicName names a NIC by its PCI function, with the port where one function
+// carries several netdevs; virtual NICs by their interface name.
+func nicName(n discovery.NIC) string {
+	if n.PCI != nil {
+		name := pciName(KindNIC, n.PCI.Address)
+		if n.DevPort > 0 {
+			name += fmt.Sprintf("-p%d", n.DevPort)
+		}
+		return name
+	}
+	return "nic-" + sanitize(n.Name)
+}
+
+// sanitize makes an interface name a DNS label fragment.
+func sanitize(s string) string {
+	s = strings.Trim(nonNameChars.ReplaceAllString(strings.ToLower(s), "-"), "-")
+	if len(s) > 50 {
+		s = s[:50]
+	}
+	if s == "" {
+		s = "x"
+	}
+	return s
+}
+
+// dedupeNames keeps names unique where sanitizing folded two interface names
+// together (eth_0 and eth.0), by appending the interface name's hash.
+func (b *builder) dedupeNames(devices []resourceapi.Device) {
+	count := map[string]int{}
+	for _, d := range devices {
+		count[d.Name]++
+	}
+	for i := range devices {
+		if count[devices[i].Name] > 1 {
+			ifName := *devices[i].Attributes[AttrIfName].StringValue
+			h := fnv.New32a()
+			h.Write([]byte(ifName))
+			devices[i].Name = fmt.Sprintf("%s-%08x", devices[i].Name, h.Sum32())
+		}
+	}
+}

@@ -1,0 +1,276 @@
+// Package nodeconfig holds the node agent's configuration file, a
+// carve.dev/v1alpha1 NodeConfig, and its strict decoder.
+package nodeconfig
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	APIVersion        = "carve.dev/v1alpha1"
+	Kind              = "NodeConfig"
+	DefaultDriverName = "carve.dev"
+)
+
+// NodeConfig is the node's configuration file.
+type NodeConfig struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// DriverName is the DRA driver name the slices are published under.
+	DriverName string `json:"driverName,omitempty"`
+	Netdev     Netdev `json:"netdev,omitempty"`
+	// RequestPolicies set how shares of a device kind may be requested,
+	// by kind ("nic", "llc") and capacity name.
+	RequestPolicies map[string]map[string]RequestPolicy `json:"requestPolicies,omitempty"`
+}
+
+// Netdev selects the netdevs to publish and fills in what the kernel does
+// not know about them.
+type Netdev struct {
+	// Include keeps only interfaces matching one of these globs, when set.
+	Include []string `json:"include,omitempty"`
+	// Exclude drops interfaces matching one of these globs.
+	Exclude []string `json:"exclude,omitempty"`
+	// IncludeVirtual publishes veth, bridges and other virtual netdevs.
+	IncludeVirtual bool `json:"includeVirtual,omitempty"`
+	// Bandwidth gives the capacity of links whose speed the kernel does
+	// not report (virtio, veth). The first entry whose glob matches wins.
+	Bandwidth []InterfaceBandwidth `json:"bandwidth,omitempty"`
+}
+
+// InterfaceBandwidth is the capacity of matching interfaces, in bits per
+// second, as quantities ("10G", "25Gi" is not meant: use decimal).
+type InterfaceBandwidth struct {
+	Interface string `json:"interface"`
+	Egress    string `json:"egress"`
+	Ingress   string `json:"ingress,omitempty"`
+}
+
+// RequestPolicy is a capacity's request policy: what a claim that does not
+// ask gets, and the range and granularity of what it may ask.
+type RequestPolicy struct {
+	Default string `json:"default"`
+	Min     string `json:"min,omitempty"`
+	Max     string `json:"max,omitempty"`
+	Step    string `json:"step,omitempty"`
+}
+
+// Policy is a RequestPolicy with its quantities parsed.
+type Policy struct {
+	Default resource.Quantity
+	Min     *resource.Quantity
+	Max     *resource.Quantity
+	Step    *resource.Quantity
+}
+
+// Default returns the configuration used when no file is given.
+func Default() *NodeConfig {
+	return &NodeConfig{APIVersion: APIVersion, Kind: Kind, DriverName: DefaultDriverName}
+}
+
+// Load reads and decodes a NodeConfig file; an empty path gives Default().
+func Load(file string) (*NodeConfig, error) {
+	if file == "" {
+		return Default(), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read node config: %w", err)
+	}
+	cfg, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("node config %s: %w", file, err)
+	}
+	return cfg, nil
+}
+
+// Decode strictly decodes a NodeConfig from YAML or JSON: an unknown field,
+// a duplicate key or a bad value is an error naming its path.
+func Decode(data []byte) (*NodeConfig, error) {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	cfg := &NodeConfig{}
+	strictErrs, err := sigsjson.UnmarshalStrict(js, cfg, sigsjson.DisallowUnknownFields)
+	if err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if len(strictErrs) > 0 {
+		msgs := make([]string, len(strictErrs))
+		for i, e := range strictErrs {
+			msgs[i] = e.Error()
+		}
+		return nil, fmt.Errorf("decode: %s", strings.Join(msgs, "; "))
+	}
+	if cfg.DriverName == "" {
+		cfg.DriverName = DefaultDriverName
+	}
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	return cfg, nil
+}
+
+// Kinds whose capacities may carry a request policy, and those capacities.
+var policyCapacities = map[string][]string{
+	"nic": {"egressBandwidth", "ingressBandwidth"},
+	"llc": {"ways", "size"},
+}
+
+// Validate checks every field and returns all that are wrong, by path.
+func (c *NodeConfig) Validate() field.ErrorList {
+	var errs field.ErrorList
+	if c.APIVersion != APIVersion {
+		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), c.APIVersion, "must be "+APIVersion))
+	}
+	if c.Kind != Kind {
+		errs = append(errs, field.Invalid(field.NewPath("kind"), c.Kind, "must be "+Kind))
+	}
+	if len(c.DriverName) > 63 {
+		errs = append(errs, field.TooLong(field.NewPath("driverName"), c.DriverName, 63))
+	}
+	for _, msg := range validation.IsDNS1123Subdomain(c.DriverName) {
+		errs = append(errs, field.Invalid(field.NewPath("driverName"), c.DriverName, msg))
+	}
+	nd := field.NewPath("netdev")
+	for name, globs := range map[string][]string{"include": c.Netdev.Include, "exclude": c.Netdev.Exclude} {
+		for i, g := range globs {
+			if _, err := path.Match(g, ""); err != nil {
+				errs = append(errs, field.Invalid(nd.Child(name).Index(i), g, "bad glob: "+err.Error()))
+			}
+		}
+	}
+	for i, bw := range c.Netdev.Bandwidth {
+		p := nd.Child("bandwidth").Index(i)
+		if bw.Interface == "" {
+			errs = append(errs, field.Required(p.Child("interface"), "an interface name or glob"))
+		} else if _, err := path.Match(bw.Interface, ""); err != nil {
+			errs = append(errs, field.Invalid(p.Child("interface"), bw.Interface, "bad glob: "+err.Error()))
+		}
+		if bw.Egress == "" {
+			errs = append(errs, field.Required(p.Child("egress"), "bits per second, e.g. 10G"))
+		} else {
+			errs = append(errs, positiveQuantity(p.Child("egress"), bw.Egress)...)
+		}
+		if bw.Ingress != "" {
+			errs = append(errs, positiveQuantity(p.Child("ingress"), bw.Ingress)...)
+		}
+	}
+	rp := field.NewPath("requestPolicies")
+	for kind, byCap := range c.RequestPolicies {
+		caps, ok := policyCapacities[kind]
+		if !ok {
+			errs = append(errs, field.NotSupported(rp.Key(kind), kind, []string{"nic", "llc"}))
+			continue
+		}
+		for capName, pol := range byCap {
+			p := rp.Key(kind).Key(capName)
+			if !contains(caps, capName) {
+				errs = append(errs, field.NotSupported(p, capName, caps))
+				continue
+			}
+			if _, perrs := pol.parse(p); len(perrs) > 0 {
+				errs = append(errs, perrs...)
+			}
+		}
+	}
+	return errs
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func positiveQuantity(p *field.Path, s string) field.ErrorList {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return field.ErrorList{field.Invalid(p, s, "not a quantity: "+err.Error())}
+	}
+	if q.Sign() <= 0 {
+		return field.ErrorList{field.Invalid(p, s, "must be greater than zero")}
+	}
+	return nil
+}
+
+func (r RequestPolicy) parse(p *field.Path) (Policy, field.ErrorList) {
+	var errs field.ErrorList
+	var pol Policy
+	parse := func(name, s string, required bool) *resource.Quantity {
+		if s == "" {
+			if required {
+				errs = append(errs, field.Required(p.Child(name), "a quantity"))
+			}
+			return nil
+		}
+		if e := positiveQuantity(p.Child(name), s); len(e) > 0 {
+			errs = append(errs, e...)
+			return nil
+		}
+		q := resource.MustParse(s)
+		return &q
+	}
+	if d := parse("default", r.Default, true); d != nil {
+		pol.Default = *d
+	}
+	pol.Min, pol.Max, pol.Step = parse("min", r.Min, false), parse("max", r.Max, false), parse("step", r.Step, false)
+	if len(errs) > 0 {
+		return Policy{}, errs
+	}
+	if pol.Min != nil && pol.Default.Cmp(*pol.Min) < 0 {
+		errs = append(errs, field.Invalid(p.Child("default"), r.Default, "must not be less than min "+r.Min))
+	}
+	if pol.Max != nil && pol.Default.Cmp(*pol.Max) > 0 {
+		errs = append(errs, field.Invalid(p.Child("default"), r.Default, "must not be more than max "+r.Max))
+	}
+	if pol.Min != nil && pol.Max != nil && pol.Min.Cmp(*pol.Max) > 0 {
+		errs = append(errs, field.Invalid(p.Child("min"), r.Min, "must not be more than max "+r.Max))
+	}
+	return pol, errs
+}
+
+// Policy returns the configured request policy for a kind's capacity.
+func (c *NodeConfig) Policy(kind, capacity string) (Policy, bool) {
+	r, ok := c.RequestPolicies[kind][capacity]
+	if !ok {
+		return Policy{}, false
+	}
+	pol, errs := r.parse(field.NewPath("requestPolicies", kind, capacity))
+	return pol, len(errs) == 0
+}
+
+// BandwidthFor returns the configured egress and ingress capacity (bits/s)
+// of an interface, when an entry matches it. Ingress defaults to egress.
+func (c *NodeConfig) BandwidthFor(ifName string) (egress, ingress resource.Quantity, ok bool) {
+	for _, bw := range c.Netdev.Bandwidth {
+		if m, _ := path.Match(bw.Interface, ifName); !m {
+			continue
+		}
+		egress, err := resource.ParseQuantity(bw.Egress)
+		if err != nil {
+			return resource.Quantity{}, resource.Quantity{}, false
+		}
+		ingress = egress
+		if bw.Ingress != "" {
+			if ingress, err = resource.ParseQuantity(bw.Ingress); err != nil {
+				return resource.Quantity{}, resource.Quantity{}, false
+			}
+		}
+		return egress, ingress, true
+	}
+	return resource.Quantity{}, resource.Quantity{}, false
+}
