@@ -54,15 +54,15 @@ func (t tree) listNICs(filter NetFilter, pci map[string]PCIFunction) ([]NIC, err
 	for _, e := range entries {
 		name := e.Name()
 		rel := filepath.Join(dir, name)
-		real, err := t.resolve(rel)
+		// The kernel places netdevs with no device behind them (veth,
+		// bridges, lo) under devices/virtual. The link's text is enough
+		// to tell, and to find the PCI function, even where the target
+		// is gone (a snapshot, a device being removed).
+		target, _, err := t.optionalLink(rel)
 		if err != nil {
 			return nil, err
 		}
-		// A netdev with no "device" link is virtual: veth, bridge, lo.
-		_, hasDevice, err := t.optionalLink(filepath.Join(rel, "device"))
-		if err != nil {
-			return nil, err
-		}
+		hasDevice := !strings.Contains(target, "devices/virtual/")
 		if !filter.keeps(name, !hasDevice) {
 			continue
 		}
@@ -72,7 +72,7 @@ func (t tree) listNICs(filter NetFilter, pci map[string]PCIFunction) ([]NIC, err
 		}
 		nic.Virtual = !hasDevice
 		if hasDevice {
-			if addr := lastPCIAddress(real); addr != "" {
+			if addr := lastPCIAddress(target); addr != "" {
 				if fn, ok := pci[addr]; ok {
 					nic.PCI = &fn
 				} else {

@@ -25,15 +25,22 @@ func (t tree) listPCI(ctx context.Context) (map[string]PCIFunction, error) {
 	logger := klog.FromContext(ctx)
 	info, err := ghw.PCI(ghw.WithChroot(t.root), ghw.WithDisableTools(), ghw.WithDisableTopology(), ghw.WithDisableWarnings())
 	var fns []PCIFunction
-	if err != nil {
-		logger.Info("PCI names unavailable, reading IDs from sysfs", "reason", err.Error())
-		fns, err = t.readPCIIDs()
-		if err != nil {
-			return nil, err
-		}
-	} else {
+	if err == nil {
 		for _, d := range info.Devices {
 			fns = append(fns, fromGHW(d))
+		}
+	}
+	// ghw gives up on the whole bus, without an error, when one function
+	// lacks a modalias; a count that differs from the directory's means
+	// that happened.
+	if entries, _ := os.ReadDir(t.path("sys/bus/pci/devices")); err != nil || len(fns) != len(entries) {
+		reason := "ghw skipped functions"
+		if err != nil {
+			reason = err.Error()
+		}
+		logger.V(1).Info("Reading PCI IDs from sysfs without names", "reason", reason)
+		if fns, err = t.readPCIIDs(); err != nil {
+			return nil, err
 		}
 	}
 	out := make(map[string]PCIFunction, len(fns))

@@ -3,6 +3,7 @@
 package nodeconfig
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path"
@@ -50,18 +51,41 @@ type Netdev struct {
 // InterfaceBandwidth is the capacity of matching interfaces, in bits per
 // second, as quantities ("10G", "25Gi" is not meant: use decimal).
 type InterfaceBandwidth struct {
-	Interface string `json:"interface"`
-	Egress    string `json:"egress"`
-	Ingress   string `json:"ingress,omitempty"`
+	Interface string   `json:"interface"`
+	Egress    Quantity `json:"egress"`
+	Ingress   Quantity `json:"ingress,omitempty"`
 }
 
 // RequestPolicy is a capacity's request policy: what a claim that does not
 // ask gets, and the range and granularity of what it may ask.
 type RequestPolicy struct {
-	Default string `json:"default"`
-	Min     string `json:"min,omitempty"`
-	Max     string `json:"max,omitempty"`
-	Step    string `json:"step,omitempty"`
+	Default Quantity `json:"default"`
+	Min     Quantity `json:"min,omitempty"`
+	Max     Quantity `json:"max,omitempty"`
+	Step    Quantity `json:"step,omitempty"`
+}
+
+// Quantity is a resource quantity as written in the file, "10G" or 2. It is
+// kept as text so that a bad value is reported with its field path by
+// Validate rather than as an anonymous decoding error.
+type Quantity string
+
+// UnmarshalJSON takes a JSON string or number.
+func (q *Quantity) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*q = Quantity(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("want a quantity such as \"10G\" or 2, got %s", b)
+	}
+	*q = Quantity(n)
+	return nil
 }
 
 // Policy is a RequestPolicy with its quantities parsed.
@@ -160,10 +184,10 @@ func (c *NodeConfig) Validate() field.ErrorList {
 		if bw.Egress == "" {
 			errs = append(errs, field.Required(p.Child("egress"), "bits per second, e.g. 10G"))
 		} else {
-			errs = append(errs, positiveQuantity(p.Child("egress"), bw.Egress)...)
+			errs = append(errs, positiveQuantity(p.Child("egress"), string(bw.Egress))...)
 		}
 		if bw.Ingress != "" {
-			errs = append(errs, positiveQuantity(p.Child("ingress"), bw.Ingress)...)
+			errs = append(errs, positiveQuantity(p.Child("ingress"), string(bw.Ingress))...)
 		}
 	}
 	rp := field.NewPath("requestPolicies")
@@ -210,7 +234,8 @@ func positiveQuantity(p *field.Path, s string) field.ErrorList {
 func (r RequestPolicy) parse(p *field.Path) (Policy, field.ErrorList) {
 	var errs field.ErrorList
 	var pol Policy
-	parse := func(name, s string, required bool) *resource.Quantity {
+	parse := func(name string, text Quantity, required bool) *resource.Quantity {
+		s := string(text)
 		if s == "" {
 			if required {
 				errs = append(errs, field.Required(p.Child(name), "a quantity"))
@@ -232,13 +257,13 @@ func (r RequestPolicy) parse(p *field.Path) (Policy, field.ErrorList) {
 		return Policy{}, errs
 	}
 	if pol.Min != nil && pol.Default.Cmp(*pol.Min) < 0 {
-		errs = append(errs, field.Invalid(p.Child("default"), r.Default, "must not be less than min "+r.Min))
+		errs = append(errs, field.Invalid(p.Child("default"), string(r.Default), "must not be less than min "+string(r.Min)))
 	}
 	if pol.Max != nil && pol.Default.Cmp(*pol.Max) > 0 {
-		errs = append(errs, field.Invalid(p.Child("default"), r.Default, "must not be more than max "+r.Max))
+		errs = append(errs, field.Invalid(p.Child("default"), string(r.Default), "must not be more than max "+string(r.Max)))
 	}
 	if pol.Min != nil && pol.Max != nil && pol.Min.Cmp(*pol.Max) > 0 {
-		errs = append(errs, field.Invalid(p.Child("min"), r.Min, "must not be more than max "+r.Max))
+		errs = append(errs, field.Invalid(p.Child("min"), string(r.Min), "must not be more than max "+string(r.Max)))
 	}
 	return pol, errs
 }
@@ -260,13 +285,13 @@ func (c *NodeConfig) BandwidthFor(ifName string) (egress, ingress resource.Quant
 		if m, _ := path.Match(bw.Interface, ifName); !m {
 			continue
 		}
-		egress, err := resource.ParseQuantity(bw.Egress)
+		egress, err := resource.ParseQuantity(string(bw.Egress))
 		if err != nil {
 			return resource.Quantity{}, resource.Quantity{}, false
 		}
 		ingress = egress
 		if bw.Ingress != "" {
-			if ingress, err = resource.ParseQuantity(bw.Ingress); err != nil {
+			if ingress, err = resource.ParseQuantity(string(bw.Ingress)); err != nil {
 				return resource.Quantity{}, resource.Quantity{}, false
 			}
 		}
