@@ -40,7 +40,7 @@ func Discover(ctx context.Context, opts Options) (*Inventory, error) {
 	for _, f := range sortedPCI(pci) {
 		switch {
 		case isFPGA(f):
-			inv.FPGAs = append(inv.FPGAs, FPGA{PCIFunction: f, DevNodes: devNodes(f.SysfsPath)})
+			inv.FPGAs = append(inv.FPGAs, FPGA{PCIFunction: f, DevNodes: t.devNodes(f.Address)})
 		case isNVIDIAGPU(f):
 			inv.GPUs = append(inv.GPUs, GPU{PCIFunction: f})
 		}

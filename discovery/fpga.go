@@ -20,8 +20,9 @@ func isNVIDIAGPU(f PCIFunction) bool { return f.ClassPrefix("03") && f.VendorID 
 // directory below the function (not following symlinks, which lead to the
 // driver and subsystem) whose uevent names a DEVNAME. This covers Xilinx XRT
 // nodes, Intel DFL's dfl-fme/dfl-port and DRM render nodes alike.
-func devNodes(sysfsPath string) []string {
-	if sysfsPath == "" {
+func (t tree) devNodes(addr string) []string {
+	sysfsPath, err := t.resolve(filepath.Join("sys/bus/pci/devices", addr))
+	if err != nil {
 		return nil
 	}
 	var nodes []string

@@ -25,9 +25,6 @@ type PCIFunction struct {
 	NUMANode int
 	// PCIeRoot is the root complex the function hangs off, e.g. "pci0000:00".
 	PCIeRoot string
-	// SysfsPath is the function's directory under the root, symlinks
-	// resolved, e.g. "<root>/sys/devices/pci0000:00/0000:00:03.0".
-	SysfsPath string
 }
 
 // ClassPrefix reports whether the function's class code starts with the

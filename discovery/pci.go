@@ -107,8 +107,7 @@ func (t tree) readPCIIDs() ([]PCIFunction, error) {
 	return fns, nil
 }
 
-// completePCI adds what ghw does not give: the NUMA node, the PCIe root and
-// the function's real sysfs path.
+// completePCI adds what ghw does not give: the NUMA node and the PCIe root.
 func (t tree) completePCI(f *PCIFunction) error {
 	if !pciAddressPattern.MatchString(f.Address) {
 		return fmt.Errorf("PCI function %q under %s: not a domain:bus:device.function address", f.Address, t.path("sys/bus/pci/devices"))
@@ -119,9 +118,6 @@ func (t tree) completePCI(f *PCIFunction) error {
 		return err
 	} else if ok {
 		f.NUMANode = int(n)
-	}
-	if p, err := t.resolve(rel); err == nil {
-		f.SysfsPath = p
 	}
 	if attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(f.Address, deviceattribute.WithFSFromRoot(t.path("sys"))); err == nil && attr.Value.StringValue != nil {
 		f.PCIeRoot = *attr.Value.StringValue

@@ -21,6 +21,8 @@
 #   CARVE_FEATURE_GATES            --feature-gates for all three components
 #                                  (default DRAConsumableCapacity=true)
 #   CARVE_CLUSTER_TIMEOUT          seconds to wait for each readiness step (60)
+#   CARVE_USE_SA_CREDENTIALS       controller manager's
+#                                  --use-service-account-credentials (true)
 #   K8S_VERSION, CARVE_CACHE_DIR   passed on to build-binaries.sh
 #
 # The default ports are below the kernel's ephemeral range (32768-60999), so an
@@ -45,6 +47,11 @@ SCHEDULER_PORT=${CARVE_SCHEDULER_PORT:-20259}
 # true in v1.37 (setting it false is a startup error, true only logs a warning).
 FEATURE_GATES=${CARVE_FEATURE_GATES:-DRAConsumableCapacity=true}
 TIMEOUT=${CARVE_CLUSTER_TIMEOUT:-60}
+# Each controller runs under its own ServiceAccount, as in real clusters, so
+# RBAC gaps (e.g. in the resourceclaim controller's role) show up here too.
+# It costs about 5 s of start-up (a token per controller); set false to trade
+# that realism for speed.
+USE_SA_CREDENTIALS=${CARVE_USE_SA_CREDENTIALS:-true}
 SERVICE_CIDR=10.96.0.0/12
 SERVICE_IP=10.96.0.1 # first address of SERVICE_CIDR: the `kubernetes` Service
 
@@ -76,15 +83,27 @@ fi
 
 # --- helpers ----------------------------------------------------------------
 
+# gone PID: true once PID has exited or is exiting (a zombie: its parent, here
+# usually PID 1, has not reaped it yet). Checked via /proc/PID/stat rather than
+# /proc/PID/exe, which vanishes early in a process's exit.
+gone() {
+  local st
+  st=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) || return 0
+  [ "$st" = Z ]
+}
+
 # pid_of NAME: prints the pid from NAME's pid file if that process is alive
-# and really runs the NAME binary (a stale pid may have been reused).
+# and really is NAME (a stale pid may have been reused). Uses
+# /proc/PID/{stat,comm}, which stay valid while a process exits, unlike
+# /proc/PID/exe; comm is the binary name cut to 15 characters.
 pid_of() {
-  local f=$PIDS/$1.pid pid exe
+  local f=$PIDS/$1.pid pid comm
   [ -f "$f" ] || return 1
   pid=$(cat "$f" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  [ "$(basename "$exe")" = "$1" ] || return 1
+  [ -n "$pid" ] || return 1
+  ! gone "$pid" || return 1
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+  [ "$comm" = "${1:0:15}" ] || return 1
   echo "$pid"
 }
 
@@ -93,20 +112,27 @@ pid_of() {
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # stop_all: kills whatever this state dir's pid files name; used when a start
-# fails half way. The state dir (with logs) is kept for debugging; the next
-# up.sh or down.sh removes it.
+# fails half way or a half-dead cluster is found. SIGKILL, since the state is
+# thrown away anyway and a graceful apiserver shutdown hangs once etcd is gone.
+# The state dir (with logs) is kept for debugging; the next up.sh or down.sh
+# removes it.
 stop_all() {
-  local c pid
-  for c in "${COMPONENTS[@]}"; do
-    if pid=$(pid_of "$c"); then
-      kill "$pid" 2>/dev/null || true
-    fi
-  done
-  sleep 1
+  local c pid pids="" all
   for c in "${COMPONENTS[@]}"; do
     if pid=$(pid_of "$c"); then
       kill -9 "$pid" 2>/dev/null || true
+      pids="$pids $pid"
     fi
+  done
+  # SIGKILL is asynchronous; wait until they have exited (their sockets can
+  # linger a moment longer; the port check before a restart allows for that).
+  for _ in $(seq 50); do
+    all=1
+    for pid in $pids; do
+      gone "$pid" || all=0
+    done
+    [ $all = 0 ] || return 0
+    sleep 0.1
   done
 }
 
@@ -140,14 +166,18 @@ start_daemon() {
   local name=$1
   shift
   rm -f "$PIDS/$name.pid"
+  # shellcheck disable=SC2016 # expanded by the inner sh, on purpose
   setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDS/$name.pid" "$BIN_DIR/$name" "$@" \
     </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
-  local i
-  for i in $(seq 50); do
-    [ -s "$PIDS/$name.pid" ] && return 0
-    sleep 0.1
+  # Out of this shell's job table: no "Killed" notices when stop_all kills one.
+  disown "$!"
+  # Wait for the exec: until then the pid belongs to `sh`, and pid_of (which
+  # checks the process name) would take the daemon for dead.
+  for _ in $(seq 100); do
+    pid_of "$name" >/dev/null && return 0
+    sleep 0.05
   done
-  fail "$name did not start" "$name"
+  fail "$name exited right after starting" "$name"
 }
 
 # wait_for DESC COMPONENT CMD...: retries CMD every 0.25 s until it succeeds,
@@ -245,9 +275,16 @@ if ! command -v openssl >/dev/null; then
 fi
 
 # Port conflicts give confusing errors deep in component logs; catch them here.
+# A few seconds of grace: right after stop_all (or down.sh) a killed Go
+# process can still hold its listening socket, because its main thread shows
+# as a zombie while the other threads are still exiting.
 for p in "CARVE_ETCD_PORT=$ETCD_PORT" "CARVE_ETCD_PEER_PORT=$ETCD_PEER_PORT" \
   "CARVE_APISERVER_PORT=$APISERVER_PORT" "CARVE_CONTROLLER_MANAGER_PORT=$KCM_PORT" \
   "CARVE_SCHEDULER_PORT=$SCHEDULER_PORT"; do
+  for _ in $(seq 50); do
+    port_open "${p#*=}" || break
+    sleep 0.1
+  done
   if port_open "${p#*=}"; then
     log "ERROR: port ${p#*=} on 127.0.0.1 is in use; set ${p%%=*} to a free port"
     exit 1
@@ -376,8 +413,8 @@ wait_for "kube-apiserver /readyz" kube-apiserver kubectl_ get --raw /readyz
 # happen on a loaded 2-core machine.
 #  - node-lifecycle-controller is off: with no kubelet it would mark every Node
 #    NotReady and taint/evict from it.
-#  - --use-service-account-credentials: each controller gets its own
-#    ServiceAccount token (the token controller needs the SA private key).
+#  - --use-service-account-credentials: see USE_SA_CREDENTIALS above; the
+#    token controller signs with --service-account-private-key-file.
 #  - --flex-volume-plugin-dir: the default is under /usr/libexec, which the
 #    controller manager would create.
 #  - the cluster-signing files let the CSR signer issue kubelet certs later.
@@ -393,7 +430,7 @@ start_daemon kube-controller-manager \
   --flex-volume-plugin-dir="$STATE_DIR/flexvolume" \
   --service-account-private-key-file="$PKI/sa.key" \
   --root-ca-file="$PKI/ca.crt" \
-  --use-service-account-credentials=true \
+  --use-service-account-credentials="$USE_SA_CREDENTIALS" \
   --cluster-signing-cert-file="$PKI/ca.crt" \
   --cluster-signing-key-file="$PKI/ca.key" \
   --service-cluster-ip-range="$SERVICE_CIDR" \

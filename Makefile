@@ -1,0 +1,82 @@
+# carve: a Kubernetes DRA driver. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+GO ?= go
+BIN := bin
+CLUSTER_DIR ?= /tmp/carve-cluster
+export CARVE_CLUSTER_DIR := $(CLUSTER_DIR)
+FUZZTIME ?= 4s
+# Fixture trees are tens of thousands of small files; on tmpfs, as real sysfs
+# is in memory, they are built ten times faster than on ext4.
+export TMPDIR ?= $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp)
+BENCHTIME ?= 1s
+
+.PHONY: help build test unit fuzz e2e verify generate bench demo demo-down cluster-up cluster-down scheduler clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+build: ## build bin/carve and the scheduler
+	$(GO) build -o $(BIN)/carve ./cmd/carve
+	cd scheduler && $(GO) build ./...
+
+test: build unit fuzz scheduler e2e ## everything: unit tests, a short fuzz run, the scheduler module, and the tests against a real control plane
+
+unit: ## unit tests (as root they use real netns, veth and BPF)
+	$(GO) test -count=1 ./...
+
+# Each fuzz target runs for FUZZTIME on top of its committed seed corpus.
+fuzz: ## short fuzz run of every fuzz target
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null; \
+	  done; \
+	done
+
+scheduler: ## test the scheduler module
+	cd scheduler && $(GO) test -count=1 ./...
+
+# e2e brings up the local control plane unless CARVE_KUBECONFIG points at one,
+# and always takes down what it brought up.
+e2e: ## tests against a real kube-apiserver (starts and stops the local cluster)
+	@if [ -n "$${CARVE_KUBECONFIG:-}" ]; then \
+	  CARVE_E2E_REQUIRED=1 $(GO) test -count=1 -v ./deploy/e2e/...; \
+	else \
+	  trap 'deploy/cluster/down.sh' EXIT; \
+	  kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \
+	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 $(GO) test -count=1 -v ./deploy/e2e/...; \
+	fi
+
+cluster-up: ## start the local control plane; the last line is the kubeconfig path
+	@deploy/cluster/up.sh
+
+cluster-down: ## stop the local control plane and remove its state
+	@deploy/cluster/down.sh
+
+verify: ## gofmt, vet, go mod tidy diff, generated-code diff
+	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
+	$(GO) vet ./...
+	cd scheduler && $(GO) vet ./...
+	@for d in . scheduler; do \
+	  (cd $$d && cp go.mod /tmp/carve-go.mod.bak && cp go.sum /tmp/carve-go.sum.bak && $(GO) mod tidy && \
+	   if ! diff -q go.mod /tmp/carve-go.mod.bak >/dev/null || ! diff -q go.sum /tmp/carve-go.sum.bak >/dev/null; then \
+	     echo "go mod tidy changes $$d/go.mod or go.sum"; cp /tmp/carve-go.mod.bak go.mod; cp /tmp/carve-go.sum.bak go.sum; exit 1; fi); \
+	done
+	@$(MAKE) -s generate
+	@if [ -n "$$(git status --porcelain)" ]; then git status --short; echo "generated code is stale or the tree is dirty: run make generate and commit"; exit 1; fi
+
+generate: ## regenerate generated code (go generate: bpf2go)
+	$(GO) generate ./...
+
+bench: ## benchmarks, printed as a table
+	@$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./... | deploy/bench-table.sh
+
+demo: build ## bring up the local control plane and publish this node's slices to it
+	@deploy/demo.sh
+
+demo-down: ## tear the demo down
+	@deploy/cluster/down.sh
+
+clean:
+	rm -rf $(BIN)
