@@ -45,9 +45,22 @@ const (
 // Result is a node's pool and what an operator should know about it.
 type Result struct {
 	Resources resourceslice.DriverResources
+	// Index finds a published device, with the inventory item it came
+	// from, by its name.
+	Index map[string]Entry
 	// Notices say what was found but cannot be offered fully, such as a
 	// link of unknown speed or a kernel that cannot enforce shares.
 	Notices []string
+}
+
+// Entry is a published device and what discovery knows of it. Exactly one of
+// NIC, LLC and FPGA is set, matching Kind.
+type Entry struct {
+	Kind   string
+	Device resourceapi.Device
+	NIC    *discovery.NIC
+	LLC    *discovery.LLC
+	FPGA   *discovery.FPGA
 }
 
 // Build makes the node's pool. Devices are ordered by name, so the output is
@@ -55,25 +68,32 @@ type Result struct {
 // limit requires.
 func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string) Result {
 	b := builder{cfg: cfg, kernel: inv.Kernel}
-	var devices []resourceapi.Device
-	for _, nic := range inv.NICs {
-		devices = append(devices, b.nic(nic))
+	var entries []Entry
+	for i := range inv.NICs {
+		entries = append(entries, Entry{Kind: KindNIC, Device: b.nic(inv.NICs[i]), NIC: &inv.NICs[i]})
 	}
-	b.dedupeNames(devices)
-	for _, llc := range inv.LLCs {
-		devices = append(devices, b.llc(llc))
+	dedupeNames(entries)
+	for i := range inv.LLCs {
+		entries = append(entries, Entry{Kind: KindLLC, Device: b.llc(inv.LLCs[i]), LLC: &inv.LLCs[i]})
 	}
-	for _, f := range inv.FPGAs {
-		devices = append(devices, b.fpga(f))
+	for i := range inv.FPGAs {
+		entries = append(entries, Entry{Kind: KindFPGA, Device: b.fpga(inv.FPGAs[i]), FPGA: &inv.FPGAs[i]})
 	}
 	if len(inv.GPUs) > 0 {
 		b.notef("%d NVIDIA GPU PCI function(s) found; GPUs are published once NVML confirms them", len(inv.GPUs))
+	}
+	index := make(map[string]Entry, len(entries))
+	devices := make([]resourceapi.Device, 0, len(entries))
+	for _, e := range entries {
+		index[e.Device.Name] = e
+		devices = append(devices, e.Device)
 	}
 	sortDevices(devices)
 	return Result{
 		Resources: resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 			nodeName: {Slices: split(devices, resourceapi.ResourceSliceMaxDevices)},
 		}},
+		Index:   index,
 		Notices: b.notices,
 	}
 }
@@ -327,17 +347,16 @@ func sanitize(s string) string {
 
 // dedupeNames keeps names unique where sanitizing folded two interface names
 // together (eth_0 and eth.0), by appending the interface name's hash.
-func (b *builder) dedupeNames(devices []resourceapi.Device) {
+func dedupeNames(entries []Entry) {
 	count := map[string]int{}
-	for _, d := range devices {
-		count[d.Name]++
+	for _, e := range entries {
+		count[e.Device.Name]++
 	}
-	for i := range devices {
-		if count[devices[i].Name] > 1 {
-			ifName := *devices[i].Attributes[AttrIfName].StringValue
+	for i := range entries {
+		if count[entries[i].Device.Name] > 1 {
 			h := fnv.New32a()
-			h.Write([]byte(ifName))
-			devices[i].Name = fmt.Sprintf("%s-%08x", devices[i].Name, h.Sum32())
+			h.Write([]byte(entries[i].NIC.Name))
+			entries[i].Device.Name = fmt.Sprintf("%s-%08x", entries[i].Device.Name, h.Sum32())
 		}
 	}
 }

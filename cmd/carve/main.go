@@ -17,11 +17,18 @@ type command struct {
 
 var commands = map[string]command{
 	"discover": {"print this node's ResourceSlices as a v1 List", runDiscover},
+	"agent":    {"run the kubelet plugin: publish slices, prepare claims", runAgent},
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts a clean shutdown; restoring the default
+	// handlers then lets a second one kill the process.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	if len(os.Args) < 2 || commands[os.Args[1]].run == nil {
 		usage()
 		os.Exit(2)
@@ -34,7 +41,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: carve <command> [flags]\n\ncommands:")
-	for _, name := range []string{"discover"} {
+	for _, name := range []string{"agent", "discover"} {
 		fmt.Fprintf(os.Stderr, "  %-10s %s\n", name, commands[name].summary)
 	}
 }

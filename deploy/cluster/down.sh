@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Stops the control plane that up.sh started and removes its state dir.
-# Safe to run when nothing is running, and more than once.
+# Stops the cluster that up.sh started (control plane and, if it was started,
+# the node: kubelet, containerd, every pod) and removes everything it made:
+# the state dir, and on the host the node's mounts, cgroups, bridge, network
+# namespaces, the paths outside the state dir it created, and the sysctls it
+# changed. Safe to run when nothing is running, and more than once.
 #
 # Usage: down.sh        (use the same CARVE_CLUSTER_DIR as up.sh)
+# CARVE_CLUSTER_LOCK_HELD=1 is for up.sh, which calls it holding the lock.
 set -euo pipefail
 
 STATE_DIR=${CARVE_CLUSTER_DIR:-/tmp/carve-cluster}
 STATE_DIR=${STATE_DIR%/}
 PIDS=$STATE_DIR/pids
 MARKER=$STATE_DIR/.carve-cluster
+NODE_DIR=$STATE_DIR/node
 log() { echo "[cluster-down] $*" >&2; }
 
 # Same lock as up.sh, so a down.sh cannot pull the state dir out from under an
 # up.sh that is still starting (or the other way round).
-if [ -d "$(dirname "$STATE_DIR")" ]; then
+if [ -d "$(dirname "$STATE_DIR")" ] && [ "${CARVE_CLUSTER_LOCK_HELD:-0}" != 1 ]; then
   exec 9>"$STATE_DIR.lock"
   if ! flock -n 9; then
     log "waiting for another up.sh/down.sh on $STATE_DIR"
@@ -81,15 +86,148 @@ stop() {
   sleep 0.5
 }
 
+# --- the node ------------------------------------------------------------------
+# Only when up.sh started one (it made $NODE_DIR) and the state dir is ours.
+# Order matters: the kubelet first (or it restarts what we kill), then every
+# pod process, then containerd and its shims (which would otherwise report
+# the kills back), then what they leave behind.
+
+# cgroup_dirs: every /carve cgroup directory (the kubelet's cgroupRoot, see
+# node.sh) in every v1 hierarchy and the unified one, deepest first.
+cgroup_dirs() {
+  local hier
+  for hier in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+    [ ! -d "$hier/carve" ] || find "$hier/carve" -depth -type d 2>/dev/null || true
+  done
+}
+
+# kill_pods: SIGKILL to every process in the /carve cgroups (all pod
+# containers and sandboxes; they are in no other pid file or list) until
+# none is left. Killing the pause process is not enough: containers of a pod
+# without a shared PID namespace live on.
+kill_pods() {
+  local d pids
+  for _ in $(seq 50); do
+    pids=$(cgroup_dirs | while read -r d; do cat "$d/cgroup.procs" 2>/dev/null; done | sort -un)
+    [ -n "$pids" ] || return 0
+    # shellcheck disable=SC2086
+    kill -9 $pids 2>/dev/null || true
+    sleep 0.1
+  done
+  log "WARNING: processes left in the /carve cgroups: $pids"
+}
+
+# unmount_under DIR: unmounts everything mounted at or below DIR, deepest
+# first (findmnt lists parents before children; reversed, children come
+# first). The kubelet bind-mounts its root dir onto itself (rshared), and
+# containerd mounts sandbox /dev/shm, netns (nsfs) files and overlay rootfs;
+# pod volumes are tmpfs/bind mounts under the kubelet root dir. A lazy
+# unmount is the fallback for one still busy.
+unmount_under() {
+  local dir=$1 m
+  for _ in 1 2 3; do
+    local mounts
+    mounts=$(findmnt -rn -o TARGET | awk -v d="$dir" '$0 == d || index($0, d "/") == 1' | tac)
+    [ -n "$mounts" ] || return 0
+    while read -r m; do
+      # findmnt -r writes a space as \x20 etc.; printf %b decodes it.
+      m=$(printf '%b' "$m")
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done <<<"$mounts"
+  done
+  log "WARNING: still mounted under $dir: $(findmnt -rn -o TARGET | grep -F "$dir" | tr '\n' ' ')"
+  return 1
+}
+
+node_down() {
+  local f
+  stop kubelet
+  kill_pods
+  stop containerd
+  # Shims whose containers are dead exit on their own once containerd asks;
+  # with containerd gone they would linger. Their command line names our
+  # containerd socket, which is under the state dir.
+  stop containerd-shim-runc-v2
+
+  unmount_under "$STATE_DIR" || true
+  # Network namespaces are under the state dir (netns_mounts_under_state_dir);
+  # these are for a containerd that put them in the default place anyway: only
+  # files that appeared after up.sh started (cni-* names from containerd).
+  for f in /run/netns/cni-*; do
+    [ -e "$f" ] || continue
+    grep -qxF "$f" "$NODE_DIR/netns-before" 2>/dev/null && continue
+    umount "$f" 2>/dev/null || umount -l "$f" 2>/dev/null || true
+    rm -f "$f"
+  done
+
+  if [ -f "$NODE_DIR/bridge" ]; then
+    f=$(cat "$NODE_DIR/bridge")
+    if [ -n "$f" ] && ip link show "$f" >/dev/null 2>&1; then
+      ip link delete "$f" || log "WARNING: could not delete interface $f"
+    fi
+  fi
+  # The veth host ends go with the pods' network namespaces.
+
+  # cgroups: rmdir deepest first; a v1 cgroup can refuse (EBUSY) for a moment
+  # after its last process died, hence the retries.
+  local d left
+  for _ in $(seq 20); do
+    left=$(cgroup_dirs | while read -r d; do rmdir "$d" 2>/dev/null || echo "$d"; done)
+    [ -n "$left" ] || break
+    sleep 0.1
+  done
+  [ -z "$left" ] || log "WARNING: could not remove cgroups: $left"
+
+  # libcni caches each attachment's result under /var/lib/cni/results
+  # (named NETWORK-CONTAINERID-IFNAME); host-local's leases are under the
+  # state dir. Only our network's files, in case /var/lib/cni was there.
+  if [ -f "$NODE_DIR/cni-network" ]; then
+    local net
+    net=$(cat "$NODE_DIR/cni-network")
+    [ -z "$net" ] || rm -rf /var/lib/cni/results/"$net"-* /var/lib/cni/networks/"$net"
+  fi
+  # The kubelet's container-log symlinks point into our pod-logs dir.
+  if [ -d /var/log/containers ]; then
+    find /var/log/containers -maxdepth 1 -type l -lname "$STATE_DIR/*" -delete 2>/dev/null || true
+  fi
+  # Paths outside the state dir that did not exist before up.sh and do now
+  # are ours (/run/containerd, /var/lib/kubelet with device-plugins, ...).
+  # Each is checked for mounts first: rm must never cross into a mount.
+  if [ -f "$NODE_DIR/host-paths-absent" ]; then
+    while read -r f; do
+      [ -n "$f" ] && [ -e "$f" ] || continue
+      unmount_under "$f" || { log "WARNING: left $f (still mounted)"; continue; }
+      rm -rf --one-file-system "$f"
+    done <"$NODE_DIR/host-paths-absent"
+  fi
+
+  # Sysctls last: the kernel tunables the kubelet wanted, and ip_forward that
+  # the bridge plugin turned on.
+  if [ -f "$NODE_DIR/sysctl.orig" ]; then
+    while IFS= read -r f; do
+      [ -n "$f" ] || continue
+      sysctl -qw "$f" >/dev/null 2>&1 || log "WARNING: could not restore sysctl $f"
+    done <"$NODE_DIR/sysctl.orig"
+  fi
+}
+
 # Two stages: etcd must outlive the apiserver. Killed together, the apiserver's
 # graceful shutdown hangs retrying etcd and needs SIGKILL after the timeout
-# (measured: still alive after 16 s).
+# (measured: still alive after 16 s). The node goes first: a kubelet whose
+# apiserver vanished keeps retrying, but stops fine either way.
+if [ -f "$MARKER" ] && [ -d "$NODE_DIR" ]; then
+  node_down
+fi
 stop kube-scheduler kube-controller-manager kube-apiserver
 stop etcd
 
 if [ -e "$STATE_DIR" ]; then
   if [ -f "$MARKER" ]; then
-    rm -rf "$STATE_DIR"
+    # Nothing may be mounted inside it any more (unmount_under above); if
+    # something is, --one-file-system keeps rm from following it onto the
+    # host's files.
+    unmount_under "$STATE_DIR" || true
+    rm -rf --one-file-system "$STATE_DIR" || log "WARNING: could not remove all of $STATE_DIR"
     log "removed $STATE_DIR"
   else
     # Never rm -rf a directory up.sh did not create (a mistyped CARVE_CLUSTER_DIR).

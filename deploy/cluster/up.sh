@@ -1,8 +1,23 @@
 #!/usr/bin/env bash
-# Starts a throwaway Kubernetes control plane (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler) on 127.0.0.1, for tests of the carve
-# DRA driver against a real API server. There is no kubelet: nodes, if a test
-# needs them, are plain API objects.
+# Starts a throwaway Kubernetes cluster for tests of the carve DRA driver: a
+# control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler) on 127.0.0.1 and, unless CARVE_CLUSTER_NODE=0, one real node:
+# containerd 2.x (with CDI) + kubelet + bridge CNI, on the machine's own
+# address (node.sh). Tests that only need an API server can skip the node;
+# they may still create kubelet-less fake Nodes as plain API objects.
+#
+# The node needs root. It runs images built locally (deploy/images/build.sh,
+# imported with deploy/images/import.sh; pods use imagePullPolicy: Never):
+#   carve-test:latest   busybox-static (sh, ls, cat, env, sleep, ip, ...)
+#   carve-pause:latest  the pod sandbox image
+# A DaemonSet running carve's kubelet plugin hostPath-mounts
+# $KUBELET_ROOT_DIR/plugins and $KUBELET_ROOT_DIR/plugins_registry, and writes
+# CDI specs to $CARVE_CDI_DIR (all three are in cluster.env). Pods cannot reach
+# the apiserver on the pod network (it listens on 127.0.0.1 only and there is
+# no kube-proxy): such a pod needs hostNetwork: true and
+# KUBERNETES_SERVICE_HOST=127.0.0.1, KUBERNETES_SERVICE_PORT=$CARVE_APISERVER_PORT.
+# Only one cluster with a node can run per machine (shared cgroup root /carve,
+# bridge, ports).
 #
 # Usage: up.sh
 # Prints progress on stderr; the LAST LINE on stdout is the admin kubeconfig
@@ -24,6 +39,21 @@
 #   CARVE_USE_SA_CREDENTIALS       controller manager's
 #                                  --use-service-account-credentials (true)
 #   K8S_VERSION, CARVE_CACHE_DIR   passed on to build-binaries.sh
+#   CONTAINERD_VERSION             passed on to build-containerd.sh
+# The node (all optional too):
+#   CARVE_CLUSTER_NODE             1: start the node (default), 0: control
+#                                  plane only
+#   CARVE_NODE_NAME                Node name               (default carve-node)
+#   CARVE_NODE_IP                  node address (default: eth0's IPv4, else
+#                                  the first global IPv4; not loopback)
+#   CARVE_CDI_DIR                  CDI spec dir containerd reads, first in its
+#                                  cdi_spec_dirs before /var/run/cdi
+#                                  (default $CARVE_CLUSTER_DIR/cdi)
+#   CARVE_POD_CIDR                 pod network, an IPv4 /24 or larger that no
+#                                  host route overlaps (default 10.88.0.0/16)
+#   CARVE_CNI_BRIDGE               the pods' bridge interface (default carve0)
+#   CARVE_KUBELET_PORT             kubelet API on the node IP   (default 20250)
+#   CARVE_KUBELET_HEALTHZ_PORT     kubelet healthz on 127.0.0.1 (default 20248)
 #
 # The default ports are below the kernel's ephemeral range (32768-60999), so an
 # outgoing connection never happens to hold one, and away from the well-known
@@ -53,10 +83,24 @@ TIMEOUT=${CARVE_CLUSTER_TIMEOUT:-60}
 # that realism for speed.
 USE_SA_CREDENTIALS=${CARVE_USE_SA_CREDENTIALS:-true}
 SERVICE_CIDR=10.96.0.0/12
+NODE=${CARVE_CLUSTER_NODE:-1}
+case "$NODE" in 0 | 1) ;; *) echo "[cluster-up] ERROR: CARVE_CLUSTER_NODE must be 0 or 1" >&2; exit 1 ;; esac
+NODE_NAME=${CARVE_NODE_NAME:-carve-node}
+NODE_IP=${CARVE_NODE_IP:-}
+CDI_DIR=${CARVE_CDI_DIR:-${STATE_DIR}/cdi}
+POD_CIDR=${CARVE_POD_CIDR:-10.88.0.0/16}
+# The bridge's address: the network address plus one (10.88.0.0 -> 10.88.0.1).
+pod_net=${POD_CIDR%/*}
+POD_GATEWAY=${pod_net%.*}.$((${pod_net##*.} + 1))
+CNI_BRIDGE=${CARVE_CNI_BRIDGE:-carve0}
+CNI_NETWORK=carve
+KUBELET_PORT=${CARVE_KUBELET_PORT:-20250}
+KUBELET_HEALTHZ_PORT=${CARVE_KUBELET_HEALTHZ_PORT:-20248}
 SERVICE_IP=10.96.0.1 # first address of SERVICE_CIDR: the `kubernetes` Service
 
 # Every process runs one of these binaries; down.sh knows the same list.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+[ "$NODE" = 0 ] || COMPONENTS+=(containerd kubelet)
 
 PKI=$STATE_DIR/pki
 LOGS=$STATE_DIR/logs
@@ -154,6 +198,7 @@ fail() {
 }
 
 # start_daemon NAME ARGS...: starts $BIN_DIR/NAME detached and records its pid.
+# start_daemon_path NAME BINARY ARGS...: the same for a binary elsewhere.
 #  - setsid: its own session, so a caller killing its process group (a test
 #    harness timing out, the shell's job control) does not take the cluster
 #    down with it; down.sh is the way to stop it.
@@ -165,9 +210,14 @@ fail() {
 start_daemon() {
   local name=$1
   shift
+  start_daemon_path "$name" "$BIN_DIR/$name" "$@"
+}
+start_daemon_path() {
+  local name=$1 bin=$2
+  shift 2
   rm -f "$PIDS/$name.pid"
   # shellcheck disable=SC2016 # expanded by the inner sh, on purpose
-  setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDS/$name.pid" "$BIN_DIR/$name" "$@" \
+  setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDS/$name.pid" "$bin" "$@" \
     </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
   # Out of this shell's job table: no "Killed" notices when stop_all kills one.
   disown "$!"
@@ -246,20 +296,24 @@ alive=0
 for c in "${COMPONENTS[@]}"; do
   if pid_of "$c" >/dev/null; then alive=$((alive + 1)); fi
 done
-if [ $alive -eq ${#COMPONENTS[@]} ] && [ -f "$ADMIN_KUBECONFIG" ]; then
+# cluster.env is written last, so its presence means a start that finished.
+if [ $alive -eq ${#COMPONENTS[@]} ] && [ -f "$STATE_DIR/cluster.env" ]; then
   log "already running in $STATE_DIR"
   echo "$ADMIN_KUBECONFIG"
   exit 0
 fi
 if [ $alive -gt 0 ]; then
-  # Half a cluster (e.g. one component crashed) is not worth repairing: its
-  # state is throwaway, so start again from nothing.
+  # Half a cluster (e.g. one component crashed, or a control plane without the
+  # node that is now wanted) is not worth repairing: its state is throwaway,
+  # so start again from nothing.
   log "only $alive of ${#COMPONENTS[@]} components alive in $STATE_DIR; restarting from scratch"
-  stop_all
 fi
 if [ -e "$STATE_DIR" ]; then
   [ -f "$MARKER" ] || { log "ERROR: $STATE_DIR exists but was not made by up.sh; refusing to reuse it"; exit 1; }
-  rm -rf "$STATE_DIR"
+  # down.sh rather than rm -rf: a node leaves processes, mounts, cgroups and
+  # host settings behind that must be undone first. We hold the lock already.
+  CARVE_CLUSTER_LOCK_HELD=1 "$here/down.sh"
+  [ ! -e "$STATE_DIR" ] || { log "ERROR: down.sh could not remove $STATE_DIR"; exit 1; }
 fi
 
 # --- prerequisites ----------------------------------------------------------
@@ -293,7 +347,9 @@ done
 
 # Built once and cached outside the repo; a no-op when the binaries exist,
 # about 10 minutes cold (its progress goes to stderr).
-BIN_DIR=$("$here/build-binaries.sh" etcd kube-apiserver kube-controller-manager kube-scheduler kubectl | tail -n1)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+[ "$NODE" = 0 ] || binaries+=(kubelet)
+BIN_DIR=$("$here/build-binaries.sh" "${binaries[@]}" | tail -n1)
 [ -x "$BIN_DIR/kube-apiserver" ] || { log "ERROR: build-binaries.sh gave no usable bin dir ($BIN_DIR)"; exit 1; }
 
 started=$SECONDS
@@ -341,6 +397,16 @@ write_kubeconfig "$STATE_DIR/controller-manager.kubeconfig" system:kube-controll
   "$PKI/controller-manager.crt" "$PKI/controller-manager.key"
 write_kubeconfig "$STATE_DIR/scheduler.kubeconfig" system:kube-scheduler \
   "$PKI/scheduler.crt" "$PKI/scheduler.key"
+
+# --- the node, part 1 -------------------------------------------------------
+# containerd starts now, so it is up by the time the apiserver is; the images
+# are built and imported meanwhile.
+if [ "$NODE" = 1 ]; then
+  # shellcheck source=deploy/cluster/node.sh
+  . "$here/node.sh"
+  node_prepare
+  node_certs
+fi
 
 # --- etcd -----------------------------------------------------------------------
 # Plain HTTP on loopback: only the apiserver talks to it. --unsafe-no-fsync
@@ -405,6 +471,7 @@ start_daemon kube-apiserver \
 kubectl_() { "$BIN_DIR/kubectl" --kubeconfig="$ADMIN_KUBECONFIG" --request-timeout=5s "$@"; }
 # /readyz (not /healthz) also waits for the RBAC bootstrap roles the
 # controller manager and scheduler need.
+[ "$NODE" = 0 ] || node_images
 wait_for "kube-apiserver /readyz" kube-apiserver kubectl_ get --raw /readyz
 
 # --- controller manager and scheduler -------------------------------------------
@@ -463,6 +530,9 @@ wait_for "the default ServiceAccount" kube-controller-manager \
   kubectl_ get serviceaccount default --namespace default
 pid_of kube-scheduler >/dev/null || fail "kube-scheduler exited" kube-scheduler
 
+# --- the node, part 2 ---------------------------------------------------------
+[ "$NODE" = 0 ] || node_start
+
 # For scripts that want the ports without re-deriving the defaults.
 cat >"$STATE_DIR/cluster.env" <<EOF
 KUBECONFIG=$ADMIN_KUBECONFIG
@@ -472,7 +542,30 @@ CARVE_ETCD_PORT=$ETCD_PORT
 CARVE_APISERVER_PORT=$APISERVER_PORT
 CARVE_CONTROLLER_MANAGER_PORT=$KCM_PORT
 CARVE_SCHEDULER_PORT=$SCHEDULER_PORT
+CARVE_CLUSTER_NODE=$NODE
 EOF
+# The node's paths: a DaemonSet with carve's kubelet plugin mounts
+# KUBELET_PLUGINS_DIR (its DRA socket) and KUBELET_REGISTRY_DIR (plugin
+# registration) and writes CDI specs to CARVE_CDI_DIR.
+if [ "$NODE" = 1 ]; then
+  cat >>"$STATE_DIR/cluster.env" <<EOF
+CARVE_NODE_NAME=$NODE_NAME
+CARVE_NODE_IP=$NODE_IP
+KUBELET_ROOT_DIR=$KUBELET_ROOT_DIR
+KUBELET_PLUGINS_DIR=$KUBELET_ROOT_DIR/plugins
+KUBELET_REGISTRY_DIR=$KUBELET_ROOT_DIR/plugins_registry
+CARVE_CDI_DIR=$CDI_DIR
+CARVE_CONTAINERD_ADDRESS=$CONTAINERD_ADDRESS
+CARVE_CONTAINERD_BIN_DIR=$CONTAINERD_BIN_DIR
+CARVE_POD_CIDR=$POD_CIDR
+CARVE_CNI_BRIDGE=$CNI_BRIDGE
+CARVE_KUBELET_PORT=$KUBELET_PORT
+EOF
+fi
 
-log "control plane ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
+if [ "$NODE" = 1 ]; then
+  log "control plane and node $NODE_NAME ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
+else
+  log "control plane ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
+fi
 echo "$ADMIN_KUBECONFIG"

@@ -1,0 +1,120 @@
+package prepare_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/prepare"
+)
+
+func put(t *testing.T, cp *prepare.Checkpoint, uid string) {
+	t.Helper()
+	if err := cp.Update(func(recs map[types.UID]prepare.ClaimRecord) error {
+		recs[types.UID(uid)] = prepare.ClaimRecord{UID: types.UID(uid), State: prepare.ClaimCompleted}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckpointRoundTripAndFormat(t *testing.T) {
+	dir := t.TempDir()
+	cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+	put(t, cp, "a")
+	raw, err := os.ReadFile(cp.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Version  int    `json:"version"`
+		Checksum string `json:"checksum"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil || f.Version != prepare.CheckpointVersion || !strings.HasPrefix(f.Checksum, "sha256:") {
+		t.Errorf("file = %s", raw)
+	}
+	cp2, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+	if recs, err := cp2.Read(); err != nil || recs["a"].State != prepare.ClaimCompleted {
+		t.Errorf("reopened: %v %v", recs, err)
+	}
+	if matches, _ := filepath.Glob(filepath.Join(dir, ".checkpoint.json.tmp-*")); len(matches) != 0 {
+		t.Errorf("temp files left: %v", matches)
+	}
+}
+
+// A corrupt or foreign checkpoint is reported and kept aside; the agent
+// goes on from empty rather than crash-looping.
+func TestCorruptCheckpointKeptAside(t *testing.T) {
+	for name, mangle := range map[string]func([]byte) []byte{
+		"garbage":     func([]byte) []byte { return []byte("{not json") },
+		"torn":        func(b []byte) []byte { return b[:len(b)/2] },
+		"edited":      func(b []byte) []byte { return []byte(strings.Replace(string(b), `"completed"`, `"started"`, 1)) },
+		"bit flipped": func(b []byte) []byte { return []byte(strings.Replace(string(b), `"uid":"a"`, `"uid":"b"`, 1)) },
+		"future":      func(b []byte) []byte { return []byte(strings.Replace(string(b), `"version":1`, `"version":9`, 1)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			var reported []string
+			cp, _ := prepare.OpenCheckpoint(dir, "boot-1", func(kept string, err error) { reported = append(reported, kept+": "+err.Error()) })
+			put(t, cp, "a")
+			raw, _ := os.ReadFile(cp.Path())
+			bad := mangle(raw)
+			if string(bad) == string(raw) {
+				t.Fatalf("mangling changed nothing in %s", raw)
+			}
+			os.WriteFile(cp.Path(), bad, 0o600)
+			recs, err := cp.Read()
+			if err != nil || len(recs) != 0 {
+				t.Fatalf("read = %v, %v; want empty and no error", recs, err)
+			}
+			if len(reported) != 1 {
+				t.Fatalf("reports = %v", reported)
+			}
+			kept, _ := filepath.Glob(filepath.Join(dir, "checkpoint.json.corrupt-*"))
+			if len(kept) != 1 {
+				t.Fatalf("kept = %v", kept)
+			}
+			if b, _ := os.ReadFile(kept[0]); string(b) != string(bad) {
+				t.Errorf("kept copy differs from the corrupt file")
+			}
+		})
+	}
+}
+
+func TestCheckpointFromAnotherBootIsDropped(t *testing.T) {
+	dir := t.TempDir()
+	cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+	put(t, cp, "a")
+	after, _ := prepare.OpenCheckpoint(dir, "boot-2", nil)
+	if recs, err := after.Read(); err != nil || len(recs) != 0 {
+		t.Errorf("after reboot: %v %v", recs, err)
+	}
+}
+
+// Many writers, each with its own Checkpoint (as two agents during a rolling
+// update are), never lose an update: the flock orders them.
+func TestConcurrentWritersLoseNothing(t *testing.T) {
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+			for i := 0; i < 10; i++ {
+				put(t, cp, fmt.Sprintf("w%d-%d", w, i))
+			}
+		}(w)
+	}
+	wg.Wait()
+	cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+	if recs, _ := cp.Read(); len(recs) != 80 {
+		t.Errorf("%d records, want 80", len(recs))
+	}
+}

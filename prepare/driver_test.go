@@ -1,0 +1,379 @@
+package prepare_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/utils/ptr"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/sysfstest"
+	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+const driverName = "carve.dev"
+
+type env struct {
+	t       *testing.T
+	root    string
+	state   string
+	cdiDir  string
+	driver  *prepare.Driver
+	devices map[string]slices.Entry
+	cp      *prepare.Checkpoint
+}
+
+// recorder is a preparer that counts calls, so tests can see that nothing is
+// prepared twice, and can be told to fail.
+type recorder struct {
+	mu        sync.Mutex
+	prepared  map[string]int
+	undone    map[string]int
+	failOn    string
+	delegated prepare.Preparer
+}
+
+func (r *recorder) Prepare(ctx context.Context, a prepare.Allocation, dev slices.Entry) (prepare.Prepared, error) {
+	r.mu.Lock()
+	r.prepared[a.ShareKey()]++
+	r.mu.Unlock()
+	if r.failOn == a.Device {
+		return prepare.Prepared{}, os.ErrPermission
+	}
+	return r.delegated.Prepare(ctx, a, dev)
+}
+
+func (r *recorder) Unprepare(ctx context.Context, a prepare.Allocation, undo json.RawMessage) error {
+	r.mu.Lock()
+	r.undone[a.ShareKey()]++
+	r.mu.Unlock()
+	return r.delegated.Unprepare(ctx, a, undo)
+}
+
+func newEnv(t *testing.T, nic *recorder) *env {
+	t.Helper()
+	tree := sysfstest.Typical(t.TempDir())
+	// The Xilinx card's device node, as udev would have made it.
+	tree.Write("dev/xclmgmt15104", "")
+	cfg, _ := nodeconfig.Decode([]byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  bandwidth:\n  - interface: eth0\n    egress: 1G\n"))
+	inv, err := discovery.Discover(context.Background(), discovery.Options{Root: tree.Root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := slices.Build(inv, cfg, "node-a")
+	e := &env{t: t, root: tree.Root, state: t.TempDir(), cdiDir: t.TempDir(), devices: res.Index}
+	e.cp, err = prepare.OpenCheckpoint(e.state, "boot-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.driver = e.newDriver(nic)
+	return e
+}
+
+func (e *env) newDriver(nic *recorder) *prepare.Driver {
+	cdiWriter, err := prepare.NewCDIWriter(e.cdiDir, driverName)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	preparers := map[string]prepare.Preparer{
+		slices.KindFPGA: prepare.FPGAPreparer{Root: e.root},
+		slices.KindLLC:  prepare.LLCPreparer{},
+		slices.KindNIC:  netdev.Preparer{},
+	}
+	if nic != nil {
+		nic.delegated = netdev.Preparer{}
+		preparers[slices.KindNIC] = nic
+	}
+	d, err := prepare.NewDriver(prepare.Options{DriverName: driverName, StateDir: e.state, Checkpoint: e.cp, CDI: cdiWriter,
+		Preparers: preparers, Devices: func() map[string]slices.Entry { return e.devices }})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return d
+}
+
+type result struct {
+	request, device string
+	share           string
+	consumed        map[resourceapi.QualifiedName]resource.Quantity
+}
+
+func claim(uid, name string, results []result, configs ...resourceapi.DeviceAllocationConfiguration) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(uid)}}
+	c.Status.Allocation = &resourceapi.AllocationResult{}
+	for _, r := range results {
+		ar := resourceapi.DeviceRequestAllocationResult{Request: r.request, Driver: driverName, Pool: "node-a", Device: r.device, ConsumedCapacity: r.consumed}
+		if r.share != "" {
+			ar.ShareID = ptr.To(types.UID(r.share))
+		}
+		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results, ar)
+	}
+	c.Status.Allocation.Devices.Config = configs
+	return c
+}
+
+func opaque(source resourceapi.AllocationConfigSource, requests []string, doc string) resourceapi.DeviceAllocationConfiguration {
+	return resourceapi.DeviceAllocationConfiguration{Source: source, Requests: requests, DeviceConfiguration: resourceapi.DeviceConfiguration{
+		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driverName, Parameters: runtime.RawExtension{Raw: []byte(doc)}},
+	}}
+}
+
+func bw(s string) map[resourceapi.QualifiedName]resource.Quantity {
+	return map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(s)}
+}
+
+func (e *env) prepare(claims ...*resourceapi.ResourceClaim) map[types.UID]kubeletplugin.PrepareResult {
+	e.t.Helper()
+	res, err := e.driver.PrepareResourceClaims(context.Background(), claims)
+	if err != nil {
+		e.t.Fatalf("PrepareResourceClaims: %v", err)
+	}
+	if len(res) != len(claims) {
+		e.t.Fatalf("%d results for %d claims", len(res), len(claims))
+	}
+	return res
+}
+
+func (e *env) unprepare(uids ...string) {
+	e.t.Helper()
+	var objs []kubeletplugin.NamespacedObject
+	for _, u := range uids {
+		objs = append(objs, kubeletplugin.NamespacedObject{UID: types.UID(u)})
+	}
+	res, err := e.driver.UnprepareResourceClaims(context.Background(), objs)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for u, err := range res {
+		if err != nil {
+			e.t.Fatalf("unprepare %s: %v", u, err)
+		}
+	}
+}
+
+func (e *env) specFiles() []string {
+	files, _ := filepath.Glob(filepath.Join(e.cdiDir, "*"))
+	return files
+}
+
+func (e *env) records() map[types.UID]prepare.ClaimRecord {
+	recs, err := e.cp.Read()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return recs
+}
+
+func TestPrepareWritesCDIAndIsIdempotent(t *testing.T) {
+	nic := &recorder{prepared: map[string]int{}, undone: map[string]int{}}
+	e := newEnv(t, nic)
+	c := claim("uid-1", "fpga-and-net", []result{
+		{request: "fpga", device: "fpga-0000-3b-00-0"},
+		{request: "net", device: "nic-0000-17-00-0", share: "share-a", consumed: bw("100M")},
+	}, opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"FROM":"class"}}`),
+		opaque(resourceapi.AllocationConfigSourceClaim, []string{"net"}, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"FROM":"claim"}}`))
+
+	first := e.prepare(c)["uid-1"]
+	if first.Err != nil {
+		t.Fatalf("prepare: %v", first.Err)
+	}
+	if len(first.Devices) != 2 || first.Devices[1].ShareID == nil || *first.Devices[1].ShareID != "share-a" {
+		t.Fatalf("devices = %+v", first.Devices)
+	}
+	// The CDI library itself must find the devices we returned, with
+	// the edits we promised.
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(e.cdiDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range first.Devices {
+		dev := cache.GetDevice(d.CDIDeviceIDs[0])
+		if dev == nil {
+			t.Fatalf("CDI device %s not found; errors %v", d.CDIDeviceIDs[0], cache.GetErrors())
+		}
+		envs := strings.Join(dev.ContainerEdits.Env, " ")
+		switch d.DeviceName {
+		case "fpga-0000-3b-00-0":
+			if len(dev.ContainerEdits.DeviceNodes) != 1 || dev.ContainerEdits.DeviceNodes[0].Path != "/dev/xclmgmt15104" {
+				t.Errorf("FPGA device nodes = %+v", dev.ContainerEdits.DeviceNodes)
+			}
+			if !strings.Contains(envs, "FROM=class") {
+				t.Errorf("FPGA env %q lacks the class config", envs)
+			}
+		case "nic-0000-17-00-0":
+			for _, want := range []string{"CARVE_NET_SHARE_ID=share-a", "CARVE_NET_EGRESSBANDWIDTH=100M", "CARVE_NET_PARENT=ens1f0np0", "FROM=claim"} {
+				if !strings.Contains(envs, want) {
+					t.Errorf("NIC env %q lacks %s", envs, want)
+				}
+			}
+			if strings.Contains(envs, "FROM=class") {
+				t.Errorf("NIC env %q: the claim's config must override the class's", envs)
+			}
+		}
+		if len(dev.ContainerEdits.Mounts) != 1 || !strings.HasPrefix(dev.ContainerEdits.Mounts[0].ContainerPath, prepare.ClaimInfoDir) {
+			t.Errorf("mounts = %+v", dev.ContainerEdits.Mounts)
+		}
+	}
+	info, err := os.ReadFile(filepath.Join(e.state, "claims", "uid-1.json"))
+	if err != nil || !strings.Contains(string(info), "share-a") {
+		t.Errorf("claim info = %s, %v", info, err)
+	}
+
+	// Again, from a fresh driver as after a restart: same answer, nothing
+	// prepared twice.
+	e.driver = e.newDriver(nic)
+	again := e.prepare(c)["uid-1"]
+	if again.Err != nil || len(again.Devices) != 2 || again.Devices[0].CDIDeviceIDs[0] != first.Devices[0].CDIDeviceIDs[0] {
+		t.Errorf("second prepare = %+v, want the first answer", again)
+	}
+	for k, n := range nic.prepared {
+		if n != 1 {
+			t.Errorf("%s prepared %d times", k, n)
+		}
+	}
+	if recs := e.records(); recs["uid-1"].State != prepare.ClaimCompleted {
+		t.Errorf("record = %+v", recs["uid-1"])
+	}
+
+	e.unprepare("uid-1")
+	e.unprepare("uid-1") // unknown now: still fine
+	if files := e.specFiles(); len(files) != 0 {
+		t.Errorf("CDI specs left after unprepare: %v", files)
+	}
+	if _, err := os.Stat(filepath.Join(e.state, "claims", "uid-1.json")); !os.IsNotExist(err) {
+		t.Errorf("claim info left after unprepare")
+	}
+	if len(e.records()) != 0 {
+		t.Errorf("records left: %v", e.records())
+	}
+}
+
+// A bad claim fails with a message naming what is wrong, and nothing of it
+// is applied or recorded; other claims in the same call are unaffected.
+func TestBadClaimsFailCleanly(t *testing.T) {
+	e := newEnv(t, nil)
+	good := claim("good", "good", []result{{request: "llc", device: "llc-0"}})
+	for _, tc := range []struct {
+		claim *resourceapi.ResourceClaim
+		want  string
+	}{
+		{claim("u1", "unknown-device", []result{{request: "r", device: "gpu-0000-c1-00-0"}}), `"gpu-0000-c1-00-0"`},
+		{claim("u2", "bad-config", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"much-too-long-name"}`)), "interfaceName"},
+		{claim("u3", "unknown-field", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtuu":1500}`)), "mtuu"},
+		{claim("u4", "wrong-kind", []result{{request: "f", device: "fpga-0000-3b-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig"}`)), "not to a fpga device"},
+		{claim("u5", "bad-env", []result{{request: "f", device: "fpga-0000-3b-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"1BAD":"x"}}`)), "env[1BAD]"},
+		{claim("u6", "over-capacity", []result{{request: "net", device: "nic-0000-17-00-0", share: "s1", consumed: bw("30G")}}), "exceeds its capacity"},
+		{claim("u7", "missing-node", []result{{request: "f", device: "fpga-0000-5e-00-0"}}), "dfl-fme.0"},
+	} {
+		res := e.prepare(tc.claim, good)
+		err := res[tc.claim.UID].Err
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one mentioning %s", tc.claim.Name, err, tc.want)
+		}
+		if res["good"].Err != nil {
+			t.Errorf("%s: the good claim failed too: %v", tc.claim.Name, res["good"].Err)
+		}
+		if _, ok := e.records()[tc.claim.UID]; ok {
+			t.Errorf("%s: failed claim recorded", tc.claim.Name)
+		}
+		if _, err := os.Stat(filepath.Join(e.state, "claims", string(tc.claim.UID)+".json")); !os.IsNotExist(err) {
+			t.Errorf("%s: claim info written for a failed claim", tc.claim.Name)
+		}
+	}
+	if files := e.specFiles(); len(files) != 1 {
+		t.Errorf("CDI specs = %v, want only the good claim's", files)
+	}
+}
+
+// Shares of one NIC are accepted up to its capacity; a device given whole
+// is not given again.
+func TestSharesAndExclusivity(t *testing.T) {
+	e := newEnv(t, nil)
+	a := claim("a", "a", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-a", consumed: bw("20G")}})
+	b := claim("b", "b", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-b", consumed: bw("5G")}})
+	c := claim("c", "c", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-c", consumed: bw("1G")}})
+	res := e.prepare(a, b, c)
+	if res["a"].Err != nil || res["b"].Err != nil {
+		t.Fatalf("a, b = %v, %v", res["a"].Err, res["b"].Err)
+	}
+	if res["c"].Err == nil || !strings.Contains(res["c"].Err.Error(), "exceeds") {
+		t.Errorf("c = %v, want over capacity (25G in use)", res["c"].Err)
+	}
+	e.unprepare("b")
+	if res := e.prepare(c); res["c"].Err != nil {
+		t.Errorf("c after b left: %v", res["c"].Err)
+	}
+	whole1 := claim("w1", "w1", []result{{request: "f", device: "fpga-0000-3b-00-0"}})
+	whole2 := claim("w2", "w2", []result{{request: "f", device: "fpga-0000-3b-00-0"}})
+	res = e.prepare(whole1)
+	if res["w1"].Err != nil {
+		t.Fatal(res["w1"].Err)
+	}
+	if res := e.prepare(whole2); res["w2"].Err == nil || !strings.Contains(res["w2"].Err.Error(), "already prepared") {
+		t.Errorf("second whole allocation = %v, want refused", res["w2"].Err)
+	}
+}
+
+// A claim left "started" by a crash is rolled back and prepared again.
+func TestStartedClaimIsRolledBackAndRedone(t *testing.T) {
+	nic := &recorder{prepared: map[string]int{}, undone: map[string]int{}}
+	e := newEnv(t, nic)
+	c := claim("s", "s", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-1", consumed: bw("1G")}})
+	// What a crash after phase 1 leaves behind.
+	if err := e.cp.Update(func(recs map[types.UID]prepare.ClaimRecord) error {
+		recs["s"] = prepare.ClaimRecord{UID: "s", Namespace: "default", Name: "s", State: prepare.ClaimStarted,
+			Allocations: []prepare.Allocation{{ClaimUID: "s", Request: "net", Device: "nic-0000-17-00-0", Kind: "nic", ShareID: ptr.To(types.UID("s-1"))}}}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.prepare(c); res["s"].Err != nil {
+		t.Fatal(res["s"].Err)
+	}
+	key := "s/net/s-1"
+	if nic.undone[key] != 1 || nic.prepared[key] != 1 {
+		t.Errorf("undone %d, prepared %d; want the started claim rolled back once and prepared once", nic.undone[key], nic.prepared[key])
+	}
+	if e.records()["s"].State != prepare.ClaimCompleted {
+		t.Errorf("record = %+v", e.records()["s"])
+	}
+}
+
+// A preparer failing halfway undoes the devices already prepared.
+func TestPreparerFailureRollsBack(t *testing.T) {
+	nic := &recorder{prepared: map[string]int{}, undone: map[string]int{}, failOn: "nic-0000-00-03-0"}
+	e := newEnv(t, nic)
+	c := claim("f", "f", []result{
+		{request: "a", device: "nic-0000-17-00-0", share: "s-1", consumed: bw("1G")},
+		{request: "b", device: "nic-0000-00-03-0", share: "s-2", consumed: bw("1M")},
+	})
+	res := e.prepare(c)
+	if res["f"].Err == nil || !strings.Contains(res["f"].Err.Error(), "nic-0000-00-03-0") {
+		t.Fatalf("err = %v", res["f"].Err)
+	}
+	if nic.undone["f/a/s-1"] != 1 {
+		t.Errorf("first device not undone: %v", nic.undone)
+	}
+	if len(e.records()) != 0 || len(e.specFiles()) != 0 {
+		t.Errorf("records %v, specs %v left after a failed prepare", e.records(), e.specFiles())
+	}
+}
