@@ -40,7 +40,9 @@ func NewCDIWriter(dir, vendor string) (*CDIWriter, error) {
 func (w *CDIWriter) Kind() string { return w.vendor + "/" + cdiClass }
 
 // DeviceID is the fully qualified CDI name of one of a claim's devices.
-func (w *CDIWriter) DeviceID(name string) string { return parser.QualifiedName(w.vendor, cdiClass, name) }
+func (w *CDIWriter) DeviceID(name string) string {
+	return parser.QualifiedName(w.vendor, cdiClass, name)
+}
 
 // SpecName is the file name of a claim's spec.
 func (w *CDIWriter) SpecName(claimUID string) string {

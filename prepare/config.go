@@ -175,4 +175,3 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
-
