@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"reflect"
 	"sync"
@@ -105,12 +106,18 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 		metrics.PreparedClaims.Set(float64(countCompleted(recs)))
 	}
 
+	pluginDir := filepath.Join(opts.PluginsDir, driverName)
+	for _, dir := range []string{opts.RegistrarDir, pluginDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("create kubelet plugin directory: %w", err)
+		}
+	}
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(driverName),
 		kubeletplugin.NodeName(opts.NodeName),
 		kubeletplugin.KubeClient(opts.KubeClient),
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
-		kubeletplugin.PluginDataDirectoryPath(filepath.Join(opts.PluginsDir, driverName)),
+		kubeletplugin.PluginDataDirectoryPath(pluginDir),
 		// The checkpoint's lock orders concurrent calls; serializing
 		// every gRPC call would cap throughput at one claim at a time.
 		kubeletplugin.Serialize(false),

@@ -196,6 +196,10 @@ node_down() {
   if [ -f "$NODE_DIR/host-paths-absent" ]; then
     while read -r f; do
       [ -n "$f" ] && [ -e "$f" ] || continue
+      if [ "$f" = /run/mount ]; then
+        rmdir "$f" 2>/dev/null || true
+        continue
+      fi
       unmount_under "$f" || { log "WARNING: left $f (still mounted)"; continue; }
       rm -rf --one-file-system "$f"
     done <"$NODE_DIR/host-paths-absent"

@@ -38,8 +38,11 @@ SAVED_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on
   net.ipv4.conf.all.forwarding)
 # Host paths the node may create outside the state dir. up.sh records which
 # ones are absent before it starts; down.sh removes those (and only those).
+# /run/mount is libmount's (mount/umount's) table of userspace mount options;
+# down.sh only removes it when empty.
 HOST_PATHS=(/run/containerd /var/lib/kubelet /var/lib/cni /var/log/containers /var/log/pods
-  /usr/libexec/kubernetes /run/nri /opt/containerd /opt/cni /etc/cni /run/netns /var/run/cdi /etc/cdi)
+  /usr/libexec/kubernetes /run/nri /opt/containerd /opt/cni /etc/cni /run/netns /var/run/cdi /etc/cdi
+  /run/mount)
 
 # node_prepare: checks and host set-up that need no running control plane;
 # ends by starting containerd, which then comes up while etcd and the
@@ -206,6 +209,8 @@ imports = []
         runtime_type = 'io.containerd.runc.v2'
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = '$RUNC'
+          # runc's own state (default /run/containerd/runc).
+          Root = '$CONTAINERD_DIR/runc'
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ['$CNI_BIN_DIR']
@@ -236,7 +241,7 @@ node_images() {
   local archives
   archives=$("$here/../images/cluster-images.sh" "$IMAGES_DIR") || fail "building the node images failed"
   # shellcheck disable=SC2086 # two paths, no spaces (the state dir has none)
-  CARVE_CONTAINERD_ADDRESS=$CONTAINERD_ADDRESS "$here/../images/import.sh" $archives >/dev/null ||
+  CARVE_CONTAINERD_ADDRESS=$CONTAINERD_ADDRESS "$here/../images/import.sh" $archives 2>/dev/null ||
     fail "importing the node images failed" containerd
 }
 
@@ -252,9 +257,16 @@ subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
   write_kubeconfig "$STATE_DIR/kubelet.kubeconfig" "system:node:$NODE_NAME" "$PKI/kubelet.crt" "$PKI/kubelet.key"
 }
 
-# node_start: starts the kubelet and waits until its Node is Ready.
+# node_start: starts the kubelet; node_wait_ready waits for its Node.
 node_start() {
   mkdir -p "$KUBELET_ROOT_DIR" "$STATE_DIR/pod-logs" "$STATE_DIR/volume-plugins"
+  # The feature gates as a YAML map (the --feature-gates flag is deprecated
+  # for the kubelet): "A=true,B=false" -> "  A: true" lines.
+  local gates="featureGates: {}"
+  if [ -n "$FEATURE_GATES" ]; then
+    gates="featureGates:
+$(tr ',' '\n' <<<"$FEATURE_GATES" | sed -n 's/^ *\([^=]*\)=\(.*\)$/  \1: \2/p')"
+  fi
   # - authentication: client certs from the cluster CA (the apiserver's
   #   kubelet client cert, for exec/logs) and bearer tokens via TokenReview;
   #   no anonymous access even though the port is on the node IP.
@@ -304,6 +316,7 @@ podLogsDir: $STATE_DIR/pod-logs
 volumePluginDir: $STATE_DIR/volume-plugins
 clusterDomain: cluster.local
 serializeImagePulls: false
+$gates
 EOF
   log "starting kubelet (node $NODE_NAME, $NODE_IP:$KUBELET_PORT, root dir $KUBELET_ROOT_DIR)"
   start_daemon kubelet \
@@ -313,8 +326,10 @@ EOF
     --cert-dir="$PKI/kubelet-certs" \
     --hostname-override="$NODE_NAME" \
     --node-ip="$NODE_IP" \
-    --feature-gates="$FEATURE_GATES" \
     --v=1
+}
+
+node_wait_ready() {
   wait_for "node $NODE_NAME to be Ready" kubelet node_ready
   # The not-ready taint is normally added by the TaintNodesByCondition
   # admission plugin and removed by the node-lifecycle controller. up.sh

@@ -474,6 +474,10 @@ kubectl_() { "$BIN_DIR/kubectl" --kubeconfig="$ADMIN_KUBECONFIG" --request-timeo
 [ "$NODE" = 0 ] || node_images
 wait_for "kube-apiserver /readyz" kube-apiserver kubectl_ get --raw /readyz
 
+# The kubelet needs only the apiserver; started now, it registers and gets
+# Ready while the controller manager creates ServiceAccounts (several seconds).
+[ "$NODE" = 0 ] || node_start
+
 # --- controller manager and scheduler -------------------------------------------
 # Started only once the apiserver is ready: the controller manager gives up and
 # exits if the apiserver is not healthy within 10 s of its start, which can
@@ -531,7 +535,7 @@ wait_for "the default ServiceAccount" kube-controller-manager \
 pid_of kube-scheduler >/dev/null || fail "kube-scheduler exited" kube-scheduler
 
 # --- the node, part 2 ---------------------------------------------------------
-[ "$NODE" = 0 ] || node_start
+[ "$NODE" = 0 ] || node_wait_ready
 
 # For scripts that want the ports without re-deriving the defaults.
 cat >"$STATE_DIR/cluster.env" <<EOF

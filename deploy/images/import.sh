@@ -26,6 +26,8 @@ if [ -f "$STATE_DIR/cluster.env" ]; then
   [ -z "$bin_dir" ] || ctr_bin=$bin_dir/ctr
 fi
 [ -n "$address" ] || address=$STATE_DIR/containerd/containerd.sock
+# ctr takes a relative socket path for a URL authority and fails.
+case "$address" in /*) ;; *) address=$PWD/$address ;; esac
 [ -S "$address" ] || { log "ERROR: no containerd socket at $address (is the cluster up with its node?)"; exit 1; }
 # The same cached build the cluster runs (a no-op once built).
 [ -x "$ctr_bin" ] || ctr_bin=$("$here/../cluster/build-containerd.sh" | tail -n1)/ctr
@@ -34,5 +36,15 @@ for archive in "$@"; do
   [ -f "$archive" ] || { log "ERROR: $archive: no such file"; exit 1; }
   # Unpacked on import (the default) into the CRI's snapshotter, so the first
   # container start does not pay for it.
-  "$ctr_bin" --address "$address" --namespace k8s.io images import --snapshotter overlayfs "$archive" >&2
+  # ctr warns on every call that cgroup v1 is deprecated; that is the host,
+  # not news, so that one line is dropped.
+  if ! out=$("$ctr_bin" --address "$address" --namespace k8s.io images import --snapshotter overlayfs "$archive" 2>&1); then
+    log "ERROR: importing $archive failed:"
+    echo "$out" >&2
+    exit 1
+  fi
+  # ctr's progress table is noise; keep its warnings except the one that
+  # every call prints on this host (cgroup v1 is deprecated).
+  grep 'level=' <<<"$out" | grep -v 'support for cgroup v1 is deprecated' >&2 || true
+  log "imported $archive"
 done

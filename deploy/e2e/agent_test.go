@@ -1,0 +1,209 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/carve-dra/carve/deploy/e2e/kubeletstub"
+)
+
+// The agent, run as a host process against a fixture root, publishes its
+// slices, registers, prepares and unprepares claims over its real unix
+// socket, and reports metrics and health.
+func TestAgentPrepareOverSocket(t *testing.T) {
+	cs := client(t)
+	ctx := context.Background()
+	h := newAgentHost(t, cs, "e2e-agent")
+	h.start()
+	waitSlices(t, cs, h)
+	plugin := h.register(ctx)
+	defer plugin.Close()
+
+	c1 := makeClaim(t, cs, h.node, "agent-c1", alloc{request: "fpga", device: "fpga-0000-3b-00-0"},
+		alloc{request: "net", device: "nic-0000-17-00-0", share: true, egress: "100M"})
+	c2 := makeClaim(t, cs, h.node, "agent-c2", alloc{request: "net", device: "nic-0000-17-00-0", share: true, egress: "200M"})
+	res, err := plugin.Prepare(ctx, c1, c2)
+	if err != nil {
+		t.Fatalf("prepare: %v\n%s", err, h.logs)
+	}
+	shares := map[string]bool{}
+	for _, c := range []kubeletstub.Claim{c1, c2} {
+		r := res[c.UID]
+		for _, d := range r.Devices {
+			if len(d.CdiDeviceIds) != 1 || !strings.HasPrefix(d.CdiDeviceIds[0], "carve.dev/claim=") {
+				t.Errorf("claim %s device %s CDI ids %v", c.Name, d.DeviceName, d.CdiDeviceIds)
+			}
+			if d.ShareId != nil {
+				shares[*d.ShareId] = true
+			}
+		}
+	}
+	if len(shares) != 2 {
+		t.Errorf("share ids %v, want two distinct ones for the two NIC shares", shares)
+	}
+	if specs := h.files("cdi"); len(specs) != 2 {
+		t.Errorf("CDI specs %v, want one per claim", specs)
+	}
+	m := h.scrape()
+	for _, want := range []string{"carve_prepared_claims 2", `carve_prepare_duration_seconds_count{kind="nic",result="success"} 2`,
+		`carve_prepare_duration_seconds_count{kind="fpga",result="success"} 1`, "grpc_server_handled_total", "carve_discovery_duration_seconds_count"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	conn, err := grpc.NewClient(h.health, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	conn.Close()
+	if err != nil || hr.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC health = %v, %v; want SERVING", hr, err)
+	}
+
+	if err := plugin.Unprepare(ctx, c1, c2); err != nil {
+		t.Fatal(err)
+	}
+	if specs := h.files("cdi"); len(specs) != 0 {
+		t.Errorf("CDI specs left: %v", specs)
+	}
+	if !strings.Contains(h.scrape(), "carve_prepared_claims 0") {
+		t.Errorf("prepared claims gauge not back to 0")
+	}
+	if err := h.stop(); err != nil {
+		t.Errorf("SIGTERM: %v\n%s", err, h.logs)
+	}
+}
+
+// nodeState is what a claim leaves on the node.
+type nodeState struct {
+	Records []string // "<uid>:<state>"
+	Specs   []string
+	Infos   []string
+}
+
+func (h *agentHost) state(t *testing.T) nodeState {
+	t.Helper()
+	var s nodeState
+	raw, err := os.ReadFile(h.path("state/checkpoint.json"))
+	if err == nil {
+		var f struct {
+			Data struct {
+				Claims map[string]struct {
+					State string `json:"state"`
+				} `json:"claims"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(raw, &f); err != nil {
+			t.Fatalf("checkpoint: %v", err)
+		}
+		for uid, c := range f.Data.Claims {
+			s.Records = append(s.Records, uid+":"+c.State)
+		}
+	}
+	sort.Strings(s.Records)
+	s.Specs = h.files("cdi")
+	s.Infos = h.files("state/claims")
+	return s
+}
+
+// The crash matrix: the agent is killed with SIGKILL at every step of
+// prepare and unprepare, restarted, and the kubelet stand-in retries. After
+// each retry the node holds exactly what a crash-free run holds: nothing
+// leaked, nothing prepared twice, and the same CDI devices returned.
+func TestCrashMatrix(t *testing.T) {
+	cs := client(t)
+	ctx := context.Background()
+	h := newAgentHost(t, cs, "e2e-crash")
+	c := makeClaim(t, cs, h.node, "crash-c", alloc{request: "fpga", device: "fpga-0000-3b-00-0"},
+		alloc{request: "net", device: "nic-0000-17-00-0", share: true, egress: "100M"})
+
+	// The crash-free run gives the reference.
+	h.start()
+	waitSlices(t, cs, h)
+	p := h.register(ctx)
+	ref, err := p.Prepare(ctx, c)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, h.logs)
+	}
+	prepared := h.state(t)
+	if len(prepared.Records) != 1 || !strings.HasSuffix(prepared.Records[0], ":completed") || len(prepared.Specs) != 1 || len(prepared.Infos) != 1 {
+		t.Fatalf("prepared state = %+v", prepared)
+	}
+	if err := p.Unprepare(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	clean := h.state(t)
+	h.stop()
+
+	retry := func(fault string, call func(*kubeletstub.Plugin) error) {
+		t.Helper()
+		h.start(CrashAt(fault))
+		p := h.register(ctx)
+		if err := call(p); err == nil {
+			t.Fatalf("%s: the call succeeded though the agent was to die there", fault)
+		}
+		p.Close()
+		h.waitKilled()
+		h.start()
+		p = h.register(ctx)
+		defer p.Close()
+		if err := call(p); err != nil {
+			t.Fatalf("%s: retry after restart: %v\n%s", fault, err, h.logs)
+		}
+	}
+	for _, fault := range []string{"prepare-started", "prepare-device-0", "prepare-device-1", "prepare-cdi-written", "prepare-completed"} {
+		t.Run(fault, func(t *testing.T) {
+			retry(fault, func(p *kubeletstub.Plugin) error {
+				res, err := p.Prepare(ctx, c)
+				if err == nil && !reflect.DeepEqual(res[c.UID].Devices, ref[c.UID].Devices) {
+					t.Errorf("devices after retry %v, want %v", res[c.UID].Devices, ref[c.UID].Devices)
+				}
+				return err
+			})
+			if got := h.state(t); !reflect.DeepEqual(got, prepared) {
+				t.Errorf("after crash at %s and retry: %+v, want %+v", fault, got, prepared)
+			}
+			// Back to clean for the next fault.
+			p := h.register(ctx)
+			if err := p.Unprepare(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			p.Close()
+			h.stop()
+			if got := h.state(t); !reflect.DeepEqual(got, clean) {
+				t.Errorf("after unprepare: %+v, want %+v", got, clean)
+			}
+		})
+	}
+	for _, fault := range []string{"unprepare-device-1", "unprepare-device-0", "unprepare-undone"} {
+		t.Run(fault, func(t *testing.T) {
+			h.start()
+			p := h.register(ctx)
+			if _, err := p.Prepare(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			p.Close()
+			h.stop()
+			retry(fault, func(p *kubeletstub.Plugin) error { return p.Unprepare(ctx, c) })
+			h.stop()
+			if got := h.state(t); !reflect.DeepEqual(got, clean) {
+				t.Errorf("after crash at %s and retry: %+v, want %+v", fault, got, clean)
+			}
+		})
+	}
+
+}
+
+// CrashAt is the environment that makes the agent die at a fault point.
+func CrashAt(point string) string { return "CARVE_CRASH_AT=" + point }
