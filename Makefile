@@ -11,7 +11,7 @@ FUZZTIME ?= 4s
 export TMPDIR ?= $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp)
 BENCHTIME ?= 1s
 
-.PHONY: help build test unit fuzz e2e verify generate bench demo demo-down cluster-up cluster-down scheduler clean
+.PHONY: help build test unit fuzz e2e verify generate manifests bench demo demo-down cluster-up cluster-down scheduler clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -40,13 +40,19 @@ scheduler: ## test the scheduler module
 # e2e brings up the local control plane unless CARVE_KUBECONFIG points at one,
 # and always takes down what it brought up.
 e2e: ## tests against a real kube-apiserver (starts and stops the local cluster)
-	@if [ -n "$${CARVE_KUBECONFIG:-}" ]; then \
-	  CARVE_E2E_REQUIRED=1 $(GO) test -count=1 -v ./deploy/e2e/...; \
+	@export CARVE_HELM=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \
+	if [ -n "$${CARVE_KUBECONFIG:-}" ]; then \
+	  CARVE_E2E_REQUIRED=1 $(GO) test -count=1 -v -timeout 30m ./deploy/e2e/...; \
 	else \
 	  trap 'deploy/cluster/down.sh' EXIT; \
 	  kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \
-	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 $(GO) test -count=1 -v ./deploy/e2e/...; \
+	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 $(GO) test -count=1 -v -timeout 30m ./deploy/e2e/...; \
 	fi
+
+manifests: ## render the chart into deploy/manifests/carve.yaml
+	@helm=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \
+	$$helm lint --kube-version 1.37.0 deploy/chart/carve >/dev/null && \
+	$$helm template carve deploy/chart/carve --namespace carve-system --kube-version 1.37.0 --set createNamespace=true > deploy/manifests/carve.yaml
 
 cluster-up: ## start the local control plane; the last line is the kubeconfig path
 	@deploy/cluster/up.sh

@@ -195,7 +195,7 @@ node_down() {
   # Each is checked for mounts first: rm must never cross into a mount.
   if [ -f "$NODE_DIR/host-paths-absent" ]; then
     while read -r f; do
-      [ -n "$f" ] && [ -e "$f" ] || continue
+      if [ -z "$f" ] || [ ! -e "$f" ]; then continue; fi
       if [ "$f" = /run/mount ]; then
         rmdir "$f" 2>/dev/null || true
         continue

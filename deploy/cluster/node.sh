@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154,SC2153 # here, client_ext, CDI_DIR...: set by up.sh
 # The real node of the local test cluster: containerd 2.x (with CDI), a
 # kubelet, bridge CNI. Sourced by up.sh (not run on its own): it uses up.sh's
 # variables (STATE_DIR, PKI, LOGS, BIN_DIR, ...) and helpers (log, fail,

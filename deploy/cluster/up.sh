@@ -402,7 +402,7 @@ write_kubeconfig "$STATE_DIR/scheduler.kubeconfig" system:kube-scheduler \
 # containerd starts now, so it is up by the time the apiserver is; the images
 # are built and imported meanwhile.
 if [ "$NODE" = 1 ]; then
-  # shellcheck source=deploy/cluster/node.sh
+  # shellcheck source-path=SCRIPTDIR source=node.sh
   . "$here/node.sh"
   node_prepare
   node_certs
