@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// clusterEnv reads the cluster.env that up.sh writes beside the kubeconfig,
+// and skips (fails, where required) when the cluster has no real node.
+func clusterEnv(t *testing.T) map[string]string {
+	t.Helper()
+	path := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "cluster.env")
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("cluster env: %v", err)
+	}
+	defer f.Close()
+	env := map[string]string{}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if k, v, ok := strings.Cut(s.Text(), "="); ok && !strings.HasPrefix(k, "#") {
+			env[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"'`)
+		}
+	}
+	if env["CARVE_CLUSTER_NODE"] == "0" || env["KUBELET_ROOT_DIR"] == "" {
+		if os.Getenv("CARVE_E2E_NODE_REQUIRED") == "1" {
+			t.Fatal("the cluster has no real node, but CARVE_E2E_NODE_REQUIRED=1")
+		}
+		t.Skip("the cluster was started without a node (CARVE_CLUSTER_NODE=0)")
+	}
+	return env
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	var out, stderr bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out.String(), stderr.String())
+	}
+	return out.String()
+}
+
+// buildAgentImage builds carve into an image and imports it into the node's
+// containerd, as a user without a registry would.
+func buildAgentImage(t *testing.T, tag string) {
+	t.Helper()
+	root := repoRoot()
+	bin := carveBinary(t)
+	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), "--name", tag,
+		"--file", bin+":/carve", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar"))))
+	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// exec runs a command in a pod's container through the API server and the
+// kubelet, as kubectl exec does.
+func podExec(t *testing.T, env map[string]string, ns, pod, container string, cmd ...string) string {
+	t.Helper()
+	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
+	args := append([]string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", ns, pod, "-c", container, "--"}, cmd...)
+	return run(t, kubectl, args...)
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, lastErr)
+}
+
+func podRunning(cs kubernetes.Interface, ns, name string) func() (bool, error) {
+	return func() (bool, error) {
+		p, err := cs.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("pod %s: phase %s, %s", name, p.Status.Phase, podWhy(p))
+	}
+}
+
+func podWhy(p *corev1.Pod) string {
+	var why []string
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			why = append(why, c.Message)
+		}
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Waiting != nil {
+			why = append(why, s.State.Waiting.Reason+": "+s.State.Waiting.Message)
+		}
+	}
+	return strings.Join(why, "; ")
+}
+
+// restartKubelet stops the node's kubelet and starts it again with the same
+// command line, log and pid file, as a node reboot of the kubelet alone.
+func restartKubelet(t *testing.T, env map[string]string) {
+	t.Helper()
+	dir := filepath.Dir(os.Getenv("CARVE_KUBECONFIG"))
+	pidFile := filepath.Join(dir, "pids", "kubelet.pid")
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(string(raw))
+	cmdline, err := os.ReadFile("/proc/" + pid + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	run(t, "kill", pid)
+	waitFor(t, "the kubelet to exit", 30*time.Second, func() (bool, error) {
+		st, err := os.ReadFile("/proc/" + pid + "/stat")
+		return err != nil || strings.Contains(string(st), ") Z "), nil
+	})
+	logFile := filepath.Join(dir, "logs", "kubelet.log")
+	cmd := exec.Command("setsid", append([]string{"sh", "-c", `echo $$ > "$0"; log=$1; shift; exec "$@" >>"$log" 2>&1 </dev/null`, pidFile, logFile}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+}
+
+func execCommand(name string, args ...string) *exec.Cmd { return exec.Command(name, args...) }

@@ -1,0 +1,323 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+const (
+	testNS       = "default"
+	e2eParent    = "carve-e2e0"
+	agentMetrics = "29464"
+)
+
+// TestNodeEndToEnd deploys carve with its chart onto the cluster's real node
+// and runs pods whose claims the real scheduler allocates and the real
+// kubelet prepares through carve, checking each pod from inside.
+func TestNodeEndToEnd(t *testing.T) {
+	cs := client(t)
+	env := clusterEnv(t)
+	ctx := context.Background()
+	node := env["CARVE_NODE_NAME"]
+	clusterDir := filepath.Dir(os.Getenv("CARVE_KUBECONFIG"))
+	stateDir := filepath.Join(clusterDir, "carve-state")
+	cdiDir := env["CARVE_CDI_DIR"]
+
+	// The NIC the shares are cut from: a veth the test makes on the node.
+	run(t, "ip", "link", "add", e2eParent, "type", "veth", "peer", "name", "carve-e2e1")
+	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", e2eParent) })
+	run(t, "ip", "link", "set", e2eParent, "up")
+	run(t, "ip", "link", "set", "carve-e2e1", "up")
+
+	buildAgentImage(t, "carve:e2e")
+	installChart(t, env, stateDir)
+	waitFor(t, "carve's slices for "+node, 60*time.Second, func() (bool, error) {
+		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			return false, err
+		}
+		for _, s := range l.Items {
+			for _, d := range s.Spec.Devices {
+				if d.Name == "nic-"+e2eParent && d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
+					return true, nil
+				}
+			}
+		}
+		return false, fmt.Errorf("%d slices, no shareable %s yet", len(l.Items), e2eParent)
+	})
+
+	// A template claim of 100M and a shared claim of 200M, both cut from
+	// the same NIC: two allocations, two ShareIDs.
+	createTemplate(t, cs, "net-100m", "100M")
+	createClaim(t, cs, "shared-net", "200M")
+	pods := map[string]*corev1.Pod{
+		"e2e-a":  pod("e2e-a", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("net-100m")}),
+		"e2e-b1": pod("e2e-b1", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("shared-net")}),
+		"e2e-b2": pod("e2e-b2", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("shared-net")}),
+	}
+	for _, p := range pods {
+		startPod(t, cs, p)
+	}
+	shareOf := map[string]string{}
+	for name := range pods {
+		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
+		envs := podExec(t, env, testNS, name, "main", "env")
+		want := map[string]string{"CARVE_NET_PARENT": e2eParent, "CARVE_NET_KIND": "nic", "CARVE_NET_DEVICE": "nic-" + e2eParent}
+		want["CARVE_NET_EGRESSBANDWIDTH"] = map[bool]string{true: "100M", false: "200M"}[name == "e2e-a"]
+		for k, v := range want {
+			if !strings.Contains(envs, k+"="+v+"\n") {
+				t.Errorf("pod %s: env lacks %s=%s:\n%s", name, k, v, envs)
+			}
+		}
+		shareOf[name] = envValue(envs, "CARVE_NET_SHARE_ID")
+		info := podExec(t, env, testNS, name, "main", "cat", envValue(envs, "CARVE_NET_INFO"))
+		if !strings.Contains(info, shareOf[name]) || !strings.Contains(info, "egressBandwidth") {
+			t.Errorf("pod %s: the mounted claim info does not describe its share:\n%s", name, info)
+		}
+	}
+	if shareOf["e2e-a"] == "" || shareOf["e2e-a"] == shareOf["e2e-b1"] || shareOf["e2e-b1"] != shareOf["e2e-b2"] {
+		t.Errorf("share ids %v: want the template claim and the shared claim to hold distinct shares, the shared claim one", shareOf)
+	}
+
+	t.Logf("share ids seen inside the pods: %v", shareOf)
+
+	// The node side: the checkpoint and the metrics.
+	before := checkpointRecords(t, stateDir)
+	t.Logf("checkpoint: %v", before)
+	if len(before) != 2 {
+		t.Fatalf("checkpoint holds %d claims, want 2: %v", len(before), before)
+	}
+	if m := scrapeAgent(t); !strings.Contains(m, "carve_prepared_claims 2") {
+		t.Errorf("agent metrics lack carve_prepared_claims 2")
+	}
+
+	// Restart the kubelet, then the agent, while the pods run: nothing
+	// breaks, nothing is prepared twice, and new pods still start.
+	restartKubelet(t, env)
+	waitFor(t, "the node Ready after the kubelet restart", 60*time.Second, nodeReady(cs, node))
+	startPod(t, cs, pod("e2e-c", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("net-100m")}))
+	waitFor(t, "a new pod after the kubelet restart", 90*time.Second, podRunning(cs, testNS, "e2e-c"))
+	restartAgent(t, cs)
+	startPod(t, cs, pod("e2e-d", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("net-100m")}))
+	waitFor(t, "a new pod after the agent restart", 90*time.Second, podRunning(cs, testNS, "e2e-d"))
+	for name := range pods {
+		if ok, err := podRunning(cs, testNS, name)(); !ok {
+			t.Errorf("pod %s broke across the restarts: %v", name, err)
+		}
+	}
+	after := checkpointRecords(t, stateDir)
+	for uid, updated := range before {
+		if after[uid] != updated {
+			t.Errorf("claim %s was prepared again across the restarts (record written %s, then %s)", uid, updated, after[uid])
+		}
+	}
+
+	// Deleting the pods unprepares their claims and leaves nothing behind.
+	for _, name := range []string{"e2e-a", "e2e-b1", "e2e-b2", "e2e-c", "e2e-d"} {
+		_ = cs.CoreV1().Pods(testNS).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	}
+	waitFor(t, "every claim unprepared", 90*time.Second, func() (bool, error) {
+		recs := checkpointRecords(t, stateDir)
+		specs, _ := filepath.Glob(filepath.Join(cdiDir, "carve.dev-claim_*"))
+		infos, _ := filepath.Glob(filepath.Join(stateDir, "claims", "*.json"))
+		return len(recs) == 0 && len(specs) == 0 && len(infos) == 0, fmt.Errorf("records %v, CDI specs %v, claim files %v", recs, specs, infos)
+	})
+	if m := scrapeAgent(t); !strings.Contains(m, "carve_prepared_claims 0") {
+		t.Errorf("agent metrics do not show 0 prepared claims")
+	}
+}
+
+func runQuiet(name string, args ...string) error {
+	return execCommand(name, args...).Run()
+}
+
+func envValue(envs, key string) string {
+	for _, l := range strings.Split(envs, "\n") {
+		if v, ok := strings.CutPrefix(l, key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func installChart(t *testing.T, env map[string]string, stateDir string) {
+	t.Helper()
+	helm := os.Getenv("CARVE_HELM")
+	if helm == "" {
+		t.Fatal("CARVE_HELM is not set")
+	}
+	cfg := filepath.Join(t.TempDir(), "node.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: ["%s"]
+  includeVirtual: true
+  bandwidth:
+  - interface: "%s"
+    egress: 10G
+    ingress: 10G
+`, e2eParent, e2eParent)), 0o644)
+	kc := os.Getenv("CARVE_KUBECONFIG")
+	// Registered first, so that a failed install is removed too.
+	t.Cleanup(func() {
+		_ = runQuiet(helm, "uninstall", "carve", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "60s")
+	})
+	run(t, helm, "install", "carve", filepath.Join(repoRoot(), "deploy/chart/carve"), "--kubeconfig", kc,
+		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
+		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
+		"--set", "kubeletDir="+env["KUBELET_ROOT_DIR"], "--set", "cdiDir="+env["CARVE_CDI_DIR"], "--set", "stateDir="+stateDir,
+		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "metricsPort="+agentMetrics, "--set", "healthPort=29465",
+		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1",
+		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value="+env["CARVE_APISERVER_PORT"],
+		"--set-file", "nodeConfig="+cfg)
+}
+
+func createTemplate(t *testing.T, cs kubernetes.Interface, name, egress string) {
+	t.Helper()
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: netClaimSpec(egress)}}
+	if _, err := cs.ResourceV1().ResourceClaimTemplates(testNS).Create(context.Background(), tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+func createClaim(t *testing.T, cs kubernetes.Interface, name, egress string) {
+	t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS}, Spec: netClaimSpec(egress)}
+	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+func netClaimSpec(egress string) resourceapi.ResourceClaimSpec {
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "net",
+		Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.carve.dev",
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["carve.dev"].ifName == "` + e2eParent + `"`}}},
+			Capacity:  &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(egress)}}},
+	}}}}
+}
+
+func pod(name string, claim *corev1.PodResourceClaim) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To(int64(0)),
+			ResourceClaims:                []corev1.PodResourceClaim{*claim},
+			Containers: []corev1.Container{{Name: "main", Image: "carve-test:latest", ImagePullPolicy: corev1.PullNever,
+				Command:   []string{"sleep", "3600"},
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: claim.Name}}}}},
+		},
+	}
+}
+
+func startPod(t *testing.T, cs kubernetes.Interface, p *corev1.Pod) {
+	t.Helper()
+	if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	})
+}
+
+func nodeReady(cs kubernetes.Interface, node string) func() (bool, error) {
+	return func() (bool, error) {
+		n, err := cs.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue, fmt.Errorf("Ready=%s: %s", c.Status, c.Message)
+			}
+		}
+		return false, nil
+	}
+}
+
+// restartAgent deletes the agent's pod; the DaemonSet starts a new one.
+func restartAgent(t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := cs.CoreV1().Pods(chartNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=carve"})
+	if err != nil || len(l.Items) != 1 {
+		t.Fatalf("agent pods: %v %v", l, err)
+	}
+	old := l.Items[0].Name
+	if err := cs.CoreV1().Pods(chartNamespace).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a new agent pod", 90*time.Second, func() (bool, error) {
+		l, err := cs.CoreV1().Pods(chartNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=carve"})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range l.Items {
+			if p.Name != old {
+				return podRunning(cs, chartNamespace, p.Name)()
+			}
+		}
+		return false, fmt.Errorf("old pod %s still the only one", old)
+	})
+}
+
+// checkpointRecords maps each recorded claim to when its record was written.
+func checkpointRecords(t *testing.T, stateDir string) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(stateDir, "checkpoint.json"))
+	if os.IsNotExist(err) {
+		return map[string]string{}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Data struct {
+			Claims map[string]struct {
+				State   string `json:"state"`
+				Updated string `json:"updated"`
+			} `json:"claims"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for uid, c := range f.Data.Claims {
+		out[uid] = c.State + "@" + c.Updated
+	}
+	return out
+}
+
+func scrapeAgent(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get("http://127.0.0.1:" + agentMetrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
