@@ -46,7 +46,7 @@ e2e: ## tests against a real kube-apiserver (starts and stops the local cluster)
 	else \
 	  trap 'deploy/cluster/down.sh' EXIT; \
 	  kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \
-	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 $(GO) test -count=1 -v -timeout 30m ./deploy/e2e/...; \
+	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1 $(GO) test -count=1 -v -timeout 30m ./deploy/e2e/...; \
 	fi
 
 manifests: ## render the chart into deploy/manifests/carve.yaml
@@ -75,14 +75,22 @@ verify: ## gofmt, vet, go mod tidy diff, generated-code diff
 generate: ## regenerate generated code (go generate: bpf2go)
 	$(GO) generate ./...
 
+# The prepare benchmarks need an API server (every prepare reads its claims):
+# a control plane without a node is started for them, unless CARVE_KUBECONFIG
+# points at one.
 bench: ## benchmarks, printed as a table
-	@$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./... | deploy/bench-table.sh
+	@if [ -z "$${CARVE_KUBECONFIG:-}" ]; then \
+	  trap 'deploy/cluster/down.sh >/dev/null' EXIT; \
+	  export CARVE_KUBECONFIG=$$(CARVE_CLUSTER_NODE=0 deploy/cluster/up.sh | tail -n1); \
+	fi; \
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./... | tee /dev/stderr | deploy/bench-table.sh
 
-demo: build ## bring up the local control plane and publish this node's slices to it
+demo: build ## bring up the local cluster, install carve with its chart, run a pod with a claim
 	@deploy/demo.sh
 
-demo-down: ## tear the demo down
+demo-down: ## tear the demo down: the cluster, its node and the demo's veth
 	@deploy/cluster/down.sh
+	@ip link del carve-demo0 2>/dev/null || true
 
 clean:
 	rm -rf $(BIN)

@@ -125,6 +125,18 @@ func (a *applier) apply(ctx context.Context, u *unstructured.Unstructured, dryRu
 	return err
 }
 
+func (a *applier) delete(ctx context.Context, u *unstructured.Unstructured) error {
+	m, err := a.mapper.RESTMapping(u.GroupVersionKind().GroupKind(), u.GroupVersionKind().Version)
+	if err != nil {
+		return err
+	}
+	var ri dynamic.ResourceInterface = a.dyn.Resource(m.Resource)
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		ri = a.dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+	}
+	return ri.Delete(ctx, u.GetName(), metav1.DeleteOptions{})
+}
+
 func restConfigFromEnv(t *testing.T) *rest.Config {
 	t.Helper()
 	client(t) // skips without a cluster
@@ -194,6 +206,11 @@ func TestPolicyConfinesAgentToItsNode(t *testing.T) {
 		}
 		if err := a.apply(ctx, u, false); err != nil {
 			t.Fatalf("apply %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+		if u.GetKind() != "Namespace" {
+			// Leave the cluster as found: a later helm install of the
+			// chart must own these objects.
+			t.Cleanup(func() { _ = a.delete(context.Background(), u) })
 		}
 	}
 	for _, node := range []string{"policy-node-a", "policy-node-b"} {
