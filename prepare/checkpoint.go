@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -87,6 +89,32 @@ type Checkpoint struct {
 	// onCorrupt is told about a checkpoint that could not be read and
 	// was kept aside.
 	onCorrupt func(kept string, err error)
+
+	// Concurrent updates are committed in groups: one writer at a time
+	// takes every update queued so far, applies them in order and writes
+	// the file once, so that a hundred claims cost a few fsyncs, not a
+	// hundred.
+	mu       sync.Mutex
+	queue    []*pendingUpdate
+	flushing bool
+	// fileMu orders this process's own readers and writers; the flock
+	// orders them against other processes.
+	fileMu sync.Mutex
+	// cache is the last state read or written, with the file's identity
+	// then; it spares re-parsing a file no other process has changed.
+	cache    map[types.UID]ClaimRecord
+	cacheKey fileKey
+}
+
+type pendingUpdate struct {
+	fn   func(map[types.UID]ClaimRecord) error
+	done chan error
+}
+
+// fileKey identifies one version of the file: a rename-over changes the
+// inode, a rewrite in place changes size or time.
+type fileKey struct {
+	ino, size, mtime int64
 }
 
 // OpenCheckpoint prepares the checkpoint in dir. bootID is the current boot's
@@ -106,21 +134,76 @@ func OpenCheckpoint(dir, bootID string, onCorrupt func(kept string, err error)) 
 func (c *Checkpoint) Path() string { return c.path }
 
 // Update runs fn on the current records under the lock and writes the result
-// atomically if fn returns nil.
+// atomically if fn returns nil. A failing fn changes nothing. Updates from
+// concurrent callers may be written together; each caller returns once its
+// own change is on disk.
 func (c *Checkpoint) Update(fn func(claims map[types.UID]ClaimRecord) error) error {
+	p := &pendingUpdate{fn: fn, done: make(chan error, 1)}
+	c.mu.Lock()
+	c.queue = append(c.queue, p)
+	leader := !c.flushing
+	c.flushing = true
+	c.mu.Unlock()
+	if leader {
+		c.flush()
+	}
+	return <-p.done
+}
+
+// flush commits queued updates, group by group, until the queue is empty.
+func (c *Checkpoint) flush() {
+	for {
+		c.mu.Lock()
+		batch := c.queue
+		c.queue = nil
+		if len(batch) == 0 {
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		errs := c.commit(batch)
+		for i, p := range batch {
+			p.done <- errs[i]
+		}
+	}
+}
+
+func (c *Checkpoint) commit(batch []*pendingUpdate) []error {
+	errs := make([]error, len(batch))
+	fail := func(err error) []error {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+		return errs
+	}
 	unlock, err := c.lock()
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	defer unlock()
 	claims, err := c.read()
 	if err != nil {
-		return err
+		return fail(err)
 	}
-	if err := fn(claims); err != nil {
-		return err
+	for i, p := range batch {
+		// Each update works on a copy, so that one that fails leaves
+		// no trace; records are values, replaced rather than changed.
+		next := maps.Clone(claims)
+		if errs[i] = p.fn(next); errs[i] == nil {
+			claims = next
+		}
 	}
-	return c.write(claims)
+	if err := c.write(claims); err != nil {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	return errs
 }
 
 // Read returns the current records.
@@ -134,17 +217,21 @@ func (c *Checkpoint) Read() (map[types.UID]ClaimRecord, error) {
 }
 
 func (c *Checkpoint) lock() (func(), error) {
+	c.fileMu.Lock()
 	f, err := os.OpenFile(c.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
+		c.fileMu.Unlock()
 		return nil, fmt.Errorf("open checkpoint lock: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		f.Close()
+		c.fileMu.Unlock()
 		return nil, fmt.Errorf("lock checkpoint: %w", err)
 	}
 	return func() {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		f.Close()
+		c.fileMu.Unlock()
 	}, nil
 }
 
@@ -152,6 +239,13 @@ func (c *Checkpoint) lock() (func(), error) {
 // another version, is renamed aside and reported, and reading goes on from
 // empty, so that a bad file never crash-loops the agent.
 func (c *Checkpoint) read() (map[types.UID]ClaimRecord, error) {
+	key, err := statKey(c.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[types.UID]ClaimRecord{}, nil
+	}
+	if err == nil && c.cache != nil && key == c.cacheKey {
+		return maps.Clone(c.cache), nil
+	}
 	raw, err := os.ReadFile(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return map[types.UID]ClaimRecord{}, nil
@@ -173,7 +267,16 @@ func (c *Checkpoint) read() (map[types.UID]ClaimRecord, error) {
 		// interfaces, pins and CDI specs under /run are gone.
 		return map[types.UID]ClaimRecord{}, nil
 	}
+	c.cache, c.cacheKey = maps.Clone(data.Claims), key
 	return data.Claims, nil
+}
+
+func statKey(path string) (fileKey, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return fileKey{}, &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return fileKey{ino: int64(st.Ino), size: st.Size, mtime: st.Mtim.Nano()}, nil
 }
 
 func decodeCheckpoint(raw []byte) (checkpointData, error) {
@@ -213,7 +316,16 @@ func (c *Checkpoint) write(claims map[types.UID]ClaimRecord) error {
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
-	return WriteFileAtomic(c.path, out, 0o600)
+	if err := WriteFileAtomic(c.path, out, 0o600); err != nil {
+		c.cache = nil
+		return err
+	}
+	if key, err := statKey(c.path); err == nil {
+		c.cache, c.cacheKey = maps.Clone(claims), key
+	} else {
+		c.cache = nil
+	}
+	return nil
 }
 
 // WriteFileAtomic writes a file so that a crash leaves either the old or the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"sort"
@@ -51,10 +52,40 @@ type Options struct {
 // Driver implements kubeletplugin.DRAPlugin.
 type Driver struct {
 	opts Options
-	// mu serializes the preparation of one claim against its
-	// unpreparation within this process; the checkpoint's flock covers
-	// other processes.
-	mu sync.Mutex
+	// locks keep the preparation of a claim and its unpreparation from
+	// overlapping within this process, while other claims go on; the
+	// checkpoint's flock covers other processes.
+	locks claimLocks
+}
+
+// claimLocks is a set of striped mutexes keyed by claim UID.
+type claimLocks struct {
+	stripes [64]sync.Mutex
+}
+
+// lock takes the stripes of all uids in a fixed order, so that two calls
+// sharing claims cannot deadlock, and returns the unlock.
+func (l *claimLocks) lock(uids []types.UID) func() {
+	var idx []int
+	seen := map[int]bool{}
+	for _, u := range uids {
+		h := fnv.New32a()
+		h.Write([]byte(u))
+		i := int(h.Sum32() % uint32(len(l.stripes)))
+		if !seen[i] {
+			seen[i] = true
+			idx = append(idx, i)
+		}
+	}
+	sort.Ints(idx)
+	for _, i := range idx {
+		l.stripes[i].Lock()
+	}
+	return func() {
+		for j := len(idx) - 1; j >= 0; j-- {
+			l.stripes[idx[j]].Unlock()
+		}
+	}
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -85,8 +116,11 @@ type claimWork struct {
 // recorded as started before anything is applied and as completed after its
 // CDI spec is written; a claim found completed is answered from the record.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	uids := make([]types.UID, len(claims))
+	for i, c := range claims {
+		uids[i] = c.UID
+	}
+	defer d.locks.lock(uids)()
 	logger := klog.FromContext(ctx)
 	records, err := d.opts.Checkpoint.Read()
 	if err != nil {
@@ -365,8 +399,11 @@ func checkConflicts(uid types.UID, allocs []Allocation, recs map[types.UID]Claim
 // UnprepareResourceClaims undoes claims; a claim this agent does not know is
 // already unprepared.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	uids := make([]types.UID, len(claims))
+	for i, c := range claims {
+		uids[i] = c.UID
+	}
+	defer d.locks.lock(uids)()
 	records, err := d.opts.Checkpoint.Read()
 	if err != nil {
 		return nil, err

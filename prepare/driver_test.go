@@ -3,6 +3,7 @@ package prepare_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -375,5 +376,52 @@ func TestPreparerFailureRollsBack(t *testing.T) {
 	}
 	if len(e.records()) != 0 || len(e.specFiles()) != 0 {
 		t.Errorf("records %v, specs %v left after a failed prepare", e.records(), e.specFiles())
+	}
+}
+
+// Many claims prepared and unprepared at once, as when many pods start
+// together: every one succeeds, none is lost from the checkpoint, and shares
+// beyond the NIC's capacity are refused.
+func TestConcurrentClaims(t *testing.T) {
+	e := newEnv(t, nil)
+	const n = 60 // 60 shares of 500M on a 25G NIC: 50 fit
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			uid := fmt.Sprintf("c-%d", i)
+			c := claim(uid, uid, []result{{request: "net", device: "nic-0000-17-00-0", share: "s-" + uid, consumed: bw("500M")}})
+			res, err := e.driver.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = res[types.UID(uid)].Err
+		}(i)
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		if err == nil {
+			ok++
+		} else if !strings.Contains(err.Error(), "exceeds its capacity") {
+			t.Errorf("unexpected error: %v", err)
+		}
+	}
+	if ok != 50 || len(e.records()) != 50 || len(e.specFiles()) != 50 {
+		t.Errorf("%d prepared, %d records, %d specs; want 50 each", ok, len(e.records()), len(e.specFiles()))
+	}
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			e.unprepare(fmt.Sprintf("c-%d", i))
+		}(i)
+	}
+	wg.Wait()
+	if len(e.records()) != 0 || len(e.specFiles()) != 0 {
+		t.Errorf("left after unprepare: %d records, %d specs", len(e.records()), len(e.specFiles()))
 	}
 }
