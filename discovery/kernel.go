@@ -24,6 +24,8 @@ type KernelFeatures struct {
 	HTB     bool // CONFIG_NET_SCH_HTB
 	FQ      bool // CONFIG_NET_SCH_FQ: EDT pacing
 	IFB     bool // CONFIG_IFB: ingress shaping through an IFB device
+	Mirred  bool // CONFIG_NET_ACT_MIRRED: redirecting ingress to the IFB
+	U32     bool // CONFIG_NET_CLS_U32: the filter that carries the redirect
 	Macvlan bool // CONFIG_MACVLAN
 	IPVlan  bool // CONFIG_IPVLAN
 	// Resctrl is CONFIG_X86_CPU_RESCTRL; whether it is mounted is an
@@ -45,7 +47,7 @@ func (k KernelFeatures) CanShapeEgress() bool {
 // CanShapeIngress reports whether a share's ingress can be held to a rate
 // without starving TCP: redirected through an IFB device shaped with HTB.
 func (k KernelFeatures) CanShapeIngress() bool {
-	return k.CanAttachTC() && k.IFB && k.HTB
+	return k.CanAttachTC() && k.IFB && k.HTB && k.Mirred && k.U32
 }
 
 // CanShareNIC reports whether bandwidth shares of a NIC can be enforced in
@@ -72,7 +74,7 @@ func (t tree) readKernelFeatures() (KernelFeatures, error) {
 		Known: true, Source: source,
 		BPF: on("BPF_SYSCALL"), TCX: on("NET_XGRESS"), Clsact: on("NET_SCH_INGRESS"),
 		ClsBPF: on("NET_CLS_BPF"), HTB: on("NET_SCH_HTB"), FQ: on("NET_SCH_FQ"),
-		IFB: on("IFB"), Macvlan: on("MACVLAN"), IPVlan: on("IPVLAN"),
+		IFB: on("IFB"), Mirred: on("NET_ACT_MIRRED"), U32: on("NET_CLS_U32"), Macvlan: on("MACVLAN"), IPVlan: on("IPVLAN"),
 		Resctrl: on("X86_CPU_RESCTRL"),
 	}, nil
 }

@@ -58,6 +58,8 @@ type AgentOptions struct {
 	// trigger a rescan at once.
 	Rescan     time.Duration
 	LinkEvents <-chan struct{}
+	// Collectors are more metrics to serve (the NIC shares' counters).
+	Collectors []prometheus.Collector
 }
 
 // RunAgent runs the kubelet plugin until ctx is done or a fatal error
@@ -73,6 +75,9 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 	metrics := NewMetrics(reg)
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	reg.MustRegister(grpcMetrics)
+	for _, c := range opts.Collectors {
+		reg.MustRegister(c)
+	}
 
 	bootID, err := ReadBootID(opts.Root)
 	if err != nil {
@@ -97,6 +102,7 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 	driver, err := NewDriver(Options{
 		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: checkpoint, CDI: cdiWriter,
 		Preparers: opts.Preparers, Devices: inv.devices, Metrics: metrics, Health: inv.watchHealth,
+		StatusClient: ClaimStatusWriter{Client: opts.KubeClient},
 		Fatal: func(err error) { cancel(err) },
 	})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -63,6 +64,8 @@ type PreparedDevice struct {
 	Device       string     `json:"device"`
 	ShareID      *types.UID `json:"shareID,omitempty"`
 	CDIDeviceIDs []string   `json:"cdiDeviceIDs"`
+	// Network is the network data reported in the claim's status.
+	Network *resourceapi.NetworkDeviceData `json:"network,omitempty"`
 }
 
 // checkpointData is the checksummed payload.

@@ -3,6 +3,7 @@ package prepare
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"sort"
 	"strings"
@@ -37,10 +38,94 @@ func (c *DeviceConfig) EnvList() []string {
 type NetworkConfig struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
-	// InterfaceName is the name of the share's interface inside the pod.
+	// Mode is the kind of child interface: macvlan (default) or ipvlan.
+	Mode string `json:"mode,omitempty"`
+	// MacvlanMode is bridge (default), private, vepa or passthru.
+	MacvlanMode string `json:"macvlanMode,omitempty"`
+	// IPVlanMode is l2 (default), l3 or l3s.
+	IPVlanMode string `json:"ipvlanMode,omitempty"`
+	// InterfaceName is the name of the share's interface inside the pod
+	// (default net1).
 	InterfaceName string `json:"interfaceName,omitempty"`
 	// MTU of that interface; the parent's when zero.
 	MTU int `json:"mtu,omitempty"`
+	// VLAN, when set, puts the share on a VLAN of the parent.
+	VLAN int `json:"vlan,omitempty"`
+	// Addresses are static addresses in CIDR form, IPv4 or IPv6.
+	Addresses []string `json:"addresses,omitempty"`
+	// Pools name address pools of the node's config to take one address
+	// from each; the address is released on unprepare.
+	Pools []string `json:"pools,omitempty"`
+	// Routes are added in the pod through this interface.
+	Routes []Route `json:"routes,omitempty"`
+}
+
+// Route is a route through the share's interface.
+type Route struct {
+	// Destination in CIDR form; "default" for the default route.
+	Destination string `json:"destination"`
+	// Gateway, when set, is the next hop.
+	Gateway string `json:"gateway,omitempty"`
+}
+
+func (n *NetworkConfig) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch n.Mode {
+	case "", "macvlan", "ipvlan":
+	default:
+		errs = append(errs, field.NotSupported(path.Child("mode"), n.Mode, []string{"macvlan", "ipvlan"}))
+	}
+	switch n.MacvlanMode {
+	case "", "bridge", "private", "vepa", "passthru":
+	default:
+		errs = append(errs, field.NotSupported(path.Child("macvlanMode"), n.MacvlanMode, []string{"bridge", "private", "vepa", "passthru"}))
+	}
+	switch n.IPVlanMode {
+	case "", "l2", "l3", "l3s":
+	default:
+		errs = append(errs, field.NotSupported(path.Child("ipvlanMode"), n.IPVlanMode, []string{"l2", "l3", "l3s"}))
+	}
+	if n.Mode == "ipvlan" && n.MacvlanMode != "" {
+		errs = append(errs, field.Forbidden(path.Child("macvlanMode"), "only for mode macvlan"))
+	}
+	if n.Mode != "ipvlan" && n.IPVlanMode != "" {
+		errs = append(errs, field.Forbidden(path.Child("ipvlanMode"), "only for mode ipvlan"))
+	}
+	if n.InterfaceName != "" {
+		if len(n.InterfaceName) > 15 || strings.ContainsAny(n.InterfaceName, "/: \t\n") || n.InterfaceName == "." || n.InterfaceName == ".." {
+			errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "not a Linux interface name (at most 15 characters, no '/', ':' or spaces)"))
+		}
+	}
+	if n.MTU != 0 && (n.MTU < 68 || n.MTU > 65535) {
+		errs = append(errs, field.Invalid(path.Child("mtu"), n.MTU, "must be between 68 and 65535"))
+	}
+	if n.VLAN != 0 && (n.VLAN < 1 || n.VLAN > 4094) {
+		errs = append(errs, field.Invalid(path.Child("vlan"), n.VLAN, "must be between 1 and 4094"))
+	}
+	for i, a := range n.Addresses {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			errs = append(errs, field.Invalid(path.Child("addresses").Index(i), a, "not an address in CIDR form, e.g. 10.0.0.5/24"))
+		}
+	}
+	for i, p := range n.Pools {
+		if p == "" {
+			errs = append(errs, field.Required(path.Child("pools").Index(i), "a pool name from the node config"))
+		}
+	}
+	for i, r := range n.Routes {
+		rp := path.Child("routes").Index(i)
+		if r.Destination != "default" {
+			if _, err := netip.ParsePrefix(r.Destination); err != nil {
+				errs = append(errs, field.Invalid(rp.Child("destination"), r.Destination, "not a CIDR or \"default\""))
+			}
+		}
+		if r.Gateway != "" {
+			if _, err := netip.ParseAddr(r.Gateway); err != nil {
+				errs = append(errs, field.Invalid(rp.Child("gateway"), r.Gateway, "not an IP address"))
+			}
+		}
+	}
+	return errs
 }
 
 // EffectiveConfig is the configuration of one allocation after precedence:
@@ -108,15 +193,7 @@ func decodeConfig(raw []byte, deviceKind string, path *field.Path, into *Effecti
 			}
 		}
 	case into.Network != nil && target == into.Network:
-		n := into.Network
-		if n.InterfaceName != "" {
-			if len(n.InterfaceName) > 15 || strings.ContainsAny(n.InterfaceName, "/: \t\n") || n.InterfaceName == "." || n.InterfaceName == ".." {
-				errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "not a Linux interface name (at most 15 characters, no '/', ':' or spaces)"))
-			}
-		}
-		if n.MTU != 0 && (n.MTU < 68 || n.MTU > 65535) {
-			errs = append(errs, field.Invalid(path.Child("mtu"), n.MTU, "must be between 68 and 65535"))
-		}
+		errs = append(errs, into.Network.validate(path)...)
 	}
 	return errs.ToAggregate()
 }

@@ -41,6 +41,9 @@ type Options struct {
 	// Devices returns the currently published devices by name.
 	Devices func() map[string]slices.Entry
 	Metrics *Metrics
+	// StatusClient, when set, is used to report network devices in the
+	// claims' status.devices.
+	StatusClient StatusWriter
 	// Health reports device health to the kubelet; nil means not supported.
 	Health func(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error
 	// Fatal is called with errors the helper reports as unrecoverable; the
@@ -100,6 +103,29 @@ func NewDriver(opts Options) (*Driver, error) {
 	}
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "claims"), 0o755); err != nil {
 		return nil, fmt.Errorf("create claim info directory: %w", err)
+	}
+	recs, err := opts.Checkpoint.Read()
+	if err != nil {
+		return nil, err
+	}
+	for kind, p := range opts.Preparers {
+		r, ok := p.(Restorer)
+		if !ok {
+			continue
+		}
+		var allocs []Allocation
+		var undo []json.RawMessage
+		for _, rec := range recs {
+			if rec.State != ClaimCompleted {
+				continue
+			}
+			for i, a := range rec.Allocations {
+				if a.Kind == kind && i < len(rec.Undo) {
+					allocs, undo = append(allocs, a), append(undo, rec.Undo[i])
+				}
+			}
+		}
+		r.Restore(allocs, undo)
 	}
 	return &Driver{opts: opts}, nil
 }
@@ -249,13 +275,20 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		cdiDevices = append(cdiDevices, cdispec.Device{Name: name, ContainerEdits: edits})
 		shareID := a.ShareID
 		rec.Devices = append(rec.Devices, PreparedDevice{Request: a.Request, Pool: a.Pool, Device: a.Device, ShareID: shareID,
-			CDIDeviceIDs: []string{d.opts.CDI.DeviceID(name)}})
+			CDIDeviceIDs: []string{d.opts.CDI.DeviceID(name)}, Network: prepared.Network})
 	}
 	if err := d.writeClaimInfo(rec); err != nil {
 		return ClaimRecord{}, errors.Join(err, d.undo(ctx, rec))
 	}
 	if err := d.opts.CDI.Write(string(claim.UID), cdiDevices); err != nil {
 		return ClaimRecord{}, errors.Join(err, d.undo(ctx, rec))
+	}
+	if d.opts.StatusClient != nil {
+		// The status is for people and controllers to read; failing to
+		// write it does not fail the pod.
+		if err := d.opts.StatusClient.ReportDevices(ctx, d.opts.DriverName, claim, rec.Devices); err != nil {
+			klog.FromContext(ctx).Error(err, "Reporting network devices in the claim's status", "claim", klog.KObj(claim))
+		}
 	}
 	rec.Updated = time.Now().UTC()
 	return rec, nil

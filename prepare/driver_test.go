@@ -18,10 +18,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/sysfstest"
-	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -94,10 +94,10 @@ func (e *env) newDriver(nic *recorder) *prepare.Driver {
 	preparers := map[string]prepare.Preparer{
 		slices.KindFPGA: prepare.FPGAPreparer{Root: e.root},
 		slices.KindLLC:  prepare.LLCPreparer{},
-		slices.KindNIC:  netdev.Preparer{},
+		slices.KindNIC:  fakeNIC{},
 	}
 	if nic != nil {
-		nic.delegated = netdev.Preparer{}
+		nic.delegated = fakeNIC{}
 		preparers[slices.KindNIC] = nic
 	}
 	d, err := prepare.NewDriver(prepare.Options{DriverName: driverName, StateDir: e.state, Checkpoint: e.cp, CDI: cdiWriter,
@@ -107,6 +107,24 @@ func (e *env) newDriver(nic *recorder) *prepare.Driver {
 	}
 	return d
 }
+
+// fakeNIC stands in for netdev's preparer, which needs network namespaces
+// and is tested in its own package: here only the core's handling matters.
+type fakeNIC struct{}
+
+func (fakeNIC) Prepare(_ context.Context, a prepare.Allocation, dev slices.Entry) (prepare.Prepared, error) {
+	cfg, err := prepare.DecodeEffectiveConfig(a.Config)
+	if err != nil {
+		return prepare.Prepared{}, err
+	}
+	env := []string{a.EnvPrefix() + "PARENT=" + dev.NIC.Name}
+	if cfg.Network != nil && cfg.Network.InterfaceName != "" {
+		env = append(env, a.EnvPrefix()+"INTERFACE="+cfg.Network.InterfaceName)
+	}
+	return prepare.Prepared{Edits: cdispec.ContainerEdits{Env: env}}, nil
+}
+
+func (fakeNIC) Unprepare(context.Context, prepare.Allocation, json.RawMessage) error { return nil }
 
 type result struct {
 	request, device string

@@ -57,6 +57,16 @@ type Prepared struct {
 	// Undo is the preparer's own record of what to remove; it is stored
 	// in the checkpoint and handed back to Unprepare.
 	Undo json.RawMessage
+	// Network, for network devices, is reported in the claim's
+	// status.devices (KEP-4817): interface name, addresses, MAC.
+	Network *resourceapi.NetworkDeviceData
+}
+
+// Restorer is implemented by preparers that keep state in memory (address
+// pools, class numbers): at start the agent hands them the allocations and
+// undo records of every claim in the checkpoint.
+type Restorer interface {
+	Restore(allocs []Allocation, undo []json.RawMessage)
 }
 
 // Preparer makes one kind of device usable by a claim. Implementations must

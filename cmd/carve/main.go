@@ -18,6 +18,7 @@ type command struct {
 var commands = map[string]command{
 	"discover": {"print this node's ResourceSlices as a v1 List", runDiscover},
 	"agent":    {"run the kubelet plugin: publish slices, prepare claims", runAgent},
+	"hook":     {"runtime hooks run from carve's CDI specs (netns-attach)", runHook},
 }
 
 func main() {
@@ -41,7 +42,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: carve <command> [flags]\n\ncommands:")
-	for _, name := range []string{"agent", "discover"} {
+	for _, name := range []string{"agent", "discover", "hook"} {
 		fmt.Fprintf(os.Stderr, "  %-10s %s\n", name, commands[name].summary)
 	}
 }

@@ -67,6 +67,8 @@ type agentHost struct {
 	kubeconfig string
 	metrics    string
 	health     string
+	netns      string
+	pins       string
 	proc       *exec.Cmd
 	exited     chan error
 	logs       *bytes.Buffer
@@ -78,6 +80,12 @@ func newAgentHost(t testing.TB, cs kubernetes.Interface, node string) *agentHost
 	tree.Write("dev/xclmgmt15104", "")
 	tree.Write("proc/sys/kernel/random/boot_id", string(uuid.NewUUID()))
 	h := &agentHost{t: t, node: node, root: tree.Root, dir: t.TempDir(), kubeconfig: os.Getenv("CARVE_KUBECONFIG")}
+	// The fixture's NICs, for real: a namespace standing in for the
+	// node's, with links of the fixture's names, and a private pin
+	// directory for the classifier.
+	h.netns = nodeNetns(t, "ens1f0np0", "eth0")
+	h.pins = filepath.Join("/sys/fs/bpf", "carve-e2e-"+string(uuid.NewUUID())[:8])
+	t.Cleanup(func() { os.RemoveAll(h.pins) })
 	_, err := cs.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -92,6 +100,28 @@ func newAgentHost(t testing.TB, cs kubernetes.Interface, node string) *agentHost
 }
 
 func (h *agentHost) path(p string) string { return filepath.Join(h.dir, p) }
+
+// nodeNetns makes a named network namespace with a veth pair per name (the
+// name in the namespace, up), removed when the test ends.
+func nodeNetns(t testing.TB, names ...string) string {
+	t.Helper()
+	ns := "cve2e" + string(uuid.NewUUID())[:8]
+	mustRun(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	for i, n := range names {
+		mustRun(t, "ip", "-n", ns, "link", "add", n, "type", "veth", "peer", "name", fmt.Sprintf("peer%d", i))
+		mustRun(t, "ip", "-n", ns, "link", "set", n, "up")
+		mustRun(t, "ip", "-n", ns, "link", "set", fmt.Sprintf("peer%d", i), "up")
+	}
+	return "/var/run/netns/" + ns
+}
+
+func mustRun(t testing.TB, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+}
 
 func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -109,7 +139,7 @@ func (h *agentHost) start(env ...string) {
 	h.proc = exec.Command(carveBinary(h.t), "agent", "--kubeconfig", h.kubeconfig, "--node-name", h.node, "--root", h.root,
 		"--kubelet-registrar-dir", h.path("plugins_registry"), "--kubelet-plugins-dir", h.path("plugins"),
 		"--cdi-dir", h.path("cdi"), "--state-dir", h.path("state"), "--metrics-addr", h.metrics, "--health-addr", h.health,
-		"--rescan-interval", "1h", "-v", "1")
+		"--rescan-interval", "1h", "--host-netns", h.netns, "--bpf-pin-dir", h.pins, "-v", "1")
 	h.proc.Env = append(os.Environ(), env...)
 	h.logs = &bytes.Buffer{}
 	h.proc.Stdout, h.proc.Stderr = h.logs, h.logs

@@ -189,7 +189,7 @@ func (t *Tree) SetKernelConfig(options ...string) {
 // EnforcingKernel lists the options of a kernel that can enforce NIC
 // bandwidth shares (TCX, HTB, IFB, macvlan) but has no fq or ipvlan, like
 // the CI machine's.
-var EnforcingKernel = []string{"BPF_SYSCALL", "NET_XGRESS", "NET_SCH_INGRESS", "NET_CLS_BPF", "NET_SCH_HTB", "IFB", "MACVLAN", "VETH"}
+var EnforcingKernel = []string{"BPF_SYSCALL", "NET_XGRESS", "NET_SCH_INGRESS", "NET_CLS_BPF", "NET_SCH_HTB", "IFB", "NET_ACT_MIRRED", "NET_CLS_U32", "MACVLAN", "VETH"}
 
 // Write creates a file below Root (for cases the helpers do not cover,
 // such as a malformed value).

@@ -5,6 +5,7 @@ package nodeconfig
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path"
 	"strings"
@@ -46,6 +47,20 @@ type Netdev struct {
 	// Bandwidth gives the capacity of links whose speed the kernel does
 	// not report (virtio, veth). The first entry whose glob matches wins.
 	Bandwidth []InterfaceBandwidth `json:"bandwidth,omitempty"`
+	// Pools are the node's address pools that network claims take
+	// addresses from (NetworkConfig.pools).
+	Pools []AddressPool `json:"pools,omitempty"`
+}
+
+// AddressPool is a range of addresses handed out one per share.
+type AddressPool struct {
+	Name string `json:"name"`
+	// CIDR is the pool's subnet; addresses are given with its prefix
+	// length. The network and broadcast addresses and the gateway are
+	// never handed out.
+	CIDR string `json:"cidr"`
+	// Gateway is left out of the pool.
+	Gateway string `json:"gateway,omitempty"`
 }
 
 // InterfaceBandwidth is the capacity of matching interfaces, in bits per
@@ -190,6 +205,26 @@ func (c *NodeConfig) Validate() field.ErrorList {
 			errs = append(errs, positiveQuantity(p.Child("ingress"), string(bw.Ingress))...)
 		}
 	}
+	names := map[string]bool{}
+	for i, p := range c.Netdev.Pools {
+		pp := nd.Child("pools").Index(i)
+		if p.Name == "" {
+			errs = append(errs, field.Required(pp.Child("name"), "a name claims refer to"))
+		} else if names[p.Name] {
+			errs = append(errs, field.Duplicate(pp.Child("name"), p.Name))
+		}
+		names[p.Name] = true
+		prefix, err := netip.ParsePrefix(p.CIDR)
+		if err != nil {
+			errs = append(errs, field.Invalid(pp.Child("cidr"), p.CIDR, "not a CIDR, e.g. 10.20.0.0/24"))
+			continue
+		}
+		if p.Gateway != "" {
+			if gw, err := netip.ParseAddr(p.Gateway); err != nil || !prefix.Contains(gw) {
+				errs = append(errs, field.Invalid(pp.Child("gateway"), p.Gateway, "not an address inside "+p.CIDR))
+			}
+		}
+	}
 	rp := field.NewPath("requestPolicies")
 	for kind, byCap := range c.RequestPolicies {
 		caps, ok := policyCapacities[kind]
@@ -276,6 +311,16 @@ func (c *NodeConfig) Policy(kind, capacity string) (Policy, bool) {
 	}
 	pol, errs := r.parse(field.NewPath("requestPolicies", kind, capacity))
 	return pol, len(errs) == 0
+}
+
+// Pool returns the address pool of that name.
+func (c *NodeConfig) Pool(name string) (AddressPool, bool) {
+	for _, p := range c.Netdev.Pools {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return AddressPool{}, false
 }
 
 // BandwidthFor returns the configured egress and ingress capacity (bits/s)

@@ -1,0 +1,260 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Legacy cls_bpf filters are found again by this priority and handle; no
+// link object exists to pin for them.
+const (
+	legacyPrio   = 0xca7e
+	legacyHandle = 1
+)
+
+// forceLegacy makes Attach take the clsact path; tests set it to cover the
+// fallback on kernels that do have TCX.
+var forceLegacy = false
+
+func (s *Shaper) prog(dir Direction) (*ebpf.Program, string, error) {
+	switch dir {
+	case Egress:
+		return s.objs.ClassifyEgress, shaperProgClassifyEgress, nil
+	case Ingress:
+		return s.objs.ClassifyIngress, shaperProgClassifyIngress, nil
+	}
+	return nil, "", fmt.Errorf("bad direction %d", dir)
+}
+
+// pinPath names the pin of prog's link on ifindex. An ifindex is only unique
+// within a netns (every pod's eth0 is about 2), so the name carries the
+// caller's netns inode too; without it attaching in a second netns would
+// find and reprogram the first netns's link.
+func (s *Shaper) pinPath(progName string, ifindex int) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return "", fmt.Errorf("current netns: %w", err)
+	}
+	return filepath.Join(s.pinDir, fmt.Sprintf("%s-%d-%d", progName, st.Ino, ifindex)), nil
+}
+
+// progNames are every program Attach may leave on a device's egress hook.
+var progNames = []string{shaperProgClassifyEgress, shaperProgClassifyIngress, shaperProgEdtEgress}
+
+// Attach puts the classifier for dir on the egress hook of ifindex: for
+// Ingress, ifindex is the IFB that the parent's ingress is mirrored to.
+//
+// ifindex is resolved in the calling thread's current netns: a caller that
+// works in another netns must runtime.LockOSThread and netns.Set first.
+//
+// The TCX link is pinned, so it outlives this process. Attach is idempotent:
+// when a live pinned link exists, its program is swapped with link.Update, so
+// no packet goes unclassified. A device carries one of our programs:
+// attaching one removes the others. Kernels without TCX (before 6.6) get a
+// direct-action cls_bpf filter on a clsact qdisc instead.
+func (s *Shaper) Attach(ifindex int, dir Direction) error {
+	prog, name, err := s.prog(dir)
+	if err != nil {
+		return err
+	}
+	return s.attach(ifindex, prog, name)
+}
+
+// AttachEDT puts edt_egress on the egress hook of ifindex instead of a
+// classifier, as Attach does. It paces each share set with SetRate by
+// stamping departure times; that needs an fq qdisc on the device (sch_fq),
+// without which frames leave unpaced.
+func (s *Shaper) AttachEDT(ifindex int) error {
+	return s.attach(ifindex, s.objs.EdtEgress, shaperProgEdtEgress)
+}
+
+func (s *Shaper) attach(ifindex int, prog *ebpf.Program, name string) error {
+	if ifindex <= 0 {
+		return fmt.Errorf("bad ifindex %d", ifindex)
+	}
+	if forceLegacy {
+		return s.attachLegacy(ifindex, prog, name)
+	}
+	path, err := s.pinPath(name, ifindex)
+	if err != nil {
+		return err
+	}
+	if done, err := updatePinned(path, ifindex, prog); done || err != nil {
+		return err
+	}
+	l, err := link.AttachTCX(link.TCXOptions{
+		Interface: ifindex,
+		Program:   prog,
+		Attach:    ebpf.AttachTCXEgress,
+	})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return s.attachLegacy(ifindex, prog, name)
+	}
+	if err != nil {
+		return fmt.Errorf("attach %s to ifindex %d: %w", name, ifindex, err)
+	}
+	defer l.Close() // the pin keeps it; without the pin, closing detaches
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("pin %s: %w", path, err)
+	}
+	// Ours return TCX_NEXT, so two would both run, counting frames twice.
+	for _, other := range progNames {
+		if other != name {
+			if err := s.detachTCX(ifindex, other); err != nil {
+				return err
+			}
+		}
+	}
+	return detachLegacy(ifindex)
+}
+
+// updatePinned swaps prog into the link pinned at path if it is still
+// attached to ifindex. A defunct link (its device or netns gone, ifindex 0)
+// or one on another device is unpinned, and Attach makes a new one.
+func updatePinned(path string, ifindex int, prog *ebpf.Program) (bool, error) {
+	l, err := link.LoadPinnedLink(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return false, err
+	}
+	if tcx := info.TCX(); tcx != nil && tcx.Ifindex == uint32(ifindex) {
+		if err := l.Update(prog); err != nil {
+			return false, fmt.Errorf("update %s: %w", path, err)
+		}
+		return true, nil
+	}
+	return false, l.Unpin()
+}
+
+// Detach removes the classifiers Attach put on ifindex (in the caller's
+// netns): the pinned TCX links of every program and any legacy cls_bpf
+// filter.
+// Detaching what is not attached, or a device that is gone, is not an error.
+func (s *Shaper) Detach(ifindex int) error {
+	for _, name := range progNames {
+		if err := s.detachTCX(ifindex, name); err != nil {
+			return err
+		}
+	}
+	return detachLegacy(ifindex)
+}
+
+func (s *Shaper) detachTCX(ifindex int, name string) error {
+	path, err := s.pinPath(name, ifindex)
+	if err != nil {
+		return err
+	}
+	l, err := link.LoadPinnedLink(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// Unpinning drops the last reference once our FD closes: detached.
+	err = l.Unpin()
+	return errors.Join(err, l.Close())
+}
+
+// CleanupDefunct unpins the TCX links under pinDir whose device is gone, as
+// happens when a pod's netns is deleted: the kernel keeps such a link, with
+// ifindex 0 and its program, for as long as it is pinned. It returns the
+// names it removed.
+func CleanupDefunct(pinDir string) (removed []string, err error) {
+	entries, err := os.ReadDir(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		path := filepath.Join(pinDir, e.Name())
+		l, lerr := link.LoadPinnedLink(path, nil)
+		if lerr != nil {
+			continue // a map, or not ours
+		}
+		info, ierr := l.Info()
+		if ierr == nil && info.TCX() != nil && info.TCX().Ifindex == 0 {
+			if uerr := l.Unpin(); uerr != nil {
+				err = errors.Join(err, uerr)
+			} else {
+				removed = append(removed, e.Name())
+			}
+		}
+		l.Close()
+	}
+	return removed, err
+}
+
+// attachLegacy adds (or atomically replaces) a direct-action cls_bpf filter
+// on the clsact egress hook. The filter holds the program, so it too
+// outlives this process; a fixed priority and handle make it replaceable.
+func (s *Shaper) attachLegacy(ifindex int, prog *ebpf.Program, name string) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: ifindex,
+			Handle:    netlink.MakeHandle(0xffff, 0),
+			Parent:    netlink.HANDLE_CLSACT,
+		},
+		QdiscType: "clsact",
+	}
+	// Add, not replace: another user's clsact and its filters must stay.
+	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add clsact to ifindex %d: %w", ifindex, err)
+	}
+	filter := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex,
+			Parent:    netlink.HANDLE_MIN_EGRESS,
+			Handle:    legacyHandle,
+			Priority:  legacyPrio,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		Fd:           prog.FD(),
+		Name:         "carve-" + name,
+		DirectAction: true,
+	}
+	if err := netlink.FilterReplace(filter); err != nil {
+		return fmt.Errorf("add cls_bpf %s to ifindex %d: %w", name, ifindex, err)
+	}
+	return nil
+}
+
+// detachLegacy deletes our cls_bpf filter, leaving clsact (others may use
+// it; empty, it costs nothing).
+func detachLegacy(ifindex int) error {
+	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
+	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_EGRESS)
+	if err != nil {
+		if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // device gone, or no clsact: nothing of ours there
+		}
+		return fmt.Errorf("list filters on ifindex %d: %w", ifindex, err)
+	}
+	for _, f := range filters {
+		bf, ok := f.(*netlink.BpfFilter)
+		if !ok || bf.Priority != legacyPrio || !strings.HasPrefix(bf.Name, "carve-") {
+			continue
+		}
+		if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete cls_bpf on ifindex %d: %w", ifindex, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,217 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// htbClass adds leaf class 1:minor with rate bits/s. netlink's
+// HtbClassAttrs.Rate and Ceil are bits/s (NewHtbClass divides by 8) and
+// Buffer/Cbuffer are bytes (it converts them to ticks). A buffer of about
+// rate × 8 ms holds 0.95 of the rate at 1G too; netlink's default (rate/HZ
+// + MTU) falls short there. An explicit quantum avoids the kernel's
+// "quantum is big" warning.
+func htbClass(t testing.TB, h *netlink.Handle, l netlink.Link, minor uint16, rate uint64) {
+	t.Helper()
+	buf := uint32(rate / 8 * 8 / 1000)
+	c := netlink.NewHtbClass(netlink.ClassAttrs{
+		LinkIndex: l.Attrs().Index,
+		Parent:    netlink.MakeHandle(1, 0),
+		Handle:    netlink.MakeHandle(1, minor),
+	}, netlink.HtbClassAttrs{Rate: rate, Ceil: rate, Buffer: buf, Cbuffer: buf, Quantum: 60000})
+	if err := h.ClassAdd(c); err != nil {
+		t.Fatalf("HTB class 1:%x: %v", minor, err)
+	}
+}
+
+// TestClassifyHTB: two shares (macvlans of the parent "a", each in its own
+// client netns) send TCP to "b" at once; classify_egress on a puts each in
+// its own HTB class, and each gets its class's rate.
+func TestClassifyHTB(t *testing.T) {
+	needRoot(t)
+	dir := testPinDir(t)
+	rates := []uint64{50e6, 200e6}
+	n := newShareNet(t, len(rates))
+	htb := netlink.NewHtb(netlink.QdiscAttrs{
+		LinkIndex: n.a.Attrs().Index,
+		Handle:    netlink.MakeHandle(1, 0),
+		Parent:    netlink.HANDLE_ROOT,
+	})
+	htb.Defcls = 0 // unclassified (ARP) goes straight through
+	if err := n.hh.QdiscAdd(htb); err != nil {
+		t.Skipf("HTB unavailable: %v", err)
+	}
+	for i, r := range rates {
+		htbClass(t, n.hh, n.a, uint16(0x10*(i+1)), r)
+	}
+
+	s := openShaper(t, dir)
+	defer s.Close()
+	for i, mac := range n.macs {
+		if err := s.SetShare(Egress, mac, netlink.MakeHandle(1, uint16(0x10*(i+1)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attach(t, s, n.host, n.a.Attrs().Index, Egress)
+	defer inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) })
+
+	got := measure(t, n.srv, n.clients, "10.77.0.1:5201", 500*time.Millisecond, 2*time.Second)
+
+	stats, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rates {
+		ratio := got[i] / float64(r)
+		c := stats[Key{MAC: n.macs[i].String(), Dir: Egress}]
+		t.Logf("share %s class 1:%x: %.1f Mbit/s goodput at %d Mbit/s, ratio %.3f; counted %d bytes in %d packets",
+			n.macs[i], 0x10*(i+1), got[i]/1e6, r/1e6, ratio, c.Bytes, c.Packets)
+		if ratio < 0.95*0.9 || ratio > 0.95*1.1 {
+			t.Errorf("share %d: goodput/rate %.3f, want 0.95 ± 10%%", i, ratio)
+		}
+		if c.Bytes == 0 || c.Packets == 0 {
+			t.Errorf("share %d: no bytes counted", i)
+		}
+	}
+}
+
+// shareNet is a parent NIC "a" in netns host, its peer "b" (10.77.0.1) in
+// netns srv, and one macvlan share of "a" per client netns (10.77.0.11, .12
+// ...), in bridge mode as carve creates them.
+type shareNet struct {
+	host, srv netns.NsHandle
+	hh        *netlink.Handle // in host
+	a         netlink.Link
+	clients   []netns.NsHandle
+	macs      []net.HardwareAddr
+}
+
+func newShareNet(t testing.TB, shares int) *shareNet {
+	t.Helper()
+	n := &shareNet{}
+	n.host, _ = newNS(t)
+	n.srv, _ = newNS(t)
+	n.hh = nlHandle(t, n.host)
+	hs := nlHandle(t, n.srv)
+	n.a = addVeth(t, n.hh, "a", "b", n.srv)
+	b, err := hs.LinkByName("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addAddr(t, hs, b, "10.77.0.1/24")
+	for i := range shares {
+		ns, _ := newNS(t)
+		hc := nlHandle(t, ns)
+		la := netlink.NewLinkAttrs()
+		la.Name = "m"
+		la.ParentIndex = n.a.Attrs().Index
+		la.Namespace = netlink.NsFd(ns)
+		// Created from the host netns, where "a" is, straight into the client's.
+		if err := n.hh.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
+			t.Skipf("macvlan unavailable: %v", err)
+		}
+		m, err := hc.LinkByName("m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addAddr(t, hc, m, fmt.Sprintf("10.77.0.%d/24", 11+i))
+		n.clients = append(n.clients, ns)
+		n.macs = append(n.macs, m.Attrs().HardwareAddr)
+	}
+	return n
+}
+func addAddr(t testing.TB, h *netlink.Handle, l netlink.Link, cidr string) {
+	t.Helper()
+	addr, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(l, addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// measure runs one TCP stream from each client netns to addr, served in srv,
+// and returns each stream's goodput in bits/s over window, after warmup.
+func measure(t testing.TB, srv netns.NsHandle, clients []netns.NsHandle, addr string, warmup, window time.Duration) []float64 {
+	t.Helper()
+	var ln net.Listener
+	if err := inNS(srv, func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	received := make([]atomic.Int64, len(clients)) // by client: each Dial is accepted before the next
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	done := make(chan struct{})
+	defer close(done)
+
+	conns := make([]net.Conn, len(clients))
+	for i, ns := range clients {
+		if err := inNS(ns, func() (err error) { conns[i], err = net.Dial("tcp", addr); return }); err != nil {
+			t.Fatalf("dial from client %d: %v", i, err)
+		}
+		defer conns[i].Close()
+		srvConn, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srvConn.Close()
+		wg.Add(2)
+		go func() { // receiver
+			defer wg.Done()
+			buf := make([]byte, 256<<10)
+			for {
+				n, err := srvConn.Read(buf)
+				received[i].Add(int64(n))
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() { // sender
+			defer wg.Done()
+			buf := make([]byte, 64<<10)
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if _, err := conns[i].Write(buf); err != nil {
+					if !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.EOF) {
+						t.Logf("client %d: %v", i, err)
+					}
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(warmup)
+	start := make([]int64, len(clients))
+	for i := range received {
+		start[i] = received[i].Load()
+	}
+	t0 := time.Now()
+	time.Sleep(window)
+	elapsed := time.Since(t0).Seconds()
+	out := make([]float64, len(clients))
+	for i := range received {
+		out[i] = float64(received[i].Load()-start[i]) * 8 / elapsed
+	}
+	// Closing the conns (deferred) ends both goroutines of each stream.
+	return out
+}

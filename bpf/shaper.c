@@ -1,0 +1,166 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// Per-share classifier for HTB. Each bandwidth share of a parent NIC is
+// identified by a MAC address; the program looks the MAC up in `shares` and
+// writes the share's HTB class handle into skb->priority. HTB classifies by
+// skb->priority before running any filter, so no tc filter is needed on the
+// HTB qdisc (skb->tc_classid, the cls_bpf route, is only 16 bits wide and
+// cannot carry a full major:minor handle).
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+// linux-libc-dev on Debian 12 predates TCX (6.6), so spell the verdict out.
+// TCX_NEXT (== TC_ACT_UNSPEC, -1) lets the next TCX program, then the legacy
+// clsact filters, see the packet; once none is left the packet passes to the
+// qdisc. TCX_PASS (0, TC_ACT_OK) would also pass it but skip every program
+// and filter attached after us. In cls_bpf direct-action mode -1 likewise
+// means "continue with the next filter", so one constant serves both hooks.
+#define CARVE_TCX_NEXT (-1)
+
+enum {
+	DIR_EGRESS = 0,  // keyed by the source MAC: traffic leaving a share
+	DIR_INGRESS = 1, // keyed by the destination MAC: traffic towards a share
+};
+
+struct share_key {
+	__u8 mac[ETH_ALEN];
+	__u8 dir;
+	__u8 pad; // always zero, or lookups miss
+};
+
+struct share_val {
+	__u32 classid; // HTB class handle, major<<16 | minor
+	__u32 flags;   // reserved, zero
+};
+
+struct share_counters {
+	__u64 bytes; // skb->len: whole frames, GSO super-packets included
+	__u64 packets;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct share_key);
+	__type(value, struct share_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} shares SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct share_key);
+	__type(value, struct share_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} share_stats SEC(".maps");
+
+// EDT pacing, an alternative to HTB for kernels with sch_fq: the program
+// stamps each frame with the earliest time it may leave and fq on the
+// device holds it until then. Without fq nothing honours the stamp.
+struct share_rate {
+	__u64 bytes_per_sec; // 0: unpaced
+	__u64 t_last;        // departure time of the previous frame, ns (mono)
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct share_key);
+	__type(value, struct share_rate);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} share_rates SEC(".maps");
+
+// Frames that would wait longer than this are dropped rather than queued:
+// fq's own horizon (10 s) is far too deep for TCP to react to.
+#define EDT_HORIZON_NS (2ULL * 1000 * 1000 * 1000)
+#define NSEC_PER_SEC (1000ULL * 1000 * 1000)
+
+static __always_inline void count(struct share_key *key, __u32 len)
+{
+	struct share_counters *c = bpf_map_lookup_elem(&share_stats, key);
+	if (!c) {
+		// A new per-CPU element is zero on every other CPU, so
+		// inserting this packet's counts is exact. Losing the race to
+		// another CPU's insert only means looking up again.
+		struct share_counters init = { .bytes = len, .packets = 1 };
+		if (bpf_map_update_elem(&share_stats, key, &init, BPF_NOEXIST) == 0)
+			return;
+		c = bpf_map_lookup_elem(&share_stats, key);
+		if (!c)
+			return; // map full
+	}
+	// Per-CPU value, and tc runs with preemption off: plain adds suffice.
+	c->bytes += len;
+	c->packets += 1;
+}
+
+static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
+{
+	struct share_key key = { .dir = dir };
+	// Egress shares are found by source MAC (bytes 6..11 of the frame),
+	// ingress shares by destination MAC (bytes 0..5).
+	__u32 off = dir == DIR_EGRESS ? ETH_ALEN : 0;
+
+	if (bpf_skb_load_bytes(skb, off, key.mac, ETH_ALEN) < 0)
+		return CARVE_TCX_NEXT;
+
+	struct share_val *v = bpf_map_lookup_elem(&shares, &key);
+	if (!v)
+		return CARVE_TCX_NEXT;
+
+	skb->priority = v->classid;
+	count(&key, skb->len);
+	return CARVE_TCX_NEXT;
+}
+
+SEC("tc")
+int classify_egress(struct __sk_buff *skb)
+{
+	return classify(skb, DIR_EGRESS);
+}
+
+// Attached to the egress of the IFB device that the parent's ingress is
+// mirrored to, so the IFB's HTB shapes traffic towards each share.
+SEC("tc")
+int classify_ingress(struct __sk_buff *skb)
+{
+	return classify(skb, DIR_INGRESS);
+}
+
+// Egress only: keyed by source MAC, like classify_egress.
+SEC("tc")
+int edt_egress(struct __sk_buff *skb)
+{
+	struct share_key key = { .dir = DIR_EGRESS };
+
+	if (bpf_skb_load_bytes(skb, ETH_ALEN, key.mac, ETH_ALEN) < 0)
+		return CARVE_TCX_NEXT;
+	struct share_rate *r = bpf_map_lookup_elem(&share_rates, &key);
+	if (!r || r->bytes_per_sec == 0)
+		return CARVE_TCX_NEXT;
+	count(&key, skb->len);
+
+	__u64 now = bpf_ktime_get_ns();
+	__u64 delay = (__u64)skb->len * NSEC_PER_SEC / r->bytes_per_sec;
+	__u64 next = r->t_last + delay;
+	// Concurrent CPUs may both read the same t_last; the share then gets a
+	// frame's worth too much, which is what Cilium's bandwidth manager
+	// accepts too. A lock would cost more than it saves.
+	if (next <= now) {
+		r->t_last = now; // idle share: no credit saved up
+		return CARVE_TCX_NEXT;
+	}
+	if (next - now > EDT_HORIZON_NS)
+		return TC_ACT_SHOT;
+	r->t_last = next;
+	if (skb->tstamp < next)
+		skb->tstamp = next;
+	return CARVE_TCX_NEXT;
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,226 @@
+// Package bpf holds carve's per-share classifier: a TCX program that looks a
+// frame's MAC up in a pinned map and sets skb->priority to the HTB class of
+// the bandwidth share that MAC belongs to, so HTB on the parent NIC (egress)
+// or on its IFB (ingress) holds each share to its rate.
+//
+// Maps and links are pinned in bpffs so that the agent can restart without
+// dropping limits: a new process reopens the same maps with their entries and
+// swaps its programs into the existing links.
+package bpf
+
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate shaper shaper.c
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultBPFFS is where bpffs is conventionally mounted.
+const DefaultBPFFS = "/sys/fs/bpf"
+
+// Direction says which MAC of a frame names its share.
+type Direction uint8
+
+const (
+	// Egress: traffic sent by a share, matched by source MAC.
+	Egress Direction = 0
+	// Ingress: traffic towards a share, matched by destination MAC.
+	Ingress Direction = 1
+)
+
+func (d Direction) String() string {
+	switch d {
+	case Egress:
+		return "egress"
+	case Ingress:
+		return "ingress"
+	}
+	return fmt.Sprintf("Direction(%d)", uint8(d))
+}
+
+// Key names one share in one direction. MAC is in net.HardwareAddr.String
+// form (lower case, colon separated).
+type Key struct {
+	MAC string
+	Dir Direction
+}
+
+// Counters are what the classifier has matched for a share. Bytes counts
+// whole frames (skb->len), GSO super-packets included, so it is comparable
+// with the HTB rate, not with TCP goodput.
+type Counters struct {
+	Bytes, Packets uint64
+}
+
+// Shaper is the loaded classifier with its pinned maps.
+type Shaper struct {
+	objs   shaperObjects
+	pinDir string
+}
+
+// MountBPFFS mounts bpffs at dir (DefaultBPFFS when empty) unless dir is
+// already a bpffs. Every bpffs mount is a separate instance, so mounting only
+// when needed keeps the pins of earlier runs visible.
+func MountBPFFS(dir string) error {
+	if dir == "" {
+		dir = DefaultBPFFS
+	}
+	if ok, err := isBPFFS(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	} else if ok {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", dir, err)
+	}
+	return nil
+}
+
+func isBPFFS(dir string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return false, &os.PathError{Op: "statfs", Path: dir, Err: err}
+	}
+	return uint32(st.Type) == unix.BPF_FS_MAGIC, nil
+}
+
+// OpenShaper loads the programs and opens the maps pinned by name under
+// pinDir, creating and pinning them the first time. pinDir must lie on
+// bpffs (see MountBPFFS); it is created if missing. Reopening after a
+// restart yields the same maps with their entries. A map whose pinned
+// layout differs from this build's fails with ebpf.ErrMapIncompatible.
+func OpenShaper(pinDir string) (*Shaper, error) {
+	if err := os.MkdirAll(pinDir, 0o700); err != nil {
+		return nil, err
+	}
+	if ok, err := isBPFFS(pinDir); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, fmt.Errorf("%s is not on bpffs: pins would not persist", pinDir)
+	}
+	spec, err := loadShaper()
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinByName // shaper.c says so too; state must persist
+	}
+	s := &Shaper{pinDir: pinDir}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
+		return nil, fmt.Errorf("load shaper: %w", err)
+	}
+	return s, nil
+}
+
+// Close releases this process's handles. Pinned maps and attached links stay.
+func (s *Shaper) Close() error { return s.objs.Close() }
+
+func makeKey(dir Direction, mac net.HardwareAddr) (shaperShareKey, error) {
+	var k shaperShareKey
+	if len(mac) != 6 {
+		return k, fmt.Errorf("MAC %q is not 6 bytes", mac)
+	}
+	if dir != Egress && dir != Ingress {
+		return k, fmt.Errorf("bad direction %d", dir)
+	}
+	copy(k.Mac[:], mac)
+	k.Dir = uint8(dir)
+	return k, nil
+}
+
+func (k shaperShareKey) key() Key {
+	return Key{MAC: net.HardwareAddr(k.Mac[:]).String(), Dir: Direction(k.Dir)}
+}
+
+// SetShare sends frames of mac in dir to HTB class classid (major<<16|minor,
+// e.g. netlink.MakeHandle(1, 0x10)). It takes effect on the next packet.
+func (s *Shaper) SetShare(dir Direction, mac net.HardwareAddr, classid uint32) error {
+	k, err := makeKey(dir, mac)
+	if err != nil {
+		return err
+	}
+	if classid == 0 {
+		return errors.New("classid 0 names no class")
+	}
+	return s.objs.Shares.Put(&k, &shaperShareVal{Classid: classid})
+}
+
+// DeleteShare removes a share and its counters; its traffic is unclassified
+// from the next packet on. Deleting an absent share is not an error.
+func (s *Shaper) DeleteShare(dir Direction, mac net.HardwareAddr) error {
+	k, err := makeKey(dir, mac)
+	if err != nil {
+		return err
+	}
+	// Share first: a packet that found the share just before may still
+	// recreate a small stats entry, which the next DeleteShare removes.
+	maps := []*ebpf.Map{s.objs.Shares, s.objs.ShareStats}
+	if dir == Egress {
+		maps = append(maps, s.objs.ShareRates)
+	}
+	for _, m := range maps {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetRate sets the pace, in bits/s, at which edt_egress (see AttachEDT)
+// lets frames from mac leave; 0 removes it. Classification for HTB is
+// separate (SetShare); a share normally uses one or the other.
+func (s *Shaper) SetRate(mac net.HardwareAddr, bitsPerSec uint64) error {
+	k, err := makeKey(Egress, mac)
+	if err != nil {
+		return err
+	}
+	if bitsPerSec == 0 {
+		if err := s.objs.ShareRates.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		return nil
+	}
+	if bitsPerSec < 8 {
+		return fmt.Errorf("rate %d bit/s is under a byte per second", bitsPerSec)
+	}
+	// t_last starts at 0: the first frame leaves at once.
+	return s.objs.ShareRates.Put(&k, &shaperShareRate{BytesPerSec: bitsPerSec / 8})
+}
+
+// Shares returns every share's class handle.
+func (s *Shaper) Shares() (map[Key]uint32, error) {
+	out := make(map[Key]uint32)
+	var k shaperShareKey
+	var v shaperShareVal
+	it := s.objs.Shares.Iterate()
+	for it.Next(&k, &v) {
+		out[k.key()] = v.Classid
+	}
+	return out, it.Err()
+}
+
+// Stats returns each share's counters, summed over CPUs.
+func (s *Shaper) Stats() (map[Key]Counters, error) {
+	out := make(map[Key]Counters)
+	var k shaperShareKey
+	var per []shaperShareCounters
+	it := s.objs.ShareStats.Iterate()
+	for it.Next(&k, &per) {
+		var c Counters
+		for _, p := range per {
+			c.Bytes += p.Bytes
+			c.Packets += p.Packets
+		}
+		out[k.key()] = c
+	}
+	return out, it.Err()
+}

@@ -1,0 +1,157 @@
+package netdev
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/prepare"
+)
+
+// AttachSpec tells the hook how to hand a share's interface to a pod.
+type AttachSpec struct {
+	// HostName is the interface's name on the node.
+	HostName string `json:"hostName"`
+	// Parent is the NIC it was cut from; recorded before anything is
+	// created, so that a crash halfway can still be undone.
+	Parent string `json:"parent"`
+	// PodName is its name in the pod.
+	PodName   string          `json:"podName"`
+	MTU       int             `json:"mtu"`
+	MAC       string          `json:"mac"`
+	Addresses []string        `json:"addresses,omitempty"`
+	Routes    []prepare.Route `json:"routes,omitempty"`
+}
+
+func writeAttachSpec(path string, spec AttachSpec) error {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return prepare.WriteFileAtomic(path, b, 0o644)
+}
+
+// ReadAttachSpec reads the spec the preparer wrote.
+func ReadAttachSpec(path string) (AttachSpec, error) {
+	var spec AttachSpec
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return spec, fmt.Errorf("attach spec: %w", err)
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return spec, fmt.Errorf("attach spec %s: %w", path, err)
+	}
+	return spec, nil
+}
+
+// ContainerPID reads the pid from the OCI state a runtime hook gets on stdin.
+func ContainerPID(stdin io.Reader) (int, error) {
+	var state struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.NewDecoder(stdin).Decode(&state); err != nil {
+		return 0, fmt.Errorf("OCI state on stdin: %w", err)
+	}
+	if state.Pid <= 0 {
+		return 0, errors.New("OCI state on stdin has no pid")
+	}
+	return state.Pid, nil
+}
+
+// PodNetnsOf opens the network namespace of a container's process, under a
+// host root (/ or /host).
+func PodNetnsOf(root string, pid int) (netns.NsHandle, error) {
+	ns, err := netns.GetFromPath(filepath.Join(root, "proc", strconv.Itoa(pid), "ns", "net"))
+	if err != nil {
+		return netns.None(), fmt.Errorf("network namespace of pid %d: %w", pid, err)
+	}
+	return ns, nil
+}
+
+// AttachToPod moves the share's interface from the node's namespace into the
+// pod's, names it, gives it its MTU, addresses and routes, and brings it up.
+// Every container of a pod runs the hook, so it is idempotent: an interface
+// already in the pod is only checked and completed.
+func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
+	host, err := netlink.NewHandleAt(hostNS)
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	pod, err := netlink.NewHandleAt(podNS)
+	if err != nil {
+		return err
+	}
+	defer pod.Close()
+
+	link, err := pod.LinkByName(spec.PodName)
+	if err != nil {
+		onHost, herr := host.LinkByName(spec.HostName)
+		if herr != nil {
+			// Moved already, but not yet renamed (a hook killed halfway).
+			if link, err = pod.LinkByName(spec.HostName); err != nil {
+				return fmt.Errorf("interface %s is neither on the node nor in the pod", spec.HostName)
+			}
+		} else {
+			if err := host.LinkSetNsFd(onHost, int(podNS)); err != nil {
+				return fmt.Errorf("move %s into the pod: %w", spec.HostName, err)
+			}
+			if link, err = pod.LinkByName(spec.HostName); err != nil {
+				return fmt.Errorf("find %s in the pod: %w", spec.HostName, err)
+			}
+		}
+		if err := pod.LinkSetName(link, spec.PodName); err != nil {
+			return fmt.Errorf("rename %s to %s: %w", spec.HostName, spec.PodName, err)
+		}
+	}
+	if mac, err := net.ParseMAC(spec.MAC); err == nil && link.Type() == "macvlan" && link.Attrs().HardwareAddr.String() != mac.String() {
+		return fmt.Errorf("interface %s in the pod has MAC %s, not the share's %s", spec.PodName, link.Attrs().HardwareAddr, mac)
+	}
+	if spec.MTU > 0 && link.Attrs().MTU != spec.MTU {
+		if err := pod.LinkSetMTU(link, spec.MTU); err != nil {
+			return fmt.Errorf("set MTU of %s: %w", spec.PodName, err)
+		}
+	}
+	for _, a := range spec.Addresses {
+		addr, err := netlink.ParseAddr(a)
+		if err != nil {
+			return fmt.Errorf("address %s: %w", a, err)
+		}
+		if pfx, _ := netip.ParsePrefix(a); pfx.Addr().Is6() {
+			addr.Flags |= unix.IFA_F_NODAD // usable at once: the pod starts now
+		}
+		if err := pod.AddrReplace(link, addr); err != nil {
+			return fmt.Errorf("add %s to %s: %w", a, spec.PodName, err)
+		}
+	}
+	if err := pod.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", spec.PodName, err)
+	}
+	for _, r := range spec.Routes {
+		route := &netlink.Route{LinkIndex: link.Attrs().Index}
+		if r.Destination != "default" {
+			_, dst, err := net.ParseCIDR(r.Destination)
+			if err != nil {
+				return fmt.Errorf("route %s: %w", r.Destination, err)
+			}
+			route.Dst = dst
+		}
+		if r.Gateway != "" {
+			route.Gw = net.ParseIP(r.Gateway)
+		}
+		if err := pod.RouteReplace(route); err != nil {
+			return fmt.Errorf("route %s via %s: %w", r.Destination, r.Gateway, err)
+		}
+	}
+	return nil
+}

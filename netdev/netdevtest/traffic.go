@@ -1,0 +1,108 @@
+package netdevtest
+
+import (
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// Flow is one TCP stream from a sender namespace to a receiver namespace.
+type Flow struct {
+	From, To netns.NsHandle
+	// ToAddr is the receiver's address as the sender dials it, host:port.
+	ToAddr string
+}
+
+// Result is what the receiver counted.
+type Result struct {
+	Bytes    int64
+	Duration time.Duration
+}
+
+// Goodput is in bits per second.
+func (r Result) Goodput() float64 { return float64(r.Bytes) * 8 / r.Duration.Seconds() }
+
+// RunFlows runs the flows at the same time for d, after a warm-up (slow
+// start, class queues filling) that is not counted, and returns the bytes
+// each receiver got in the measured window.
+// mark, when not nil, is called as the measured window opens and closes, so
+// that other counters can be read over the same window.
+func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, error) {
+	type running struct {
+		l       net.Listener
+		counted atomic.Int64
+		total   atomic.Int64
+		stop    chan struct{}
+	}
+	runs := make([]*running, len(flows))
+	for i, f := range flows {
+		l, err := Listen(f.To, f.ToAddr)
+		if err != nil {
+			return nil, err
+		}
+		r := &running{l: l, stop: make(chan struct{})}
+		runs[i] = r
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 256<<10)
+			for {
+				n, err := c.Read(buf)
+				r.total.Add(int64(n))
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	defer func() {
+		for _, r := range runs {
+			r.l.Close()
+		}
+	}()
+	conns := make([]net.Conn, len(flows))
+	for i, f := range flows {
+		c, err := Dial(f.From, f.ToAddr)
+		if err != nil {
+			return nil, err
+		}
+		conns[i] = c
+		go func(c net.Conn) {
+			buf := make([]byte, 256<<10)
+			for {
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		}(c)
+	}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	time.Sleep(warmup)
+	start := make([]int64, len(runs))
+	for i, r := range runs {
+		start[i] = r.total.Load()
+	}
+	if mark != nil {
+		mark()
+	}
+	t0 := time.Now()
+	time.Sleep(d)
+	elapsed := time.Since(t0)
+	if mark != nil {
+		mark()
+	}
+	out := make([]Result, len(runs))
+	for i, r := range runs {
+		out[i] = Result{Bytes: r.total.Load() - start[i], Duration: elapsed}
+	}
+	return out, nil
+}
