@@ -103,7 +103,7 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: checkpoint, CDI: cdiWriter,
 		Preparers: opts.Preparers, Devices: inv.devices, Metrics: metrics, Health: inv.watchHealth,
 		StatusClient: ClaimStatusWriter{Client: opts.KubeClient},
-		Fatal: func(err error) { cancel(err) },
+		Fatal:        func(err error) { cancel(err) },
 	})
 	if err != nil {
 		return err
