@@ -227,6 +227,7 @@ func (p *Preparer) prepare(ctx context.Context, a prepare.Allocation, dev slices
 	if err := p.ensureChild(lower, cfg, u.Link, ShareMAC(key), mtu); err != nil {
 		return prepare.Prepared{}, err
 	}
+	prepare.CrashPoint("nic-link-created")
 
 	// Addresses: static ones as given, and one from each pool.
 	u.Addresses = append(u.Addresses, cfg.Addresses...)
@@ -261,6 +262,7 @@ func (p *Preparer) prepare(ctx context.Context, a prepare.Allocation, dev slices
 		}
 	}
 
+	prepare.CrashPoint("nic-shaped")
 	spec := AttachSpec{HostName: u.Link, Parent: dev.NIC.Name, PodName: orDefault(cfg.InterfaceName, "net1"), MTU: mtu, MAC: mac.String(),
 		Addresses: u.Addresses, Routes: cfg.Routes}
 	if err := writeAttachSpec(specPath, spec); err != nil {

@@ -13,6 +13,9 @@ const CrashAtEnv = "CARVE_CRASH_AT"
 
 var crashAt = os.Getenv(CrashAtEnv)
 
+// CrashPoint is crashPoint for preparers, whose steps are fault points too.
+func CrashPoint(name string) { crashPoint(name) }
+
 // crashPoint dies here, hard, when the fault point is the one asked for.
 func crashPoint(name string) {
 	if crashAt != "" && crashAt == name {

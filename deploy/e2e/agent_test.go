@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -89,6 +91,10 @@ type nodeState struct {
 	Records []string // "<uid>:<state>"
 	Specs   []string
 	Infos   []string
+	// Links are carve's interfaces in the node's namespace, Classes the
+	// HTB classes on the parent and its IFB.
+	Links   []string
+	Classes []string
 }
 
 func (h *agentHost) state(t *testing.T) nodeState {
@@ -113,6 +119,23 @@ func (h *agentHost) state(t *testing.T) nodeState {
 	sort.Strings(s.Records)
 	s.Specs = h.files("cdi")
 	s.Infos = h.files("state/claims")
+	ns := filepath.Base(h.netns)
+	out, _ := exec.Command("ip", "-n", ns, "-o", "link", "show").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], "cv") {
+			s.Links = append(s.Links, strings.TrimSuffix(strings.Split(f[1], "@")[0], ":"))
+		}
+	}
+	for _, dev := range append([]string{"ens1f0np0"}, s.Links...) {
+		out, _ := exec.Command("tc", "-n", ns, "class", "show", "dev", dev).Output()
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if f := strings.Fields(l); len(f) > 2 {
+				s.Classes = append(s.Classes, dev+":"+f[2])
+			}
+		}
+	}
+	sort.Strings(s.Links)
+	sort.Strings(s.Classes)
 	return s
 }
 
@@ -162,7 +185,11 @@ func TestCrashMatrix(t *testing.T) {
 			t.Fatalf("%s: retry after restart: %v\n%s", fault, err, h.logs)
 		}
 	}
-	for _, fault := range []string{"prepare-started", "prepare-device-0", "prepare-device-1", "prepare-cdi-written", "prepare-completed"} {
+	if len(prepared.Links) != 1 || len(prepared.Classes) < 2 {
+		t.Fatalf("prepared network state = %+v, want the share's interface and classes", prepared)
+	}
+	for _, fault := range []string{"prepare-started", "prepare-device-0", "nic-link-created", "nic-shaped", "prepare-device-1",
+		"prepare-cdi-written", "prepare-completed"} {
 		t.Run(fault, func(t *testing.T) {
 			retry(fault, func(p *kubeletstub.Plugin) error {
 				res, err := p.Prepare(ctx, c)
