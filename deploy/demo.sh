@@ -24,7 +24,7 @@ ip link show carve-demo0 >/dev/null 2>&1 || ip link add carve-demo0 type veth pe
 ip link set carve-demo0 up && ip link set carve-demo1 up
 
 step "building the carve image and importing it into the node"
-archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --entrypoint /carve | tail -n1)
+archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --file /usr/share/misc/pci.ids:/usr/share/misc/pci.ids --entrypoint /carve | tail -n1)
 "$here/images/import.sh" "$archive"
 
 step "installing the chart"
@@ -45,7 +45,7 @@ YAML
   --namespace carve-system --create-namespace --wait --timeout 120s \
   --set image.repository=carve,image.tag=demo,image.pullPolicy=Never \
   --set kubeletDir="$KUBELET_ROOT_DIR" --set cdiDir="$CARVE_CDI_DIR" --set stateDir="$CARVE_CLUSTER_DIR/carve-state" \
-  --set hostNetwork=true --set hostRootPropagation=None --set metricsPort=29464 --set healthPort=29465 \
+  --set hostNetwork=true --set hostRootPropagation=None --set bpffsPropagation=None --set metricsPort=29464 --set healthPort=29465 \
   --set-string "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1" \
   --set-string "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=$CARVE_APISERVER_PORT" \
   --set-file nodeConfig="$CARVE_CLUSTER_DIR/demo-node.yaml" >/dev/null

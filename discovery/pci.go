@@ -38,7 +38,7 @@ func (t tree) listPCI(ctx context.Context) (map[string]PCIFunction, error) {
 		if err != nil {
 			reason = err.Error()
 		}
-		logger.V(1).Info("Reading PCI IDs from sysfs without names", "reason", reason)
+		logger.V(4).Info("Reading PCI IDs from sysfs without names", "reason", reason)
 		if fns, err = t.readPCIIDs(); err != nil {
 			return nil, err
 		}

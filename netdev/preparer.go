@@ -385,7 +385,10 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, raw json
 	p.mu.Lock()
 	delete(p.labels, u.MAC)
 	p.mu.Unlock()
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	klog.FromContext(ctx).V(2).Info("Unprepared NIC share", "parent", u.Parent, "link", u.Link, "mac", u.MAC,
+		"egressClass", u.EgressMinor, "ingressClass", u.IngressMinor, "err", err)
+	return err
 }
 
 // parentOf finds the parent of a share's link still on the node; "" when

@@ -453,6 +453,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			continue
 		}
 		crashPoint("unprepare-undone")
+		// Every claim needs an entry: the kubelet takes a missing one
+		// for a claim the driver skipped, and retries.
+		out[c.UID] = nil
 		if err := d.opts.Checkpoint.Update(func(recs map[types.UID]ClaimRecord) error {
 			delete(recs, c.UID)
 			d.opts.Metrics.PreparedClaims.Set(float64(countCompleted(recs)))

@@ -6,8 +6,9 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 )
 
 // StatusWriter reports prepared devices in a claim's status.
@@ -15,36 +16,66 @@ type StatusWriter interface {
 	ReportDevices(ctx context.Context, driver string, claim *resourceapi.ResourceClaim, devices []PreparedDevice) error
 }
 
-// ClaimStatusWriter writes status.devices with server-side apply, as field
-// manager "<driver>": the list is keyed by driver, pool, device and share,
-// so each driver (and each share) owns its own entries.
+// ClaimStatusWriter writes this driver's entries of status.devices: read,
+// merge, update, retried on conflict. (A server-side apply of status would
+// send an empty status.allocation, which the API server takes for a change
+// of the allocation and refuses.)
 type ClaimStatusWriter struct {
 	Client kubernetes.Interface
 }
 
 func (w ClaimStatusWriter) ReportDevices(ctx context.Context, driver string, claim *resourceapi.ResourceClaim, devices []PreparedDevice) error {
-	status := resourceapply.ResourceClaimStatus()
-	n := 0
+	var entries []resourceapi.AllocatedDeviceStatus
 	for _, d := range devices {
 		if d.Network == nil {
 			continue
 		}
-		nd := resourceapply.NetworkDeviceData().WithInterfaceName(d.Network.InterfaceName).
-			WithIPs(d.Network.IPs...).WithHardwareAddress(d.Network.HardwareAddress)
-		ds := resourceapply.AllocatedDeviceStatus().WithDriver(driver).WithPool(d.Pool).WithDevice(d.Device).WithNetworkData(nd)
+		e := resourceapi.AllocatedDeviceStatus{Driver: driver, Pool: d.Pool, Device: d.Device, NetworkData: d.Network.DeepCopy()}
 		if d.ShareID != nil {
-			ds = ds.WithShareID(string(*d.ShareID))
+			e.ShareID = ptr.To(string(*d.ShareID))
 		}
-		status = status.WithDevices(ds)
-		n++
+		entries = append(entries, e)
 	}
-	if n == 0 {
+	if len(entries) == 0 {
 		return nil
 	}
-	apply := resourceapply.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
-	_, err := w.Client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, apply, metav1.ApplyOptions{FieldManager: driver, Force: true})
+	claims := w.Client.ResourceV1().ResourceClaims(claim.Namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		current, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if current.UID != claim.UID {
+			return fmt.Errorf("claim was replaced")
+		}
+		current.Status.Devices = mergeDeviceStatus(current.Status.Devices, entries)
+		_, err = claims.UpdateStatus(ctx, current, metav1.UpdateOptions{FieldManager: driver})
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("apply status of claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		return fmt.Errorf("update status of claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
 	return nil
+}
+
+// mergeDeviceStatus replaces the entries with the same driver, pool, device
+// and share, and keeps every other entry (other drivers' among them).
+func mergeDeviceStatus(current, ours []resourceapi.AllocatedDeviceStatus) []resourceapi.AllocatedDeviceStatus {
+	same := func(a, b resourceapi.AllocatedDeviceStatus) bool {
+		return a.Driver == b.Driver && a.Pool == b.Pool && a.Device == b.Device && ptr.Deref(a.ShareID, "") == ptr.Deref(b.ShareID, "")
+	}
+	out := append([]resourceapi.AllocatedDeviceStatus(nil), ours...)
+	for _, c := range current {
+		replaced := false
+		for _, o := range ours {
+			if same(c, o) {
+				replaced = true
+				break
+			}
+		}
+		if !replaced {
+			out = append(out, c)
+		}
+	}
+	return out
 }

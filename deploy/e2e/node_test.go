@@ -15,9 +15,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/carve-dra/carve/bpf"
 )
 
 const (
@@ -45,7 +48,16 @@ func TestNodeEndToEnd(t *testing.T) {
 	run(t, "ip", "link", "set", "carve-e2e1", "up")
 
 	buildAgentImage(t, "carve:e2e")
-	installChart(t, env, stateDir)
+	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: ["%s"]
+  includeVirtual: true
+  bandwidth:
+  - interface: "%s"
+    egress: 10G
+    ingress: 10G
+`, e2eParent, e2eParent))
 	waitFor(t, "carve's slices for "+node, 60*time.Second, func() (bool, error) {
 		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
@@ -155,33 +167,38 @@ func envValue(envs, key string) string {
 	return ""
 }
 
-func installChart(t *testing.T, env map[string]string, stateDir string) {
+func installChart(t *testing.T, env map[string]string, stateDir, nodeConfig string) {
 	t.Helper()
 	helm := os.Getenv("CARVE_HELM")
 	if helm == "" {
 		t.Fatal("CARVE_HELM is not set")
 	}
+	// The classifier's pins must be on the host's bpffs to outlive the
+	// agent's container.
+	if err := bpf.MountBPFFS(bpf.DefaultBPFFS); err != nil {
+		t.Fatal(err)
+	}
 	cfg := filepath.Join(t.TempDir(), "node.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 10G
-    ingress: 10G
-`, e2eParent, e2eParent)), 0o644)
+	os.WriteFile(cfg, []byte(nodeConfig), 0o644)
 	kc := os.Getenv("CARVE_KUBECONFIG")
 	// Registered first, so that a failed install is removed too.
 	t.Cleanup(func() {
 		_ = runQuiet(helm, "uninstall", "carve", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "60s")
 	})
+	// Runs before the uninstall above (cleanups run last first): on
+	// failure, the agent's own account of what happened.
+	t.Cleanup(func() {
+		if t.Failed() {
+			kubectl := filepath.Join(filepath.Dir(kc), "bin", "kubectl")
+			out, _ := execCommand(kubectl, "--kubeconfig", kc, "logs", "-n", chartNamespace, "-l", "app.kubernetes.io/name=carve", "--tail=60").CombinedOutput()
+			t.Logf("agent logs:\n%s", out)
+		}
+	})
 	run(t, helm, "install", "carve", filepath.Join(repoRoot(), "deploy/chart/carve"), "--kubeconfig", kc,
 		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
 		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
 		"--set", "kubeletDir="+env["KUBELET_ROOT_DIR"], "--set", "cdiDir="+env["CARVE_CDI_DIR"], "--set", "stateDir="+stateDir,
-		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "metricsPort="+agentMetrics, "--set", "healthPort=29465",
+		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "metricsPort="+agentMetrics, "--set", "healthPort=29465",
 		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1",
 		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value="+env["CARVE_APISERVER_PORT"],
 		"--set-file", "nodeConfig="+cfg)
@@ -211,21 +228,36 @@ func createClaim(t *testing.T, cs kubernetes.Interface, name, egress string) {
 }
 
 func netClaimSpec(egress string) resourceapi.ResourceClaimSpec {
-	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+	return shareClaimSpec(e2eParent, map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(egress)}, "")
+}
+
+// shareClaimSpec asks for a bandwidth share of parent, with an optional
+// carve.dev/v1alpha1 NetworkConfig.
+func shareClaimSpec(parent string, capacity map[resourceapi.QualifiedName]resource.Quantity, networkConfig string) resourceapi.ResourceClaimSpec {
+	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 		Name: "net",
 		Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.carve.dev",
-			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["carve.dev"].ifName == "` + e2eParent + `"`}}},
-			Capacity:  &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(egress)}}},
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["carve.dev"].ifName == "` + parent + `"`}}},
+			Capacity:  &resourceapi.CapacityRequirements{Requests: capacity}},
 	}}}}
+	if networkConfig != "" {
+		spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{Requests: []string{"net"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "carve.dev", Parameters: runtime.RawExtension{Raw: []byte(networkConfig)}}}}}
+	}
+	return spec
 }
 
 func pod(name string, claim *corev1.PodResourceClaim) *corev1.Pod {
+	return podWithImage(name, "carve-test:latest", claim)
+}
+
+func podWithImage(name, image string, claim *corev1.PodResourceClaim) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
 		Spec: corev1.PodSpec{
 			TerminationGracePeriodSeconds: ptr.To(int64(0)),
 			ResourceClaims:                []corev1.PodResourceClaim{*claim},
-			Containers: []corev1.Container{{Name: "main", Image: "carve-test:latest", ImagePullPolicy: corev1.PullNever,
+			Containers: []corev1.Container{{Name: "main", Image: image, ImagePullPolicy: corev1.PullNever,
 				Command:   []string{"sleep", "3600"},
 				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: claim.Name}}}}},
 		},

@@ -117,6 +117,10 @@ func (p *Plugin) Prepare(ctx context.Context, claims ...Claim) (map[string]*drap
 	if err != nil {
 		return nil, err
 	}
+	// As the kubelet does: a claim without an answer was skipped.
+	if len(resp.Claims) != len(claims) {
+		return resp.Claims, fmt.Errorf("NodePrepareResources skipped %d claims", len(claims)-len(resp.Claims))
+	}
 	for uid, r := range resp.Claims {
 		if r.Error != "" {
 			return resp.Claims, fmt.Errorf("claim %s: %s", uid, r.Error)
@@ -130,6 +134,9 @@ func (p *Plugin) Unprepare(ctx context.Context, claims ...Claim) error {
 	resp, err := p.client.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: toPB(claims)})
 	if err != nil {
 		return err
+	}
+	if len(resp.Claims) != len(claims) {
+		return fmt.Errorf("NodeUnprepareResources skipped %d claims", len(claims)-len(resp.Claims))
 	}
 	for uid, r := range resp.Claims {
 		if r.Error != "" {

@@ -1,0 +1,277 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/carve-dra/carve/bpf"
+)
+
+const (
+	netParent = "carve-e2n0"
+	netServer = "carve-e2n-srv" // the traffic server's namespace
+	serverIP  = "10.79.0.1"
+)
+
+// TestNodeNetworkShares: two pods, each with a bandwidth share of one parent
+// NIC (a veth whose peer is in a namespace running iperf3 servers), are
+// scheduled by the real scheduler and prepared by the real kubelet;
+// containerd runs carve's hook, the share's interface appears in each pod
+// with its address, and traffic measured from inside the pods holds to each
+// share, also while the agent restarts. Deleting a pod removes its classes
+// and classifier entries.
+func TestNodeNetworkShares(t *testing.T) {
+	cs := client(t)
+	env := clusterEnv(t)
+	ctx := context.Background()
+	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
+
+	run(t, "ip", "netns", "add", netServer)
+	t.Cleanup(func() { _ = runQuiet("ip", "netns", "del", netServer) })
+	run(t, "ip", "link", "add", netParent, "type", "veth", "peer", "name", "carve-e2n1")
+	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", netParent) })
+	run(t, "ip", "link", "set", "carve-e2n1", "netns", netServer)
+	run(t, "ip", "-n", netServer, "addr", "add", serverIP+"/24", "dev", "carve-e2n1")
+	run(t, "ip", "-n", netServer, "link", "set", "carve-e2n1", "up")
+	run(t, "ip", "link", "set", netParent, "up")
+	for _, port := range []string{"5201", "5202"} {
+		srv := exec.Command("ip", "netns", "exec", netServer, "iperf3", "-s", "-p", port)
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	}
+
+	buildAgentImage(t, "carve:e2e")
+	buildNetTestImage(t)
+	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: ["%s"]
+  includeVirtual: true
+  bandwidth:
+  - interface: "%s"
+    egress: 10G
+  pools:
+  - name: e2e
+    cidr: 10.79.0.0/24
+    gateway: %s
+`, netParent, netParent, serverIP))
+
+	limits := map[string]string{"pa": "100M", "pb": "300M"}
+	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["e2e"],"interfaceName":"net1"}`
+	for name, limit := range limits {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+			Spec: shareClaimSpec(netParent, map[resourceapi.QualifiedName]resource.Quantity{
+				"egressBandwidth": resource.MustParse(limit), "ingressBandwidth": resource.MustParse(limit)}, netCfg)}
+		if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		startPod(t, cs, podWithImage(name, "carve-net-test:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(name)}))
+	}
+	macs := map[string]string{}
+	for name := range limits {
+		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
+		addr := podExec(t, env, testNS, name, "main", "ip", "-4", "addr", "show", "net1")
+		if !strings.Contains(addr, "10.79.0.") {
+			t.Errorf("pod %s: net1 has no pool address:\n%s", name, addr)
+		}
+		envs := podExec(t, env, testNS, name, "main", "env")
+		macs[name] = envValue(envs, "CARVE_NET_MAC")
+		if !strings.Contains(addr, macs[name]) && !strings.Contains(podExec(t, env, testNS, name, "main", "ip", "link", "show", "net1"), macs[name]) {
+			t.Errorf("pod %s: net1 does not have the share's MAC %s", name, macs[name])
+		}
+		claim, err := cs.ResourceV1().ResourceClaims(testNS).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(claim.Status.Devices) != 1 || claim.Status.Devices[0].NetworkData == nil || claim.Status.Devices[0].NetworkData.InterfaceName != "net1" ||
+			len(claim.Status.Devices[0].NetworkData.IPs) != 1 || claim.Status.Devices[0].ShareID == nil {
+			t.Errorf("claim %s status.devices = %+v, want net1 with its address and share\nagent logs:\n%s", name, claim.Status.Devices, agentLogs())
+		}
+	}
+
+	// Both pods at once, each direction: goodput from inside the pods.
+	for _, reverse := range []bool{false, true} {
+		dir := map[bool]string{false: "egress", true: "ingress"}[reverse]
+		results := map[string]chan iperfResult{}
+		for name, port := range map[string]string{"pa": "5201", "pb": "5202"} {
+			results[name] = startIperf(t, env, name, port, 4, reverse)
+		}
+		for name, limit := range limits {
+			r := <-results[name]
+			if r.err != nil {
+				t.Fatalf("iperf3 in %s: %v", name, r.err)
+			}
+			ratio := r.bps / rate(limit)
+			t.Logf("%s %s: allocated %s, measured %.1f Mbit/s goodput (ratio %.3f)", name, dir, limit, r.bps/1e6, ratio)
+			if ratio < 0.85 || ratio > 1.02 {
+				t.Errorf("%s %s: goodput ratio %.3f, want about 0.95 (a limit met to within 1%%)", name, dir, ratio)
+			}
+		}
+	}
+
+	// Restart the agent mid-traffic: the limit holds throughout.
+	long := startIperf(t, env, "pa", "5201", 8, false)
+	time.Sleep(2 * time.Second)
+	restartAgent(t, cs)
+	r := <-long
+	if r.err != nil {
+		t.Fatalf("iperf3 across the agent restart: %v", r.err)
+	}
+	for i, bps := range r.intervals {
+		if bps > 1.1*rate("100M") {
+			t.Errorf("interval %d during the agent restart: %.1f Mbit/s, over the 100M share", i, bps/1e6)
+		}
+	}
+	t.Logf("pa egress across the agent restart: %.1f Mbit/s (intervals %v)", r.bps/1e6, mbits(r.intervals))
+
+	// Deleting a pod removes its share's classifier entries and classes.
+	shaper, err := bpf.OpenShaper("/sys/fs/bpf/carve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shaper.Close()
+	classesBefore := countClasses(t, netParent)
+	_ = cs.CoreV1().Pods(testNS).Delete(ctx, "pa", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	waitFor(t, "pa's share removed", 60*time.Second, func() (bool, error) {
+		shares, err := shaper.Shares()
+		if err != nil {
+			return false, err
+		}
+		_, egress := shares[bpf.Key{MAC: macs["pa"], Dir: bpf.Egress}]
+		_, ingress := shares[bpf.Key{MAC: macs["pa"], Dir: bpf.Ingress}]
+		return !egress && !ingress && countClasses(t, netParent) == classesBefore-1, fmt.Errorf("entries %v, classes %d", shares, countClasses(t, netParent))
+	})
+	if _, ok := mustShares(t, shaper)[bpf.Key{MAC: macs["pb"], Dir: bpf.Egress}]; !ok {
+		t.Errorf("pb's share went with pa's")
+	}
+	_ = cs.CoreV1().Pods(testNS).Delete(ctx, "pb", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	waitFor(t, "every share removed, and the parent's HTB and IFB with them", 60*time.Second, func() (bool, error) {
+		out, _ := exec.Command("tc", "qdisc", "show", "dev", netParent).Output()
+		_, ifbErr := exec.Command("ip", "link", "show", "cvifb"+ifindex(t, netParent)).Output()
+		return len(mustShares(t, shaper)) == 0 && !strings.Contains(string(out), "htb") && ifbErr != nil,
+			fmt.Errorf("qdiscs %s, shares %v", out, mustShares(t, shaper))
+	})
+}
+
+// agentLogs is the current agent pod's log, for failure messages.
+func agentLogs() string {
+	kc := os.Getenv("CARVE_KUBECONFIG")
+	kubectl := filepath.Join(filepath.Dir(kc), "bin", "kubectl")
+	out, _ := exec.Command(kubectl, "--kubeconfig", kc, "logs", "-n", chartNamespace, "-l", "app.kubernetes.io/name=carve", "--tail=40").CombinedOutput()
+	return string(out)
+}
+
+func mustShares(t *testing.T, s *bpf.Shaper) map[bpf.Key]uint32 {
+	m, err := s.Shares()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func ifindex(t *testing.T, dev string) string {
+	b, err := os.ReadFile("/sys/class/net/" + dev + "/ifindex")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func countClasses(t *testing.T, dev string) int {
+	out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
+	return strings.Count(string(out), "class htb")
+}
+
+func rate(s string) float64 {
+	q := resource.MustParse(s)
+	return float64(q.Value())
+}
+
+func mbits(bps []float64) []string {
+	out := make([]string, len(bps))
+	for i, b := range bps {
+		out[i] = fmt.Sprintf("%.0f", b/1e6)
+	}
+	return out
+}
+
+type iperfResult struct {
+	bps       float64
+	intervals []float64
+	err       error
+}
+
+// startIperf runs iperf3 inside a pod against the server namespace, in the
+// background; reverse measures the pod's ingress.
+func startIperf(t *testing.T, env map[string]string, pod, port string, seconds int, reverse bool) chan iperfResult {
+	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
+	args := []string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--",
+		"iperf3", "-c", serverIP, "-p", port, "-t", fmt.Sprint(seconds), "-O", "1", "-J"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	ch := make(chan iperfResult, 1)
+	go func() {
+		out, err := exec.Command(kubectl, args...).Output()
+		if err != nil {
+			ch <- iperfResult{err: fmt.Errorf("%v: %s", err, out)}
+			return
+		}
+		var rep struct {
+			Intervals []struct {
+				Sum struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+					Omitted       bool    `json:"omitted"`
+				} `json:"sum"`
+			} `json:"intervals"`
+			End struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+		}
+		if err := json.Unmarshal(out, &rep); err != nil {
+			ch <- iperfResult{err: fmt.Errorf("iperf3 JSON: %v", err)}
+			return
+		}
+		r := iperfResult{bps: rep.End.SumReceived.BitsPerSecond}
+		for _, iv := range rep.Intervals {
+			if !iv.Sum.Omitted {
+				r.intervals = append(r.intervals, iv.Sum.BitsPerSecond)
+			}
+		}
+		ch <- r
+	}()
+	return ch
+}
+
+// buildNetTestImage builds the pods' image: busybox and iperf3 (with its
+// libraries) from this machine.
+func buildNetTestImage(t *testing.T) {
+	t.Helper()
+	root := repoRoot()
+	args := []string{"--name", "carve-net-test:e2e", "--file", "/bin/busybox:/bin/busybox", "--file", "/usr/bin/iperf3:/usr/bin/iperf3",
+		"--out", filepath.Join(t.TempDir(), "net-test.tar")}
+	for _, applet := range []string{"sh", "ip", "env", "sleep", "cat", "ls"} {
+		args = append(args, "--symlink", "/bin/"+applet+"=busybox")
+	}
+	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
+	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+}
+

@@ -1,0 +1,34 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/prepare"
+)
+
+// The network data of a prepared share lands in the claim's status.devices,
+// as the API server validates it (KEP-4817).
+func TestClaimStatusNetworkData(t *testing.T) {
+	cs := client(t)
+	ctx := context.Background()
+	ref := makeClaim(t, cs, "status-node", "status-claim", alloc{request: "net", device: "nic-x", share: true, egress: "10M"})
+	claim, err := cs.ResourceV1().ResourceClaims("default").Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := claim.Status.Allocation.Devices.Results[0].ShareID
+	devs := []prepare.PreparedDevice{{Request: "net", Pool: "status-node", Device: "nic-x", ShareID: (*types.UID)(share),
+		Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.79.0.2/24"}, HardwareAddress: "02:00:00:00:00:01"}}}
+	if err := (prepare.ClaimStatusWriter{Client: cs}).ReportDevices(ctx, "carve.dev", claim, devs); err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	got, _ := cs.ResourceV1().ResourceClaims("default").Get(ctx, ref.Name, metav1.GetOptions{})
+	if len(got.Status.Devices) != 1 || got.Status.Devices[0].NetworkData == nil || got.Status.Devices[0].NetworkData.InterfaceName != "net1" {
+		t.Errorf("status.devices = %+v", got.Status.Devices)
+	}
+}
