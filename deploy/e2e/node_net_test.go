@@ -80,7 +80,9 @@ netdev:
 		if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
 		startPod(t, cs, podWithImage(name, "carve-net-test:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(name)}))
 	}
 	macs := map[string]string{}
@@ -274,4 +276,3 @@ func buildNetTestImage(t *testing.T) {
 	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
 	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
 }
-
