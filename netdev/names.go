@@ -34,10 +34,8 @@ func preferredMinor(key string) uint16 {
 	return minMinor + uint16((uint32(sum[5])<<8|uint32(sum[6]))%uint32(maxMinor-minMinor))
 }
 
+// Share classes take minors from 0x10 up; those below are left free.
 const (
-	// Minors below 0x10 are left free; defaultMinor takes unclassified
-	// traffic.
-	minMinor     uint16 = 0x10
-	maxMinor     uint16 = 0xfff0
-	defaultMinor uint16 = 0xffff
+	minMinor uint16 = 0x10
+	maxMinor uint16 = 0xfff0
 )

@@ -73,6 +73,21 @@ type share struct {
 	mac   string
 }
 
+// alloc is an allocation of a share of the parent.
+func (b *bench) alloc(name, egress, ingress string) prepare.Allocation {
+	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &prepare.NetworkConfig{Pools: []string{"test"}}})
+	a := prepare.Allocation{ClaimUID: types.UID(uuid.NewUUID()), ClaimNamespace: "default", ClaimName: name, Request: "net",
+		Device: "nic-" + b.tp.Parent, Kind: "nic", ShareID: ptr.To(types.UID(uuid.NewUUID())),
+		Consumed: map[resourceapi.QualifiedName]resource.Quantity{}, Config: raw}
+	if egress != "" {
+		a.Consumed["egressBandwidth"] = resource.MustParse(egress)
+	}
+	if ingress != "" {
+		a.Consumed["ingressBandwidth"] = resource.MustParse(ingress)
+	}
+	return a
+}
+
 // add prepares a share of egress/ingress bits/s ("" for none) and runs the
 // hook's work for a new pod namespace.
 func (b *bench) add(name, egress, ingress string, cfg *prepare.NetworkConfig) *share {

@@ -10,10 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// unlimitedRate is the rate of the default HTB class that takes traffic of
-// no share: high enough never to hold it back.
-const unlimitedRate = 100_000_000_000 // 100 Gbit/s
-
 var rootHandle = netlink.MakeHandle(1, 0)
 
 // htbBuffer sizes a class's burst from its rate: about 8 ms of traffic. With
@@ -30,8 +26,10 @@ func htbBuffer(rateBits uint64) uint32 {
 	return uint32(b)
 }
 
-// ensureHTB makes sure link has carve's HTB root qdisc with a default class
-// for traffic of no share. A root qdisc of another kind is replaced only if
+// ensureHTB makes sure link has carve's HTB root qdisc. Traffic of no share
+// is left unclassified and takes HTB's direct queue, unshaped: cheaper than
+// a default class (measured: about 4–16% below no qdisc at 20+ Gbit/s on a
+// veth, against 18% with a 100G default class). A root qdisc of another kind is replaced only if
 // it is the kernel's default (noqueue, pfifo_fast, mq, fq_codel...): carve
 // never silently removes an operator's shaping.
 func ensureHTB(h *netlink.Handle, link netlink.Link) error {
@@ -51,11 +49,11 @@ func ensureHTB(h *netlink.Handle, link netlink.Link) error {
 		}
 	}
 	q := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: rootHandle, Parent: netlink.HANDLE_ROOT})
-	q.Defcls = uint32(defaultMinor)
+	q.Defcls = 0 // unclassified traffic takes the direct queue, unshaped
 	if err := h.QdiscReplace(q); err != nil {
 		return fmt.Errorf("add HTB root qdisc to %s: %w", link.Attrs().Name, err)
 	}
-	return setClass(h, link, defaultMinor, unlimitedRate)
+	return nil
 }
 
 // setClass creates or changes the class minor to hold rate bits/s.
@@ -104,7 +102,7 @@ func shareClasses(h *netlink.Handle, link netlink.Link) (map[uint16]uint64, erro
 			continue
 		}
 		major, minor := netlink.MajorMinor(c.Attrs().Handle)
-		if major == 1 && minor != defaultMinor && minor >= minMinor {
+		if major == 1 && minor >= minMinor {
 			out[minor] = htb.Rate * 8
 		}
 	}

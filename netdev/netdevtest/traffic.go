@@ -106,3 +106,84 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 	}
 	return out, nil
 }
+
+// RunUDP sends UDP datagrams of size bytes as fast as the sockets allow on
+// each flow for d after warmup, and returns what each receiver got in the
+// measured window.
+func RunUDP(flows []Flow, size int, warmup, d time.Duration, mark func()) ([]Result, error) {
+	type running struct {
+		c     net.PacketConn
+		total atomic.Int64
+	}
+	runs := make([]*running, len(flows))
+	for i, f := range flows {
+		var pc net.PacketConn
+		err := In(f.To, func() (err error) {
+			pc, err = net.ListenPacket("udp", f.ToAddr)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		r := &running{c: pc}
+		runs[i] = r
+		go func() {
+			buf := make([]byte, 65536)
+			for {
+				n, _, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				r.total.Add(int64(n))
+			}
+		}()
+	}
+	defer func() {
+		for _, r := range runs {
+			r.c.Close()
+		}
+	}()
+	stop := make(chan struct{})
+	defer close(stop)
+	for _, f := range flows {
+		var c net.Conn
+		err := In(f.From, func() (err error) {
+			c, err = net.Dial("udp", f.ToAddr)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		go func(c net.Conn) {
+			defer c.Close()
+			buf := make([]byte, size)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = c.Write(buf)
+			}
+		}(c)
+	}
+	time.Sleep(warmup)
+	start := make([]int64, len(runs))
+	for i, r := range runs {
+		start[i] = r.total.Load()
+	}
+	if mark != nil {
+		mark()
+	}
+	t0 := time.Now()
+	time.Sleep(d)
+	elapsed := time.Since(t0)
+	if mark != nil {
+		mark()
+	}
+	out := make([]Result, len(runs))
+	for i, r := range runs {
+		out[i] = Result{Bytes: r.total.Load() - start[i], Duration: elapsed}
+	}
+	return out, nil
+}

@@ -1,0 +1,145 @@
+package netdev_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/netdev/netdevtest"
+)
+
+// BenchmarkConformance measures how well shares are held to their
+// allocation: achieved/allocated at L2 (the classifier's frame bytes) and as
+// goodput, for TCP and UDP, egress and ingress, one share and two at once.
+// Each iteration is one 2-second measurement.
+func BenchmarkConformance(b *testing.B) {
+	for _, proto := range []string{"tcp", "udp"} {
+		for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+			for _, limits := range [][]string{{"50M"}, {"200M"}, {"1G"}, {"200M", "1G"}} {
+				name := fmt.Sprintf("%s/%s/%dshare/%s", proto, dir, len(limits), joinLimits(limits))
+				b.Run(name, func(b *testing.B) { conformance(b, proto, dir, limits) })
+			}
+		}
+	}
+}
+
+func joinLimits(l []string) string {
+	out := l[0]
+	for _, s := range l[1:] {
+		out += "+" + s
+	}
+	return out
+}
+
+func conformance(b *testing.B, proto string, dir bpf.Direction, limits []string) {
+	env := newBench(b)
+	var shares []*share
+	for i, l := range limits {
+		shares = append(shares, env.add(fmt.Sprintf("s%d", i), l, l, nil))
+	}
+	var l2Sum, gpSum []float64
+	for b.Loop() {
+		var goodput, l2 []float64
+		if proto == "tcp" {
+			goodput, l2 = env.measure(dir, shares, 2*time.Second)
+		} else {
+			goodput, l2 = env.measureUDP(dir, shares, 2*time.Second)
+		}
+		if l2Sum == nil {
+			l2Sum, gpSum = make([]float64, len(l2)), make([]float64, len(l2))
+		}
+		for i := range l2 {
+			l2Sum[i] += l2[i] / rate(limits[i])
+			gpSum[i] += goodput[i] / rate(limits[i])
+		}
+	}
+	n := float64(b.N)
+	for i := range limits {
+		b.ReportMetric(l2Sum[i]/n, fmt.Sprintf("share%d-l2-ratio", i+1))
+		b.ReportMetric(gpSum[i]/n, fmt.Sprintf("share%d-goodput-ratio", i+1))
+		b.ReportMetric(gpSum[i]/n*rate(limits[i])/1e6, fmt.Sprintf("share%d-goodput-Mbps", i+1))
+	}
+}
+
+// measureUDP is measure with UDP datagrams of 1400 bytes.
+func (b *bench) measureUDP(dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
+	b.t.Helper()
+	var flows []netdevtest.Flow
+	for i, s := range shares {
+		port := 5301 + i
+		if dir == bpf.Egress {
+			flows = append(flows, netdevtest.Flow{From: s.pod, To: b.tp.Server, ToAddr: fmt.Sprintf("%s:%d", b.tp.ServerIP, port)})
+		} else {
+			flows = append(flows, netdevtest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
+		}
+	}
+	var marks []map[bpf.Key]bpf.Counters
+	res, err := netdevtest.RunUDP(flows, 1400, 500*time.Millisecond, d, func() {
+		st, _ := b.shaper.Stats()
+		marks = append(marks, st)
+	})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	for i, s := range shares {
+		k := bpf.Key{MAC: s.mac, Dir: dir}
+		goodput = append(goodput, res[i].Goodput())
+		l2 = append(l2, float64(marks[1][k].Bytes-marks[0][k].Bytes)*8/res[i].Duration.Seconds())
+	}
+	return goodput, l2
+}
+
+// BenchmarkUnlimitedShare compares a share with no bandwidth limit, on a
+// parent whose egress runs carve's HTB and classifier for another share,
+// with the same macvlan on a parent without them: the cost of enforcement
+// to traffic that is not limited.
+func BenchmarkUnlimitedShare(b *testing.B) {
+	for _, withCarve := range []bool{false, true} {
+		b.Run(map[bool]string{false: "no-bpf", true: "carve"}[withCarve], func(b *testing.B) {
+			env := newBench(b)
+			if withCarve {
+				env.add("limited", "200M", "200M", nil)
+			}
+			free := env.add("free", "", "", nil)
+			var sum float64
+			for b.Loop() {
+				goodput, _ := env.measure(bpf.Egress, []*share{free}, 2*time.Second)
+				sum += goodput[0]
+			}
+			b.ReportMetric(sum/float64(b.N)/1e9, "Gbps")
+		})
+	}
+}
+
+// BenchmarkPrepareNetworkClaim is the latency of preparing and unpreparing
+// one bandwidth share: interface, address, HTB classes in both directions,
+// classifier entries and the attach spec.
+func BenchmarkPrepareNetworkClaim(b *testing.B) {
+	env := newBench(b)
+	ctx := context.Background()
+	var prep, unprep []time.Duration
+	i := 0
+	for b.Loop() {
+		s := env.alloc(fmt.Sprintf("p%d", i), "100M", "100M")
+		i++
+		t0 := time.Now()
+		prepared, err := env.p.Prepare(ctx, s, env.dev)
+		prep = append(prep, time.Since(t0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 = time.Now()
+		if err := env.p.Unprepare(ctx, s, prepared.Undo); err != nil {
+			b.Fatal(err)
+		}
+		unprep = append(unprep, time.Since(t0))
+	}
+	for name, d := range map[string][]time.Duration{"prepare": prep, "unprepare": unprep} {
+		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+		b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, name+"-p50-ms")
+		b.ReportMetric(float64(d[len(d)*99/100].Microseconds())/1000, name+"-p99-ms")
+	}
+}
