@@ -91,6 +91,7 @@ demo: build ## bring up the local cluster, install carve with its chart, run a p
 demo-down: ## tear the demo down: the cluster, its node and the demo's veth
 	@deploy/cluster/down.sh
 	@ip link del carve-demo0 2>/dev/null || true
+	@for pid in $$(ip netns pids carve-demo-srv 2>/dev/null); do kill $$pid; done; ip netns del carve-demo-srv 2>/dev/null || true
 
 clean:
 	rm -rf $(BIN)

@@ -19,11 +19,25 @@ kubeconfig=$("$here/cluster/up.sh" | tail -n1)
 kubectl=("$CARVE_CLUSTER_DIR/bin/kubectl" --kubeconfig "$kubeconfig")
 helm="$("$here/cluster/build-tools.sh" | tail -n1)/helm"
 
-step "a NIC to share: the veth pair carve-demo0/carve-demo1"
-ip link show carve-demo0 >/dev/null 2>&1 || ip link add carve-demo0 type veth peer name carve-demo1
-ip link set carve-demo0 up && ip link set carve-demo1 up
+step "a NIC to share: the veth carve-demo0, whose peer sits in the namespace carve-demo-srv with iperf3 servers"
+if ! ip link show carve-demo0 >/dev/null 2>&1; then
+  ip netns add carve-demo-srv 2>/dev/null || true
+  ip link add carve-demo0 type veth peer name carve-demo1
+  ip link set carve-demo1 netns carve-demo-srv
+  ip -n carve-demo-srv addr add 10.80.0.1/24 dev carve-demo1
+  ip -n carve-demo-srv link set carve-demo1 up
+  ip -n carve-demo-srv link set lo up
+  ip netns exec carve-demo-srv iperf3 -s -p 5201 -D
+  ip netns exec carve-demo-srv iperf3 -s -p 5202 -D
+fi
+ip link set carve-demo0 up
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 
 step "building the carve image and importing it into the node"
+net_archive=$("$here/images/build.sh" --name carve-net:demo --file /bin/busybox:/bin/busybox --file /usr/bin/iperf3:/usr/bin/iperf3 \
+  --symlink /bin/sh=busybox --symlink /bin/ip=busybox --symlink /bin/env=busybox --symlink /bin/sleep=busybox \
+  --symlink /bin/cat=busybox --symlink /bin/grep=busybox --symlink /bin/sort=busybox | tail -n1)
+"$here/images/import.sh" "$net_archive"
 archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --file /usr/share/misc/pci.ids:/usr/share/misc/pci.ids --entrypoint /carve | tail -n1)
 "$here/images/import.sh" "$archive"
 
@@ -37,6 +51,10 @@ netdev:
   bandwidth:
   - interface: carve-demo0
     egress: 10G
+  pools:
+  - name: demo
+    cidr: 10.80.0.0/24
+    gateway: 10.80.0.1
 YAML
 # hostNetwork and the API server's loopback address: pods of the local
 # cluster have no route to it. hostRootPropagation None: / is a private
@@ -96,6 +114,65 @@ step "what the pod sees: its environment"
 "${kubectl[@]}" exec demo -- sh -c 'env | grep ^CARVE_ | sort'
 step "what the pod sees: its claim, mounted by carve's CDI spec"
 "${kubectl[@]}" exec demo -- sh -c 'cat /run/carve/claims/*.json'
+step "two pods sharing carve-demo0: 100M and 300M, each through its own macvlan, enforced with HTB chosen by BPF"
+for pod in a:100M b:300M; do
+  name=net-${pod%%:*} limit=${pod##*:}
+  "${kubectl[@]}" apply -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: $name
+spec:
+  devices:
+    requests:
+    - name: net
+      exactly:
+        deviceClassName: nic.carve.dev
+        capacity:
+          requests:
+            egressBandwidth: $limit
+            ingressBandwidth: $limit
+    config:
+    - requests: [net]
+      opaque:
+        driver: carve.dev
+        parameters:
+          apiVersion: carve.dev/v1alpha1
+          kind: NetworkConfig
+          interfaceName: net1
+          pools: [demo]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $name
+spec:
+  terminationGracePeriodSeconds: 0
+  resourceClaims:
+  - name: net
+    resourceClaimName: $name
+  containers:
+  - name: main
+    image: carve-net:demo
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources:
+      claims:
+      - name: net
+YAML
+done
+"${kubectl[@]}" wait --for=condition=Ready pod/net-a pod/net-b --timeout=120s >/dev/null
+"${kubectl[@]}" exec net-a -- ip -4 addr show net1 | grep inet >&2
+measure() { # pod port: iperf3 from inside the pod to the server, 4 s, goodput in Mbit/s
+  "${kubectl[@]}" exec "$1" -- iperf3 -c 10.80.0.1 -p "$2" -t 4 -O 1 -f m | awk '/receiver/ {print $(NF-2)}'
+}
+measure net-a 5201 >"$CARVE_CLUSTER_DIR/demo-a.rate" & measure net-b 5202 >"$CARVE_CLUSTER_DIR/demo-b.rate" & wait
+printf '\n%-8s %-10s %-22s %s\n' pod allocated "measured (Mbit/s)" "ratio (0.956 = limit met within 1%)"
+for pod in a:100 b:300; do
+  m=$(cat "$CARVE_CLUSTER_DIR/demo-${pod%%:*}.rate")
+  printf '%-8s %-10s %-22s %s\n' "net-${pod%%:*}" "${pod##*:}M" "$m" "$(awk -v m="$m" -v l="${pod##*:}" 'BEGIN {printf "%.3f", m/l}')"
+done
+
 echo >&2
 echo "kubeconfig: $kubeconfig   (kubectl: $CARVE_CLUSTER_DIR/bin/kubectl)" >&2
 echo "tear down with: make demo-down" >&2
