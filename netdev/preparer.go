@@ -42,6 +42,9 @@ type Options struct {
 	// Shaper is the BPF classifier; nil turns bandwidth enforcement off
 	// (and then bandwidth shares are refused).
 	Shaper *bpf.Shaper
+	// PinDir is where Shaper is pinned; unprepare removes links there
+	// whose namespace is gone.
+	PinDir string
 }
 
 // Preparer prepares NIC allocations.
@@ -85,29 +88,46 @@ type undoRecord struct {
 }
 
 // Restore takes back, at the agent's start, the addresses and classes of
-// shares prepared before.
+// shares prepared before, and removes classifier entries that belong to no
+// share in the checkpoint (left by a crash), so that the pins agree with it.
 func (p *Preparer) Restore(allocs []prepare.Allocation, undos []json.RawMessage) {
-	for i, raw := range undos {
+	keep := map[string]bool{}
+	for i, a := range allocs {
+		key := a.ShareKey()
+		keep[ShareMAC(key).String()] = true
 		var u undoRecord
-		if len(raw) == 0 || json.Unmarshal(raw, &u) != nil {
+		if len(undos[i]) == 0 || json.Unmarshal(undos[i], &u) != nil {
 			continue
 		}
-		key := allocs[i].ShareKey()
 		var addrs []netip.Prefix
-		for _, a := range u.PoolAddrs {
-			if pfx, err := netip.ParsePrefix(a); err == nil {
+		for _, s := range u.PoolAddrs {
+			if pfx, err := netip.ParsePrefix(s); err == nil {
 				addrs = append(addrs, pfx)
 			}
 		}
 		p.ipam.reserve(key, addrs)
 		p.mu.Lock()
-		p.labels[u.MAC] = labelsOf(allocs[i])
+		p.labels[u.MAC] = labelsOf(a)
 		for _, m := range []uint16{u.EgressMinor, u.IngressMinor} {
 			if m != 0 {
 				p.minorSet(u.Parent)[m] = key
 			}
 		}
 		p.mu.Unlock()
+	}
+	if p.opts.Shaper == nil {
+		return
+	}
+	shares, err := p.opts.Shaper.Shares()
+	if err != nil {
+		return
+	}
+	for k := range shares {
+		if !keep[k.MAC] {
+			if mac, err := net.ParseMAC(k.MAC); err == nil {
+				_ = p.opts.Shaper.DeleteShare(k.Dir, mac)
+			}
+		}
 	}
 }
 
@@ -376,7 +396,14 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, raw json
 			errs = append(errs, fmt.Errorf("delete %s: %w", u.Link, err))
 		}
 	}
-	// A link already moved into the pod goes with the pod's namespace.
+	// A link already moved into the pod goes with the pod's namespace;
+	// a classifier link pinned for a device whose namespace is gone is
+	// dead weight.
+	if p.opts.PinDir != "" {
+		if _, err := bpf.CleanupDefunct(p.opts.PinDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := os.Remove(p.specPath(u.Link)); err != nil && !os.IsNotExist(err) {
 		errs = append(errs, err)
 	}

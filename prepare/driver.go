@@ -116,13 +116,17 @@ func NewDriver(opts Options) (*Driver, error) {
 		var allocs []Allocation
 		var undo []json.RawMessage
 		for _, rec := range recs {
-			if rec.State != ClaimCompleted {
-				continue
-			}
+			// Started claims too (with no undo yet): what they
+			// made is still theirs until they are rolled back.
 			for i, a := range rec.Allocations {
-				if a.Kind == kind && i < len(rec.Undo) {
-					allocs, undo = append(allocs, a), append(undo, rec.Undo[i])
+				if a.Kind != kind {
+					continue
 				}
+				var u json.RawMessage
+				if i < len(rec.Undo) {
+					u = rec.Undo[i]
+				}
+				allocs, undo = append(allocs, a), append(undo, u)
 			}
 		}
 		r.Restore(allocs, undo)

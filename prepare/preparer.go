@@ -64,7 +64,8 @@ type Prepared struct {
 
 // Restorer is implemented by preparers that keep state in memory (address
 // pools, class numbers): at start the agent hands them the allocations and
-// undo records of every claim in the checkpoint.
+// undo records (nil for claims not completed) of every claim in the
+// checkpoint, which is the truth their kernel state must agree with.
 type Restorer interface {
 	Restore(allocs []Allocation, undo []json.RawMessage)
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/deploy/e2e/kubeletstub"
 )
 
@@ -95,6 +97,8 @@ type nodeState struct {
 	// HTB classes on the parent and its IFB.
 	Links   []string
 	Classes []string
+	// Shares are the classifier's pinned entries.
+	Shares []string
 }
 
 func (h *agentHost) state(t *testing.T) nodeState {
@@ -134,8 +138,16 @@ func (h *agentHost) state(t *testing.T) nodeState {
 			}
 		}
 	}
+	if shaper, err := bpf.OpenShaper(h.pins); err == nil {
+		shares, _ := shaper.Shares()
+		for k, classid := range shares {
+			s.Shares = append(s.Shares, fmt.Sprintf("%s/%s:%x", k.MAC, k.Dir, classid))
+		}
+		shaper.Close()
+	}
 	sort.Strings(s.Links)
 	sort.Strings(s.Classes)
+	sort.Strings(s.Shares)
 	return s
 }
 
@@ -185,7 +197,7 @@ func TestCrashMatrix(t *testing.T) {
 			t.Fatalf("%s: retry after restart: %v\n%s", fault, err, h.logs)
 		}
 	}
-	if len(prepared.Links) != 1 || len(prepared.Classes) < 2 {
+	if len(prepared.Links) != 1 || len(prepared.Classes) < 1 || len(prepared.Shares) != 1 {
 		t.Fatalf("prepared network state = %+v, want the share's interface and classes", prepared)
 	}
 	for _, fault := range []string{"prepare-started", "prepare-device-0", "nic-link-created", "nic-shaped", "prepare-device-1",

@@ -143,7 +143,7 @@ netdev:
 	t.Logf("pa egress across the agent restart: %.1f Mbit/s (intervals %v)", r.bps/1e6, mbits(r.intervals))
 
 	// Deleting a pod removes its share's classifier entries and classes.
-	shaper, err := bpf.OpenShaper("/sys/fs/bpf/carve")
+	shaper, err := bpf.OpenShaper(e2ePins)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,9 @@ netdev:
 	waitFor(t, "every share removed, and the parent's HTB and IFB with them", 60*time.Second, func() (bool, error) {
 		out, _ := exec.Command("tc", "qdisc", "show", "dev", netParent).Output()
 		_, ifbErr := exec.Command("ip", "link", "show", "cvifb"+ifindex(t, netParent)).Output()
-		return len(mustShares(t, shaper)) == 0 && !strings.Contains(string(out), "htb") && ifbErr != nil,
+		shares := mustShares(t, shaper)
+		_, bLeft := shares[bpf.Key{MAC: macs["pb"], Dir: bpf.Egress}]
+		return !bLeft && !strings.Contains(string(out), "htb") && ifbErr != nil,
 			fmt.Errorf("qdiscs %s, shares %v", out, mustShares(t, shaper))
 	})
 }

@@ -73,14 +73,17 @@ netdev:
 		return false, fmt.Errorf("%d slices, no shareable %s yet", len(l.Items), e2eParent)
 	})
 
-	// A template claim of 100M and a shared claim of 200M, both cut from
-	// the same NIC: two allocations, two ShareIDs.
+	// A template claim of 100M (pod a) and a claim of 200M (pod b1), both
+	// cut from the same NIC: two allocations, two ShareIDs. The cache is
+	// one claim shared by pods b1 and b2. (A NIC share is an interface,
+	// which only one pod can hold.)
 	createTemplate(t, cs, "net-100m", "100M")
-	createClaim(t, cs, "shared-net", "200M")
+	createClaim(t, cs, "net-200m", "200M")
+	createLLCClaim(t, cs, "shared-llc")
 	pods := map[string]*corev1.Pod{
 		"e2e-a":  pod("e2e-a", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("net-100m")}),
-		"e2e-b1": pod("e2e-b1", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("shared-net")}),
-		"e2e-b2": pod("e2e-b2", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("shared-net")}),
+		"e2e-b1": pod("e2e-b1", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("net-200m")}, &corev1.PodResourceClaim{Name: "cache", ResourceClaimName: ptr.To("shared-llc")}),
+		"e2e-b2": pod("e2e-b2", &corev1.PodResourceClaim{Name: "cache", ResourceClaimName: ptr.To("shared-llc")}),
 	}
 	for _, p := range pods {
 		startPod(t, cs, p)
@@ -89,6 +92,15 @@ netdev:
 	for name := range pods {
 		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
 		envs := podExec(t, env, testNS, name, "main", "env")
+		if name != "e2e-a" {
+			// The shared cache, seen by both pods.
+			if !strings.Contains(envs, "CARVE_CACHE_DEVICE=llc-0\n") || !strings.Contains(envs, "CARVE_CACHE_CPUS=") {
+				t.Errorf("pod %s: env lacks the shared LLC:\n%s", name, envs)
+			}
+		}
+		if name == "e2e-b2" {
+			continue
+		}
 		want := map[string]string{"CARVE_NET_PARENT": e2eParent, "CARVE_NET_KIND": "nic", "CARVE_NET_DEVICE": "nic-" + e2eParent}
 		want["CARVE_NET_EGRESSBANDWIDTH"] = map[bool]string{true: "100M", false: "200M"}[name == "e2e-a"]
 		for k, v := range want {
@@ -102,8 +114,8 @@ netdev:
 			t.Errorf("pod %s: the mounted claim info does not describe its share:\n%s", name, info)
 		}
 	}
-	if shareOf["e2e-a"] == "" || shareOf["e2e-a"] == shareOf["e2e-b1"] || shareOf["e2e-b1"] != shareOf["e2e-b2"] {
-		t.Errorf("share ids %v: want the template claim and the shared claim to hold distinct shares, the shared claim one", shareOf)
+	if shareOf["e2e-a"] == "" || shareOf["e2e-b1"] == "" || shareOf["e2e-a"] == shareOf["e2e-b1"] {
+		t.Errorf("share ids %v: want two distinct shares of the NIC", shareOf)
 	}
 
 	t.Logf("share ids seen inside the pods: %v", shareOf)
@@ -111,11 +123,11 @@ netdev:
 	// The node side: the checkpoint and the metrics.
 	before := checkpointRecords(t, stateDir)
 	t.Logf("checkpoint: %v", before)
-	if len(before) != 2 {
-		t.Fatalf("checkpoint holds %d claims, want 2: %v", len(before), before)
+	if len(before) != 3 {
+		t.Fatalf("checkpoint holds %d claims, want 3: %v", len(before), before)
 	}
-	if m := scrapeAgent(t); !strings.Contains(m, "carve_prepared_claims 2") {
-		t.Errorf("agent metrics lack carve_prepared_claims 2")
+	if m := scrapeAgent(t); !strings.Contains(m, "carve_prepared_claims 3") {
+		t.Errorf("agent metrics lack carve_prepared_claims 3")
 	}
 
 	// Restart the kubelet, then the agent, while the pods run: nothing
@@ -167,6 +179,10 @@ func envValue(envs, key string) string {
 	return ""
 }
 
+// e2ePins is where the agents of the node tests pin their classifier;
+// removed when a test ends, so no test sees another's entries.
+const e2ePins = "/sys/fs/bpf/carve-e2e"
+
 func installChart(t *testing.T, env map[string]string, stateDir, nodeConfig string) {
 	t.Helper()
 	helm := os.Getenv("CARVE_HELM")
@@ -184,6 +200,7 @@ func installChart(t *testing.T, env map[string]string, stateDir, nodeConfig stri
 	// Registered first, so that a failed install is removed too.
 	t.Cleanup(func() {
 		_ = runQuiet(helm, "uninstall", "carve", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "60s")
+		_ = os.RemoveAll(e2ePins)
 	})
 	// Runs before the uninstall above (cleanups run last first): on
 	// failure, the agent's own account of what happened.
@@ -198,7 +215,7 @@ func installChart(t *testing.T, env map[string]string, stateDir, nodeConfig stri
 		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
 		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
 		"--set", "kubeletDir="+env["KUBELET_ROOT_DIR"], "--set", "cdiDir="+env["CARVE_CDI_DIR"], "--set", "stateDir="+stateDir,
-		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "metricsPort="+agentMetrics, "--set", "healthPort=29465",
+		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "bpfPinDir="+e2ePins, "--set", "metricsPort="+agentMetrics, "--set", "healthPort=29465",
 		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1",
 		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value="+env["CARVE_APISERVER_PORT"],
 		"--set-file", "nodeConfig="+cfg)
@@ -247,21 +264,37 @@ func shareClaimSpec(parent string, capacity map[resourceapi.QualifiedName]resour
 	return spec
 }
 
-func pod(name string, claim *corev1.PodResourceClaim) *corev1.Pod {
-	return podWithImage(name, "carve-test:latest", claim)
+func pod(name string, claims ...*corev1.PodResourceClaim) *corev1.Pod {
+	return podWithImage(name, "carve-test:latest", claims...)
 }
 
-func podWithImage(name, image string, claim *corev1.PodResourceClaim) *corev1.Pod {
-	return &corev1.Pod{
+func podWithImage(name, image string, claims ...*corev1.PodResourceClaim) *corev1.Pod {
+	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
 		Spec: corev1.PodSpec{
 			TerminationGracePeriodSeconds: ptr.To(int64(0)),
-			ResourceClaims:                []corev1.PodResourceClaim{*claim},
 			Containers: []corev1.Container{{Name: "main", Image: image, ImagePullPolicy: corev1.PullNever,
-				Command:   []string{"sleep", "3600"},
-				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: claim.Name}}}}},
+				Command: []string{"sleep", "3600"}}},
 		},
 	}
+	for _, c := range claims {
+		p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, *c)
+		p.Spec.Containers[0].Resources.Claims = append(p.Spec.Containers[0].Resources.Claims, corev1.ResourceClaim{Name: c.Name})
+	}
+	return p
+}
+
+func createLLCClaim(t *testing.T, cs kubernetes.Interface, name string) {
+	t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "cache", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "llc.carve.dev"}}}}}}
+	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 }
 
 func startPod(t *testing.T, cs kubernetes.Interface, p *corev1.Pod) {
