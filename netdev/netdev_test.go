@@ -269,3 +269,30 @@ func TestAddressPool(t *testing.T) {
 	_ = p.Unprepare(context.Background(), third, nil)
 	_ = net.IPv4len
 }
+
+// ipvlan shares where the kernel has ipvlan: the interface reaches the pod
+// with its address; a bandwidth share of one is refused, since the
+// classifier keys on MACs and ipvlan children share the parent's.
+func TestIPVlanShare(t *testing.T) {
+	b := newBench(t)
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	parent, _ := node.LinkByName(b.tp.Parent)
+	probe := &netlink.IPVlan{LinkAttrs: netlink.LinkAttrs{Name: "ipvprobe", ParentIndex: parent.Attrs().Index}, Mode: netlink.IPVLAN_MODE_L2}
+	if err := node.LinkAdd(probe); err != nil {
+		t.Skipf("this kernel has no ipvlan (%v); ipvlan shares cannot be tested here", err)
+	}
+	_ = node.LinkDel(probe)
+	s := b.add("ipv", "", "", &prepare.NetworkConfig{Mode: "ipvlan", IPVlanMode: "l2", Pools: []string{"test"}})
+	pod, _ := netlink.NewHandleAt(s.pod)
+	defer pod.Close()
+	if l, err := pod.LinkByName("net1"); err != nil || l.Type() != "ipvlan" {
+		t.Errorf("net1 in the pod: %v %v", l, err)
+	}
+	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &prepare.NetworkConfig{Mode: "ipvlan"}})
+	a := b.alloc("ipv-bw", "100M", "")
+	a.Config = raw
+	if _, err := b.p.Prepare(context.Background(), a, b.dev); err == nil || !strings.Contains(err.Error(), "ipvlan") {
+		t.Errorf("bandwidth share of an ipvlan: %v, want refused", err)
+	}
+}

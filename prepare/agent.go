@@ -141,6 +141,7 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 	if err := helper.PublishResources(ctx, inv.resources()); err != nil {
 		return fmt.Errorf("publish resource slices: %w", err)
 	}
+	metrics.Publishes.Inc()
 	logger.Info("Agent started", "driver", driverName, "node", opts.NodeName, "devices", len(inv.devices()))
 
 	var wg sync.WaitGroup
@@ -181,6 +182,7 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 		}
 		if changed {
 			logger.Info("Hardware changed; publishing slices again")
+			metrics.Publishes.Inc()
 			if err := helper.PublishResources(ctx, inv.resources()); err != nil {
 				metrics.PublishErrors.Inc()
 				logger.Error(err, "Publishing slices")

@@ -14,6 +14,7 @@ type Metrics struct {
 	PreparedClaims    prometheus.Gauge
 	DiscoveryDuration prometheus.Histogram
 	PublishErrors     prometheus.Counter
+	Publishes         prometheus.Counter
 	CorruptCheckpoint prometheus.Counter
 }
 
@@ -36,12 +37,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		PublishErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_publish_errors_total", Help: "Errors publishing ResourceSlices.",
 		}),
+		Publishes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_publishes_total", Help: "Times the node's pool was handed to the publisher: at start and when the hardware changed.",
+		}),
 		CorruptCheckpoint: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_checkpoint_corrupt_total", Help: "Checkpoint files found unreadable and kept aside.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.PrepareDuration, m.UnprepareDuration, m.PreparedClaims, m.DiscoveryDuration, m.PublishErrors, m.CorruptCheckpoint)
+		reg.MustRegister(m.PrepareDuration, m.UnprepareDuration, m.PreparedClaims, m.DiscoveryDuration, m.PublishErrors, m.Publishes, m.CorruptCheckpoint)
 	}
 	return m
 }

@@ -69,6 +69,8 @@ type agentHost struct {
 	health     string
 	netns      string
 	pins       string
+	tree       *sysfstest.Tree
+	rescan     string
 	proc       *exec.Cmd
 	exited     chan error
 	logs       *bytes.Buffer
@@ -79,7 +81,7 @@ func newAgentHost(t testing.TB, cs kubernetes.Interface, node string) *agentHost
 	tree := sysfstest.Typical(t.TempDir())
 	tree.Write("dev/xclmgmt15104", "")
 	tree.Write("proc/sys/kernel/random/boot_id", string(uuid.NewUUID()))
-	h := &agentHost{t: t, node: node, root: tree.Root, dir: t.TempDir(), kubeconfig: os.Getenv("CARVE_KUBECONFIG")}
+	h := &agentHost{t: t, node: node, root: tree.Root, tree: tree, dir: t.TempDir(), kubeconfig: os.Getenv("CARVE_KUBECONFIG"), rescan: "1h"}
 	// The fixture's NICs, for real: a namespace standing in for the
 	// node's, with links of the fixture's names, and a private pin
 	// directory for the classifier.
@@ -139,7 +141,7 @@ func (h *agentHost) start(env ...string) {
 	h.proc = exec.Command(carveBinary(h.t), "agent", "--kubeconfig", h.kubeconfig, "--node-name", h.node, "--root", h.root,
 		"--kubelet-registrar-dir", h.path("plugins_registry"), "--kubelet-plugins-dir", h.path("plugins"),
 		"--cdi-dir", h.path("cdi"), "--state-dir", h.path("state"), "--metrics-addr", h.metrics, "--health-addr", h.health,
-		"--rescan-interval", "1h", "--host-netns", h.netns, "--bpf-pin-dir", h.pins, "-v", "1")
+		"--rescan-interval", h.rescan, "--host-netns", h.netns, "--bpf-pin-dir", h.pins, "-v", "1")
 	h.proc.Env = append(os.Environ(), env...)
 	h.logs = &bytes.Buffer{}
 	h.proc.Stdout, h.proc.Stderr = h.logs, h.logs

@@ -11,13 +11,16 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/deploy/e2e/kubeletstub"
+	"github.com/carve-dra/carve/discovery/sysfstest"
 )
 
 // The agent, run as a host process against a fixture root, publishes its
@@ -246,3 +249,62 @@ func TestCrashMatrix(t *testing.T) {
 
 // CrashAt is the environment that makes the agent die at a fault point.
 func CrashAt(point string) string { return "CARVE_CRASH_AT=" + point }
+
+// The agent publishes again when the hardware changes, and not when nothing
+// did: the slices keep their resourceVersion across idle rescans.
+func TestAgentRepublishesOnlyOnChange(t *testing.T) {
+	cs := client(t)
+	ctx := context.Background()
+	h := newAgentHost(t, cs, "e2e-republish")
+	h.rescan = "200ms"
+	h.start()
+	waitSlices(t, cs, h)
+	versions := func() map[string]string {
+		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + h.node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, s := range l.Items {
+			out[s.Name] = s.ResourceVersion
+		}
+		return out
+	}
+	before := versions()
+	time.Sleep(time.Second) // five idle rescans
+	if after := versions(); !reflect.DeepEqual(before, after) {
+		t.Errorf("slices rewritten with nothing changed: %v then %v", before, after)
+	}
+	if m := h.scrape(); !strings.Contains(m, "carve_publishes_total 1\n") {
+		t.Errorf("published more than once with nothing changed:\n%s", grepLines(m, "carve_publishes_total"))
+	}
+	// A new FPGA appears.
+	h.tree.AddPCI("0000:af:00.0", sysfstest.PCI{Vendor: sysfstest.VendorXilinx, Device: sysfstest.DeviceAlveoU250, Class: sysfstest.ClassProcAccel, NUMANode: 1})
+	waitFor(t, "the new FPGA published", 10*time.Second, func() (bool, error) {
+		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + h.node})
+		if err != nil {
+			return false, err
+		}
+		for _, s := range l.Items {
+			for _, d := range s.Spec.Devices {
+				if d.Name == "fpga-0000-af-00-0" {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	if m := h.scrape(); !strings.Contains(m, "carve_publishes_total 2\n") {
+		t.Errorf("want exactly one more publish after the change:\n%s", grepLines(m, "carve_publishes_total"))
+	}
+}
+
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
