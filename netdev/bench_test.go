@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/carve-dra/carve/bpf"
-	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // BenchmarkConformance measures how well shares are held to their
@@ -43,11 +42,7 @@ func conformance(b *testing.B, proto string, dir bpf.Direction, limits []string)
 	var l2Sum, gpSum []float64
 	for b.Loop() {
 		var goodput, l2 []float64
-		if proto == "tcp" {
-			goodput, l2 = env.measure(dir, shares, 2*time.Second)
-		} else {
-			goodput, l2 = env.measureUDP(dir, shares, 2*time.Second)
-		}
+		goodput, l2 = env.measureProto(proto, dir, shares, 2*time.Second)
 		if l2Sum == nil {
 			l2Sum, gpSum = make([]float64, len(l2)), make([]float64, len(l2))
 		}
@@ -62,34 +57,6 @@ func conformance(b *testing.B, proto string, dir bpf.Direction, limits []string)
 		b.ReportMetric(gpSum[i]/n, fmt.Sprintf("share%d-goodput-ratio", i+1))
 		b.ReportMetric(gpSum[i]/n*rate(limits[i])/1e6, fmt.Sprintf("share%d-goodput-Mbps", i+1))
 	}
-}
-
-// measureUDP is measure with UDP datagrams of 1400 bytes.
-func (b *bench) measureUDP(dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
-	b.t.Helper()
-	var flows []netdevtest.Flow
-	for i, s := range shares {
-		port := 5301 + i
-		if dir == bpf.Egress {
-			flows = append(flows, netdevtest.Flow{From: s.pod, To: b.tp.Server, ToAddr: fmt.Sprintf("%s:%d", b.tp.ServerIP, port)})
-		} else {
-			flows = append(flows, netdevtest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
-		}
-	}
-	var marks []map[bpf.Key]bpf.Counters
-	res, err := netdevtest.RunUDP(flows, 1400, 500*time.Millisecond, d, func() {
-		st, _ := b.shaper.Stats()
-		marks = append(marks, st)
-	})
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	for i, s := range shares {
-		k := bpf.Key{MAC: s.mac, Dir: dir}
-		goodput = append(goodput, res[i].Goodput())
-		l2 = append(l2, float64(marks[1][k].Bytes-marks[0][k].Bytes)*8/res[i].Duration.Seconds())
-	}
-	return goodput, l2
 }
 
 // BenchmarkUnlimitedShare compares a share with no bandwidth limit, on a

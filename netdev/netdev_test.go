@@ -92,18 +92,9 @@ func (b *bench) alloc(name, egress, ingress string) prepare.Allocation {
 // hook's work for a new pod namespace.
 func (b *bench) add(name, egress, ingress string, cfg *prepare.NetworkConfig) *share {
 	b.t.Helper()
-	if cfg == nil {
-		cfg = &prepare.NetworkConfig{Pools: []string{"test"}}
-	}
-	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: cfg})
-	a := prepare.Allocation{ClaimUID: types.UID(uuid.NewUUID()), ClaimNamespace: "default", ClaimName: name, Request: "net",
-		Device: "nic-" + b.tp.Parent, Kind: "nic", ShareID: ptr.To(types.UID(uuid.NewUUID())),
-		Consumed: map[resourceapi.QualifiedName]resource.Quantity{}, Config: raw}
-	if egress != "" {
-		a.Consumed["egressBandwidth"] = resource.MustParse(egress)
-	}
-	if ingress != "" {
-		a.Consumed["ingressBandwidth"] = resource.MustParse(ingress)
+	a := b.alloc(name, egress, ingress)
+	if cfg != nil {
+		a.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: cfg})
 	}
 	prepared, err := b.p.Prepare(context.Background(), a, b.dev)
 	if err != nil {
@@ -136,9 +127,13 @@ func rate(s string) float64 {
 	return float64(q.Value())
 }
 
-// measure runs one flow per share in a direction and returns the goodput
-// and the L2 rate (from the classifier's byte counters) of each.
+// measure runs one TCP flow per share in a direction and returns the
+// goodput and the L2 rate (from the classifier's byte counters) of each.
 func (b *bench) measure(dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
+	return b.measureProto("tcp", dir, shares, d)
+}
+
+func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
 	b.t.Helper()
 	var flows []netdevtest.Flow
 	for i, s := range shares {
@@ -150,13 +145,20 @@ func (b *bench) measure(dir bpf.Direction, shares []*share, d time.Duration) (go
 		}
 	}
 	var marks []map[bpf.Key]bpf.Counters
-	res, err := netdevtest.RunFlows(flows, time.Second, d, func() {
+	mark := func() {
 		st, err := b.shaper.Stats()
 		if err != nil {
 			b.t.Error(err)
 		}
 		marks = append(marks, st)
-	})
+	}
+	var res []netdevtest.Result
+	var err error
+	if proto == "udp" {
+		res, err = netdevtest.RunUDP(flows, 1400, 500*time.Millisecond, d, mark)
+	} else {
+		res, err = netdevtest.RunFlows(flows, time.Second, d, mark)
+	}
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -86,10 +86,20 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 			c.Close()
 		}
 	}()
-	time.Sleep(warmup)
-	start := make([]int64, len(runs))
+	totals := make([]func() int64, len(runs))
 	for i, r := range runs {
-		start[i] = r.total.Load()
+		totals[i] = r.total.Load
+	}
+	return window(totals, warmup, d, mark), nil
+}
+
+// window waits out the warm-up, then counts what each receiver got over d,
+// calling mark as the window opens and closes.
+func window(totals []func() int64, warmup, d time.Duration, mark func()) []Result {
+	time.Sleep(warmup)
+	start := make([]int64, len(totals))
+	for i, total := range totals {
+		start[i] = total()
 	}
 	if mark != nil {
 		mark()
@@ -100,11 +110,11 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 	if mark != nil {
 		mark()
 	}
-	out := make([]Result, len(runs))
-	for i, r := range runs {
-		out[i] = Result{Bytes: r.total.Load() - start[i], Duration: elapsed}
+	out := make([]Result, len(totals))
+	for i, total := range totals {
+		out[i] = Result{Bytes: total() - start[i], Duration: elapsed}
 	}
-	return out, nil
+	return out
 }
 
 // RunUDP sends UDP datagrams of size bytes as fast as the sockets allow on
@@ -167,23 +177,9 @@ func RunUDP(flows []Flow, size int, warmup, d time.Duration, mark func()) ([]Res
 			}
 		}(c)
 	}
-	time.Sleep(warmup)
-	start := make([]int64, len(runs))
+	totals := make([]func() int64, len(runs))
 	for i, r := range runs {
-		start[i] = r.total.Load()
+		totals[i] = r.total.Load
 	}
-	if mark != nil {
-		mark()
-	}
-	t0 := time.Now()
-	time.Sleep(d)
-	elapsed := time.Since(t0)
-	if mark != nil {
-		mark()
-	}
-	out := make([]Result, len(runs))
-	for i, r := range runs {
-		out[i] = Result{Bytes: r.total.Load() - start[i], Duration: elapsed}
-	}
-	return out, nil
+	return window(totals, warmup, d, mark), nil
 }
