@@ -18,7 +18,7 @@ help: ## list targets
 
 build: ## build bin/carve and the scheduler
 	$(GO) build -o $(BIN)/carve ./cmd/carve
-	cd scheduler && $(GO) build ./...
+	cd scheduler && $(GO) build -o ../$(BIN)/ ./cmd/kube-scheduler
 
 test: build unit fuzz scheduler e2e ## everything: unit tests, a short fuzz run, the scheduler module, and the tests against a real control plane
 
@@ -30,7 +30,7 @@ fuzz: ## short fuzz run of every fuzz target
 	@for pkg in $$($(GO) list ./...); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
 	    echo "fuzz $$pkg $$f"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null; \
+	    out=$$($(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg 2>&1) || { echo "$$out"; exit 1; }; \
 	  done; \
 	done
 

@@ -3,7 +3,6 @@ package discovery
 import (
 	"fmt"
 	"math/bits"
-	"sort"
 	"strconv"
 	"strings"
 )
@@ -19,32 +18,40 @@ func ParseCPUList(s string) ([]int, error) {
 	if s == "" {
 		return nil, nil
 	}
-	seen := map[int]bool{}
+	// A bitmap, not a map: a list of many wide ranges stays cheap.
+	var seen [maxCPUs / 64]uint64
+	n := 0
 	for _, part := range strings.Split(s, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")
 		first, err := strconv.Atoi(lo)
 		if err != nil || first < 0 {
-			return nil, fmt.Errorf("bad CPU %q in list %q", lo, s)
+			return nil, fmt.Errorf("bad CPU %q in list %q", lo, truncate(s, 60))
 		}
 		last := first
 		if isRange {
 			last, err = strconv.Atoi(hi)
 			if err != nil || last < first {
-				return nil, fmt.Errorf("bad CPU range %q in list %q", part, s)
+				return nil, fmt.Errorf("bad CPU range %q in list %q", part, truncate(s, 60))
 			}
 		}
 		if last >= maxCPUs {
-			return nil, fmt.Errorf("CPU %d in list %q is beyond %d", last, s, maxCPUs)
+			return nil, fmt.Errorf("CPU %d in list %q is beyond %d", last, truncate(s, 60), maxCPUs)
 		}
 		for c := first; c <= last; c++ {
-			seen[c] = true
+			if seen[c/64]&(1<<(c%64)) == 0 {
+				seen[c/64] |= 1 << (c % 64)
+				n++
+			}
 		}
 	}
-	cpus := make([]int, 0, len(seen))
-	for c := range seen {
-		cpus = append(cpus, c)
+	cpus := make([]int, 0, n)
+	for w, word := range seen {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			cpus = append(cpus, w*64+b)
+			word &= word - 1
+		}
 	}
-	sort.Ints(cpus)
 	return cpus, nil
 }
 
