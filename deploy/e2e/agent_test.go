@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/deploy/e2e/kubeletstub"
@@ -307,4 +308,51 @@ func grepLines(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A rolling update: a new agent (another pod UID) starts beside the old one
+// on the same directories; the kubelet turns to the newest registration,
+// which answers for claims the old one prepared; the old one stops cleanly
+// and the new one unprepares everything.
+func TestAgentRollingUpdate(t *testing.T) {
+	cs := client(t)
+	ctx := context.Background()
+	old := newAgentHost(t, cs, "e2e-rolling")
+	c1 := makeClaim(t, cs, old.node, "rolling-c1", alloc{request: "net", device: "nic-0000-17-00-0", share: true, egress: "100M"})
+	c2 := makeClaim(t, cs, old.node, "rolling-c2", alloc{request: "net", device: "nic-0000-17-00-0", share: true, egress: "100M"})
+	old.start("POD_UID=" + string(uuid.NewUUID()))
+	waitSlices(t, cs, old)
+	p := old.register(ctx)
+	first, err := p.Prepare(ctx, c1)
+	p.Close()
+	if err != nil {
+		t.Fatalf("prepare with the old agent: %v\n%s", err, old.logs)
+	}
+
+	next := *old // same directories, namespace and pins
+	next.start("POD_UID=" + string(uuid.NewUUID()))
+	defer next.stop()
+	waitFor(t, "two registration sockets", 10*time.Second, func() (bool, error) {
+		socks, _ := filepath.Glob(old.path("plugins_registry/*-reg.sock"))
+		return len(socks) == 2, fmt.Errorf("sockets %v", socks)
+	})
+	time.Sleep(10 * time.Millisecond) // the newer socket must be strictly newer
+	p = next.register(ctx)
+	defer p.Close()
+	again, err := p.Prepare(ctx, c1, c2)
+	if err != nil {
+		t.Fatalf("prepare with the new agent: %v\n%s", err, next.logs)
+	}
+	if !reflect.DeepEqual(again[c1.UID].Devices, first[c1.UID].Devices) {
+		t.Errorf("the new agent answered c1 with %v, the old one had %v", again[c1.UID].Devices, first[c1.UID].Devices)
+	}
+	if err := old.stop(); err != nil {
+		t.Errorf("the old agent on SIGTERM: %v\n%s", err, old.logs)
+	}
+	if err := p.Unprepare(ctx, c1, c2); err != nil {
+		t.Fatalf("unprepare with the new agent after the old one left: %v\n%s", err, next.logs)
+	}
+	if st := next.state(t); len(st.Records) != 0 || len(st.Specs) != 0 || len(st.Links) != 0 || len(st.Shares) != 0 {
+		t.Errorf("left after the rolling update: %+v", st)
+	}
 }
