@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
+
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/deploy/e2e/kubeletstub"
 	"github.com/carve-dra/carve/discovery/sysfstest"
@@ -355,4 +357,36 @@ func TestAgentRollingUpdate(t *testing.T) {
 	if st := next.state(t); len(st.Records) != 0 || len(st.Specs) != 0 || len(st.Links) != 0 || len(st.Shares) != 0 {
 		t.Errorf("left after the rolling update: %+v", st)
 	}
+}
+
+// The agent reports NIC health to the kubelet: a NIC whose link is down is
+// unhealthy, and a link going down is reported.
+func TestAgentReportsNICHealth(t *testing.T) {
+	cs := client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h := newAgentHost(t, cs, "e2e-health")
+	h.rescan = "200ms"
+	h.start()
+	waitSlices(t, cs, h)
+	p := h.register(ctx)
+	defer p.Close()
+	reports, err := p.WatchHealth(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-reports
+	if first["nic-0000-17-00-0"] != drahealth.HealthStatus_HEALTHY || first["nic-0000-17-00-1"] != drahealth.HealthStatus_UNHEALTHY {
+		t.Fatalf("first report %v: want ens1f0np0 healthy and ens1f1np1 (link down) unhealthy", first)
+	}
+	// ens1f0np0 loses its link.
+	dir := filepath.Join(h.tree.PCIDir("0000:17:00.0"), "net/ens1f0np0")
+	h.tree.Write(filepath.Join(dir, "operstate"), "down")
+	h.tree.Write(filepath.Join(dir, "carrier"), "0")
+	for r := range reports {
+		if r["nic-0000-17-00-0"] == drahealth.HealthStatus_UNHEALTHY {
+			return
+		}
+	}
+	t.Fatalf("no report of ens1f0np0 going down\n%s", h.logs)
 }

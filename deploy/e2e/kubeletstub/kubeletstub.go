@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
@@ -144,4 +145,33 @@ func (p *Plugin) Unprepare(ctx context.Context, claims ...Claim) error {
 		}
 	}
 	return nil
+}
+
+// WatchHealth opens the plugin's device health stream, as the kubelet does,
+// and returns each report as device name -> status.
+func (p *Plugin) WatchHealth(ctx context.Context) (<-chan map[string]healthpb.HealthStatus, error) {
+	stream, err := healthpb.NewDRAResourceHealthClient(p.conn).NodeWatchResources(ctx, &healthpb.NodeWatchResourcesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan map[string]healthpb.HealthStatus)
+	go func() {
+		defer close(out)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			report := map[string]healthpb.HealthStatus{}
+			for _, d := range resp.Devices {
+				report[d.Device.DeviceName] = d.Health
+			}
+			select {
+			case out <- report:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
 }
