@@ -298,3 +298,30 @@ func TestIPVlanShare(t *testing.T) {
 		t.Errorf("bandwidth share of an ipvlan: %v, want refused", err)
 	}
 }
+
+// Where the kernel has sch_fq, egress is paced by EDT on an fq root instead
+// of HTB, and holds the share to its rate.
+func TestEDTShare(t *testing.T) {
+	b := newBench(t)
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	peer := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "fqprobe"}, PeerName: "fqprobe1"}
+	if err := node.LinkAdd(peer); err != nil {
+		t.Fatal(err)
+	}
+	probe, _ := node.LinkByName("fqprobe")
+	err := node.QdiscReplace(&netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: probe.Attrs().Index, Parent: netlink.HANDLE_ROOT}})
+	_ = node.LinkDel(probe)
+	if err != nil {
+		t.Skipf("sch_fq not available (%v): EDT pacing cannot be tested here; HTB is used instead", err)
+	}
+	s := b.add("edt", "200M", "", nil)
+	parent, _ := node.LinkByName(b.tp.Parent)
+	if q, _ := node.QdiscList(parent); !hasKind(q, "fq") || hasKind(q, "htb") {
+		t.Fatalf("parent qdiscs %v: want fq, not HTB", q)
+	}
+	goodput, _ := b.measure(bpf.Egress, []*share{s}, 3*time.Second)
+	if ratio := goodput[0] / rate("200M"); ratio < 0.85 || ratio > 1.05 {
+		t.Errorf("EDT share of 200M: goodput ratio %.3f", ratio)
+	}
+}

@@ -57,6 +57,8 @@ type Preparer struct {
 	mu     sync.Mutex
 	minors map[string]map[uint16]string
 	labels map[string]shareLabels
+	// noFQ is set once adding fq failed: the kernel has no sch_fq.
+	noFQ bool
 }
 
 // shareLabels name a share in metrics.
@@ -78,10 +80,12 @@ func NewPreparer(opts Options) (*Preparer, error) {
 
 // undoRecord is what Unprepare needs; it is kept in the checkpoint.
 type undoRecord struct {
-	Parent       string   `json:"parent"`
-	Link         string   `json:"link"`
-	MAC          string   `json:"mac"`
-	EgressMinor  uint16   `json:"egressMinor,omitempty"`
+	Parent      string `json:"parent"`
+	Link        string `json:"link"`
+	MAC         string `json:"mac"`
+	EgressMinor uint16 `json:"egressMinor,omitempty"`
+	// EgressEDT is set where egress is paced by EDT with fq instead.
+	EgressEDT    bool     `json:"egressEDT,omitempty"`
 	IngressMinor uint16   `json:"ingressMinor,omitempty"`
 	Addresses    []string `json:"addresses,omitempty"`
 	PoolAddrs    []string `json:"poolAddresses,omitempty"`
@@ -268,7 +272,12 @@ func (p *Preparer) prepare(ctx context.Context, a prepare.Allocation, dev slices
 	// destination MAC on the parent's IFB.
 	mac := ShareMAC(key)
 	if egress > 0 {
-		if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
+		if p.edtOn(parent) {
+			u.EgressEDT = true
+			if err := p.pace(parent, mac, egress); err != nil {
+				return prepare.Prepared{}, fmt.Errorf("egress: %w", err)
+			}
+		} else if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
 			return prepare.Prepared{}, fmt.Errorf("egress: %w", err)
 		}
 	}
@@ -337,6 +346,54 @@ func (p *Preparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Dire
 	return minor, nil
 }
 
+// edtOn reports whether the parent's egress is paced with EDT: where the
+// kernel has sch_fq, carve puts fq at the parent's root (unless carve's HTB
+// already holds it) and stamps each share's frames with their earliest
+// departure time, which costs less than HTB's class tree.
+func (p *Preparer) edtOn(parent netlink.Link) bool {
+	qdiscs, err := p.h.QdiscList(parent)
+	if err != nil {
+		return false
+	}
+	for _, q := range qdiscs {
+		if q.Attrs().Parent != netlink.HANDLE_ROOT {
+			continue
+		}
+		switch {
+		case q.Type() == "fq":
+			return true
+		case q.Type() == "htb" && q.Attrs().Handle == rootHandle:
+			return false
+		}
+	}
+	p.mu.Lock()
+	noFQ := p.noFQ
+	p.mu.Unlock()
+	if noFQ {
+		return false
+	}
+	fq := &netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x8000, 0)}}
+	if err := p.h.QdiscReplace(fq); err != nil {
+		// No sch_fq in this kernel: HTB it is, from now on.
+		p.mu.Lock()
+		p.noFQ = true
+		p.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// pace holds mac's frames to rate bits/s by EDT on the parent's fq.
+func (p *Preparer) pace(parent netlink.Link, mac net.HardwareAddr, rate uint64) error {
+	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.AttachEDT(parent.Attrs().Index) }); err != nil {
+		return fmt.Errorf("attach the EDT program to %s: %w", parent.Attrs().Name, err)
+	}
+	if err := p.opts.Shaper.SetRate(mac, rate); err != nil {
+		return fmt.Errorf("EDT rate entry: %w", err)
+	}
+	return nil
+}
+
 // Unprepare removes the share's classifier entries, classes, interface,
 // addresses and attach spec. With no undo record (a crash came before
 // Prepare returned) it finds them from the allocation: the names and the
@@ -372,6 +429,12 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, raw json
 			if dir == bpf.Ingress && u.IngressMinor == 0 {
 				u.IngressMinor = minor
 			}
+		}
+	}
+	if p.opts.Shaper != nil {
+		// Idempotent, and harmless where the share was never paced.
+		if err := p.opts.Shaper.SetRate(mac, 0); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if u.Parent == "" {
