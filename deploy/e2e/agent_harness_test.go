@@ -81,14 +81,21 @@ func newAgentHost(t testing.TB, cs kubernetes.Interface, node string) *agentHost
 	tree := sysfstest.Typical(t.TempDir())
 	tree.Write("dev/xclmgmt15104", "")
 	tree.Write("proc/sys/kernel/random/boot_id", string(uuid.NewUUID()))
-	h := &agentHost{t: t, node: node, root: tree.Root, tree: tree, dir: t.TempDir(), kubeconfig: os.Getenv("CARVE_KUBECONFIG"), rescan: "1h"}
+	// A short directory: unix socket paths are limited to 108 bytes, and a
+	// rolling update's socket names carry a whole pod UID.
+	dir, err := os.MkdirTemp("", "cva")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	h := &agentHost{t: t, node: node, root: tree.Root, tree: tree, dir: dir, kubeconfig: os.Getenv("CARVE_KUBECONFIG"), rescan: "1h"}
 	// The fixture's NICs, for real: a namespace standing in for the
 	// node's, with links of the fixture's names, and a private pin
 	// directory for the classifier.
 	h.netns = nodeNetns(t, "ens1f0np0", "eth0")
 	h.pins = filepath.Join("/sys/fs/bpf", "carve-e2e-"+string(uuid.NewUUID())[:8])
 	t.Cleanup(func() { os.RemoveAll(h.pins) })
-	_, err := cs.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	_, err = cs.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
