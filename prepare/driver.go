@@ -140,6 +140,12 @@ type claimWork struct {
 	allocs []Allocation
 	result kubeletplugin.PrepareResult
 	done   bool
+	// rolledBack: a started record of this claim was undone, so the
+	// record goes whatever happens next.
+	rolledBack bool
+	// dirty: a failed attempt could not be undone in full; the record
+	// stays "started" so that the next attempt rolls it back again.
+	dirty bool
 }
 
 // PrepareResourceClaims prepares every claim of a pod. Each claim is
@@ -172,6 +178,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				w.result, w.done = kubeletplugin.PrepareResult{Err: fmt.Errorf("roll back earlier attempt: %w", err)}, true
 				continue
 			}
+			w.rolledBack = true
 		}
 		if w.allocs, err = d.allocations(claim, devices); err != nil {
 			w.result, w.done = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s: %w", klog.KObj(claim), err)}, true
@@ -183,10 +190,16 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	err = d.opts.Checkpoint.Update(func(recs map[types.UID]ClaimRecord) error {
 		for _, w := range work {
 			if w.done {
+				if w.rolledBack {
+					delete(recs, w.claim.UID)
+				}
 				continue
 			}
 			if err := checkConflicts(w.claim.UID, w.allocs, recs, devices); err != nil {
 				w.result, w.done = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s: %w", klog.KObj(w.claim), err)}, true
+				if w.rolledBack {
+					delete(recs, w.claim.UID)
+				}
 				continue
 			}
 			recs[w.claim.UID] = ClaimRecord{UID: w.claim.UID, Namespace: w.claim.Namespace, Name: w.claim.Name,
@@ -208,6 +221,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		rec, err := d.prepareClaim(ctx, w.claim, w.allocs, devices)
 		if err != nil {
 			w.result = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s: %w", klog.KObj(w.claim), err)}
+			w.dirty = errors.Is(err, errUndoFailed)
 			continue
 		}
 		completed[w.claim.UID] = rec
@@ -224,7 +238,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			}
 			if rec, ok := completed[w.claim.UID]; ok {
 				recs[w.claim.UID] = rec
-			} else {
+			} else if !w.dirty {
 				delete(recs, w.claim.UID)
 			}
 		}
@@ -256,7 +270,7 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		if err != nil {
 			rec.Undo = append(rec.Undo, nil)
 			if uerr := d.undo(ctx, rec); uerr != nil {
-				err = fmt.Errorf("%w (and rolling back: %v)", err, uerr)
+				err = fmt.Errorf("%w (and rolling back: %w: %v)", err, errUndoFailed, uerr)
 			}
 			return ClaimRecord{}, fmt.Errorf("device %s (request %s): %w", a.Device, a.Request, err)
 		}
@@ -282,10 +296,10 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 			CDIDeviceIDs: []string{d.opts.CDI.DeviceID(name)}, Network: prepared.Network})
 	}
 	if err := d.writeClaimInfo(rec); err != nil {
-		return ClaimRecord{}, errors.Join(err, d.undo(ctx, rec))
+		return ClaimRecord{}, d.failAndUndo(ctx, rec, err)
 	}
 	if err := d.opts.CDI.Write(string(claim.UID), cdiDevices); err != nil {
-		return ClaimRecord{}, errors.Join(err, d.undo(ctx, rec))
+		return ClaimRecord{}, d.failAndUndo(ctx, rec, err)
 	}
 	if d.opts.StatusClient != nil {
 		// The status is for people and controllers to read; failing to
@@ -296,6 +310,16 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	}
 	rec.Updated = time.Now().UTC()
 	return rec, nil
+}
+
+// errUndoFailed marks a failed preparation that could not be undone in full.
+var errUndoFailed = errors.New("undo incomplete")
+
+func (d *Driver) failAndUndo(ctx context.Context, rec ClaimRecord, err error) error {
+	if uerr := d.undo(ctx, rec); uerr != nil {
+		return fmt.Errorf("%w (and rolling back: %w: %v)", err, errUndoFailed, uerr)
+	}
+	return err
 }
 
 // standardEnv tells a container which device and share it got, by request:

@@ -46,6 +46,7 @@ type recorder struct {
 	prepared  map[string]int
 	undone    map[string]int
 	failOn    string
+	failUndo  bool
 	delegated prepare.Preparer
 }
 
@@ -62,7 +63,11 @@ func (r *recorder) Prepare(ctx context.Context, a prepare.Allocation, dev slices
 func (r *recorder) Unprepare(ctx context.Context, a prepare.Allocation, undo json.RawMessage) error {
 	r.mu.Lock()
 	r.undone[a.ShareKey()]++
+	failUndo := r.failUndo
 	r.mu.Unlock()
+	if failUndo {
+		return os.ErrDeadlineExceeded
+	}
 	return r.delegated.Unprepare(ctx, a, undo)
 }
 
@@ -441,5 +446,31 @@ func TestConcurrentClaims(t *testing.T) {
 	wg.Wait()
 	if len(e.records()) != 0 || len(e.specFiles()) != 0 {
 		t.Errorf("left after unprepare: %d records, %d specs", len(e.records()), len(e.specFiles()))
+	}
+}
+
+// A failed preparation whose undo fails too keeps its record as started, so
+// the next attempt rolls it back before preparing again: nothing is lost.
+func TestFailedUndoKeepsTheRecord(t *testing.T) {
+	nic := &recorder{prepared: map[string]int{}, undone: map[string]int{}, failOn: "nic-0000-17-00-0", failUndo: true}
+	e := newEnv(t, nic)
+	c := claim("u", "u", []result{{request: "net", device: "nic-0000-17-00-0", share: "s", consumed: bw("1G")}})
+	if res := e.prepare(c); res["u"].Err == nil {
+		t.Fatal("prepare succeeded though the preparer failed")
+	}
+	if rec, ok := e.records()["u"]; !ok || rec.State != prepare.ClaimStarted {
+		t.Fatalf("record after a failed undo = %+v, %v; want it kept as started", rec, ok)
+	}
+	nic.mu.Lock()
+	nic.failOn, nic.failUndo = "", false
+	nic.mu.Unlock()
+	if res := e.prepare(c); res["u"].Err != nil {
+		t.Fatalf("retry: %v", res["u"].Err)
+	}
+	if rec := e.records()["u"]; rec.State != prepare.ClaimCompleted {
+		t.Errorf("record after retry = %+v", rec)
+	}
+	if n := nic.undone["u/net/s"]; n < 2 {
+		t.Errorf("undone %d times; want the failed undo retried before preparing again", n)
 	}
 }
