@@ -325,3 +325,77 @@ func TestEDTShare(t *testing.T) {
 		t.Errorf("EDT share of 200M: goodput ratio %.3f", ratio)
 	}
 }
+
+// Shares of one parent unprepared at the same time (the kubelet does this
+// for pods deleted together) still leave the parent clean.
+func TestConcurrentUnprepareLeavesParentClean(t *testing.T) {
+	b := newBench(t)
+	var shares []*share
+	var undos []json.RawMessage
+	for i := 0; i < 16; i++ {
+		a := b.alloc(fmt.Sprintf("c%d", i), "50M", "50M")
+		prepared, err := b.p.Prepare(context.Background(), a, b.dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shares = append(shares, &share{alloc: a})
+		undos = append(undos, prepared.Undo)
+	}
+	done := make(chan error)
+	for i, s := range shares {
+		go func(s *share, u json.RawMessage) { done <- b.p.Unprepare(context.Background(), s.alloc, u) }(s, undos[i])
+	}
+	for range shares {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	parent, _ := node.LinkByName(b.tp.Parent)
+	if q, _ := node.QdiscList(parent); hasKind(q, "htb") {
+		t.Errorf("HTB left on the parent: %v", q)
+	}
+	if _, err := node.LinkByName("cvifb" + fmt.Sprint(parent.Attrs().Index)); err == nil {
+		t.Errorf("IFB left behind")
+	}
+}
+
+// After an agent restart (a new preparer restored from the records), the
+// shares it did not prepare are unprepared in full, the parent's HTB and IFB
+// included.
+func TestUnprepareAfterRestart(t *testing.T) {
+	b := newBench(t)
+	ctx := context.Background()
+	var allocs []prepare.Allocation
+	var undos []json.RawMessage
+	for i, l := range []string{"100M", "300M"} {
+		a := b.alloc(fmt.Sprintf("r%d", i), l, l)
+		prepared, err := b.p.Prepare(ctx, a, b.dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs, undos = append(allocs, a), append(undos, prepared.Undo)
+	}
+	cfg, _ := nodeconfig.Decode([]byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  pools:\n  - name: test\n    cidr: " + b.tp.Subnet + "\n"))
+	restarted, err := netdev.NewPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted.Restore(allocs, undos)
+	for i := range allocs {
+		if err := restarted.Unprepare(ctx, allocs[i], undos[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	parent, _ := node.LinkByName(b.tp.Parent)
+	if q, _ := node.QdiscList(parent); hasKind(q, "htb") {
+		t.Errorf("HTB left on the parent: %v", q)
+	}
+	if ifb, err := node.LinkByName("cvifb" + fmt.Sprint(parent.Attrs().Index)); err == nil {
+		classes, _ := node.ClassList(ifb, 0)
+		t.Errorf("IFB left behind, with classes %v", classes)
+	}
+}

@@ -59,6 +59,11 @@ type Preparer struct {
 	labels map[string]shareLabels
 	// noFQ is set once adding fq failed: the kernel has no sch_fq.
 	noFQ bool
+	// tcMu orders the changes of parents' qdiscs: two shares of one
+	// parent unprepared at once would each see the other's class and
+	// both leave the parent's HTB and IFB behind, and a prepare could
+	// add a class to a qdisc an unprepare is removing.
+	tcMu sync.Mutex
 }
 
 // shareLabels name a share in metrics.
@@ -200,10 +205,12 @@ func (p *Preparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices
 	}
 	key := a.ShareKey()
 	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String()}
+	p.tcMu.Lock()
+	defer p.tcMu.Unlock()
 	prepared, err := p.prepare(ctx, a, dev, net1, key, &u)
 	if err != nil {
 		raw, _ := json.Marshal(u)
-		if uerr := p.Unprepare(ctx, a, raw); uerr != nil {
+		if uerr := p.unprepare(ctx, a, raw); uerr != nil {
 			err = fmt.Errorf("%w (and undoing: %v)", err, uerr)
 		}
 		return prepare.Prepared{}, err
@@ -400,6 +407,12 @@ func (p *Preparer) pace(parent netlink.Link, mac net.HardwareAddr, rate uint64) 
 // MAC derive from the share's key, and the classifier maps the MAC to its
 // classes.
 func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, raw json.RawMessage) error {
+	p.tcMu.Lock()
+	defer p.tcMu.Unlock()
+	return p.unprepare(ctx, a, raw)
+}
+
+func (p *Preparer) unprepare(ctx context.Context, a prepare.Allocation, raw json.RawMessage) error {
 	key := a.ShareKey()
 	u := undoRecord{Link: LinkName(key), MAC: ShareMAC(key).String()}
 	if len(raw) > 0 {

@@ -477,6 +477,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			continue
 		}
 		if err := d.undo(ctx, rec); err != nil {
+			klog.FromContext(ctx).Error(err, "Unprepare failed; the kubelet will retry", "claim", c.NamespacedName)
 			out[c.UID] = fmt.Errorf("unprepare claim %s: %w", c.NamespacedName, err)
 			continue
 		}

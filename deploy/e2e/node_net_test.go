@@ -168,8 +168,9 @@ netdev:
 		_, ifbErr := exec.Command("ip", "link", "show", "cvifb"+ifindex(t, netParent)).Output()
 		shares := mustShares(t, shaper)
 		_, bLeft := shares[bpf.Key{MAC: macs["pb"], Dir: bpf.Egress}]
+		ifbClasses, _ := exec.Command("tc", "class", "show", "dev", "cvifb"+ifindex(t, netParent)).Output()
 		return !bLeft && !strings.Contains(string(out), "htb") && ifbErr != nil,
-			fmt.Errorf("qdiscs %s, shares %v", out, mustShares(t, shaper))
+			fmt.Errorf("qdiscs %s, shares %v, IFB classes %s\nagent:\n%s", out, shares, ifbClasses, agentLogs())
 	})
 }
 
