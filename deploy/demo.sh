@@ -12,7 +12,18 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 step() { echo; echo "==> $*" >&2; }
 
-step "starting the local cluster (the first run builds Kubernetes and containerd: about 15 minutes on 2 cores)"
+# What the demo runs beside the cluster: iperf3 as the traffic server and
+# in the pods' image, and pci.ids for the agent's image.
+need=()
+command -v iperf3 >/dev/null || need+=(iperf3)
+[ -f /usr/share/misc/pci.ids ] || need+=(pci.ids)
+if [ ${#need[@]} -gt 0 ]; then
+  step "installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >&2 ||
+    { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >&2; }
+fi
+
+step "starting the local cluster (the first run builds Kubernetes, containerd and helm: about 10-15 minutes on 2 cores)"
 kubeconfig=$("$here/cluster/up.sh" | tail -n1)
 # shellcheck disable=SC1091
 . "$(dirname "$kubeconfig")/cluster.env"
