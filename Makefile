@@ -47,6 +47,8 @@ e2e: ## tests against a real kube-apiserver (starts and stops the local cluster)
 	  trap 'deploy/cluster/down.sh' EXIT; \
 	  kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \
 	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1 $(GO) test -count=1 -v -timeout 30m ./deploy/e2e/...; \
+	  echo "guard: the real-node e2e again, with the agent blind to this host's L3 (an LLC from a fixture)"; \
+	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_LLC=fixture CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1 $(GO) test -count=1 -v -timeout 10m -run '^TestNodeEndToEnd$$' ./deploy/e2e/; \
 	fi
 
 manifests: ## render the chart into deploy/manifests/carve.yaml

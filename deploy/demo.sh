@@ -4,9 +4,14 @@
 #      containerd with CDI); the first run builds it from the Go module proxy;
 #   2. build carve's image and install the chart, as a user would;
 #   3. run a pod whose claim asks for a 100M bandwidth share of a NIC (a veth
-#      the demo makes) and a whole last-level cache;
+#      the demo makes) and, where the node publishes one, a whole last-level
+#      cache (a VM whose sysfs has no cpu*/cache has none);
 #   4. show the slices, the claim, and what the pod sees.
 # `make demo-down` removes everything.
+#
+# CARVE_DEMO_CPU_CACHE_ROOT=DIR makes the agent read the CPU cache tree under
+# DIR instead of the host's sysfs (the chart's cpuCacheRoot): an empty
+# directory shows the demo on a node without an L3.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
@@ -77,10 +82,32 @@ YAML
   --set hostNetwork=true --set hostRootPropagation=None --set bpffsPropagation=None --set metricsPort=29464 --set healthPort=29465 \
   --set-string "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1" \
   --set-string "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=$CARVE_APISERVER_PORT" \
+  ${CARVE_DEMO_CPU_CACHE_ROOT:+--set-string cpuCacheRoot="$CARVE_DEMO_CPU_CACHE_ROOT"} \
   --set-file nodeConfig="$CARVE_CLUSTER_DIR/demo-node.yaml" >/dev/null
 
-step "a pod with a claim: 100M of carve-demo0's egress bandwidth, and an LLC"
-"${kubectl[@]}" apply -f - <<'YAML'
+# Ask only for what this node publishes: the demo's veth always, the LLC
+# where the node has one.
+node=$("${kubectl[@]}" get nodes -o jsonpath='{.items[0].metadata.name}')
+devices=""
+for _ in $(seq 120); do
+  devices=$("${kubectl[@]}" get resourceslices --field-selector spec.nodeName="$node" \
+    -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{end}')
+  case " $devices " in *" nic-carve-demo0 "*) break ;; esac
+  sleep 0.5
+done
+case " $devices " in *" nic-carve-demo0 "*) ;; *) echo "the node never published nic-carve-demo0 (devices: $devices)" >&2; exit 1 ;; esac
+cache_request=""
+if [[ " $devices " == *" llc-"* ]]; then
+  step "a pod with a claim: 100M of carve-demo0's egress bandwidth, and an LLC"
+  cache_request='
+      - name: cache
+        exactly:
+          deviceClassName: llc.carve.dev'
+else
+  step "a pod with a claim: 100M of carve-demo0's egress bandwidth"
+  echo "    leaving out the LLC: node $node publishes none (its sysfs has no L3 under cpu*/cache${CARVE_DEMO_CPU_CACHE_ROOT:+; cpuCacheRoot=$CARVE_DEMO_CPU_CACHE_ROOT})" >&2
+fi
+"${kubectl[@]}" apply -f - <<YAML
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
@@ -94,10 +121,7 @@ spec:
           deviceClassName: nic.carve.dev
           capacity:
             requests:
-              egressBandwidth: 100M
-      - name: cache
-        exactly:
-          deviceClassName: llc.carve.dev
+              egressBandwidth: 100M$cache_request
 ---
 apiVersion: v1
 kind: Pod
@@ -117,7 +141,10 @@ spec:
       claims:
       - name: devices
 YAML
-"${kubectl[@]}" wait --for=condition=Ready pod/demo --timeout=120s >/dev/null
+if ! "${kubectl[@]}" wait --for=condition=Ready pod/demo --timeout=120s >/dev/null; then
+  "${kubectl[@]}" describe pod demo >&2
+  exit 1
+fi
 
 step "kubectl get resourceslices,resourceclaims -o wide"
 "${kubectl[@]}" get resourceslices,resourceclaims -o wide

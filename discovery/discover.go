@@ -12,7 +12,13 @@ import (
 type Options struct {
 	// Root is the host root: "/" in production, a fixture tree in tests.
 	Root string
-	Net  NetFilter
+	// CPUCacheRoot, when set, is read for the CPU cache tree
+	// (sys/devices/system/cpu/cpu*/cache) and resctrl instead of Root,
+	// while everything else stays under Root. It lets a node describe an
+	// L3 from a fixture where its sysfs has none (some VMs), and lets
+	// tests make the agent blind to the host's caches.
+	CPUCacheRoot string
+	Net          NetFilter
 }
 
 // Discover reads the node's hardware under opts.Root. Missing optional files
@@ -34,7 +40,11 @@ func Discover(ctx context.Context, opts Options) (*Inventory, error) {
 	if inv.NICs, err = t.listNICs(opts.Net, pci); err != nil {
 		return nil, fmt.Errorf("discover NICs: %w", err)
 	}
-	if inv.LLCs, err = t.listLLCs(); err != nil {
+	cacheTree := t
+	if opts.CPUCacheRoot != "" {
+		cacheTree = tree{root: opts.CPUCacheRoot}
+	}
+	if inv.LLCs, err = cacheTree.listLLCs(); err != nil {
 		return nil, fmt.Errorf("discover LLCs: %w", err)
 	}
 	for _, f := range sortedPCI(pci) {

@@ -211,3 +211,31 @@ func TestThisHost(t *testing.T) {
 	}
 	t.Logf("this host: %d NICs, %d LLCs, %d FPGAs, %d GPUs, kernel %+v", len(inv.NICs), len(inv.LLCs), len(inv.FPGAs), len(inv.GPUs), inv.Kernel)
 }
+
+// CPUCacheRoot replaces the root for the CPU cache tree only: the fixture's
+// L3 is read, the root's own caches are not, and NICs and PCI still come
+// from the root. An empty cache root makes discovery blind to every L3.
+func TestCPUCacheRootOverlay(t *testing.T) {
+	root := sysfstest.Typical(t.TempDir())
+	cache := sysfstest.New(t.TempDir())
+	cache.AddLLC(sysfstest.LLC{ID: 7, CPUs: []int{0, 1}, Size: "12M", Ways: 12})
+	inv, err := discovery.Discover(context.Background(), discovery.Options{Root: root.Root, CPUCacheRoot: cache.Root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.LLCs) != 1 || inv.LLCs[0].ID != 7 || inv.LLCs[0].SizeBytes != 12<<20 || inv.LLCs[0].Ways != 12 || inv.LLCs[0].Resctrl != nil {
+		t.Errorf("LLCs from the cache root = %+v, want only llc 7 (12M, 12 ways, no resctrl)", inv.LLCs)
+	}
+	whole := discover(t, root.Root, discovery.NetFilter{})
+	if len(inv.NICs) != len(whole.NICs) || len(inv.GPUs) != len(whole.GPUs) || len(inv.FPGAs) != len(whole.FPGAs) {
+		t.Errorf("the cache root changed other kinds: %d/%d NICs, %d/%d GPUs, %d/%d FPGAs",
+			len(inv.NICs), len(whole.NICs), len(inv.GPUs), len(whole.GPUs), len(inv.FPGAs), len(whole.FPGAs))
+	}
+	blind, err := discovery.Discover(context.Background(), discovery.Options{Root: root.Root, CPUCacheRoot: t.TempDir()})
+	if err != nil {
+		t.Fatalf("an empty cache root (a VM without cpu*/cache): %v", err)
+	}
+	if len(blind.LLCs) != 0 {
+		t.Errorf("an empty cache root still gave LLCs %+v", blind.LLCs)
+	}
+}

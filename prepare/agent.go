@@ -36,7 +36,10 @@ type AgentOptions struct {
 	NodeName   string
 	KubeClient kubernetes.Interface
 	Root       string
-	Config     *nodeconfig.NodeConfig
+	// CPUCacheRoot, when set, replaces Root for the CPU cache tree (see
+	// discovery.Options).
+	CPUCacheRoot string
+	Config       *nodeconfig.NodeConfig
 	// RegistrarDir is the kubelet's plugin registration directory.
 	RegistrarDir string
 	// PluginsDir is the kubelet's plugins directory; the agent's socket
@@ -95,7 +98,7 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 		return err
 	}
 
-	inv := &inventory{root: opts.Root, cfg: opts.Config, node: opts.NodeName, metrics: metrics}
+	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics}
 	if _, err := inv.rescan(ctx); err != nil {
 		return err
 	}
@@ -193,11 +196,12 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 
 // inventory holds the latest discovery and what it publishes.
 type inventory struct {
-	root    string
-	cfg     *nodeconfig.NodeConfig
-	node    string
-	metrics *Metrics
-	current atomic.Pointer[slices.Result]
+	root         string
+	cpuCacheRoot string
+	cfg          *nodeconfig.NodeConfig
+	node         string
+	metrics      *Metrics
+	current      atomic.Pointer[slices.Result]
 	// health subscribers are woken after each rescan.
 	mu      sync.Mutex
 	waiters []chan struct{}
@@ -207,7 +211,7 @@ type inventory struct {
 // published changed.
 func (i *inventory) rescan(ctx context.Context) (bool, error) {
 	start := time.Now()
-	inv, err := discovery.Discover(ctx, discovery.Options{Root: i.root, Net: discovery.NetFilter{
+	inv, err := discovery.Discover(ctx, discovery.Options{Root: i.root, CPUCacheRoot: i.cpuCacheRoot, Net: discovery.NetFilter{
 		Include: i.cfg.Netdev.Include, Exclude: i.cfg.Netdev.Exclude, IncludeVirtual: i.cfg.Netdev.IncludeVirtual,
 	}})
 	i.metrics.DiscoveryDuration.Observe(time.Since(start).Seconds())

@@ -369,11 +369,25 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	return nil
 }
 
-// ReadBootID reads the kernel's boot id under root.
+// ReadBootID reads the running kernel's boot id. The boot id belongs to the
+// kernel this process runs on, so it is read from the agent's own /proc; a
+// root's copy is used only where it exists (a host root mounted at /host
+// shows the same kernel), so that a fixture root without procfs works.
 func ReadBootID(root string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"))
+	const rel = "proc/sys/kernel/random/boot_id"
+	path := filepath.Join("/", rel)
+	if root != "" && root != "/" {
+		if _, err := os.Stat(filepath.Join(root, rel)); err == nil {
+			path = filepath.Join(root, rel)
+		}
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("read boot id: %w", err)
 	}
-	return strings.TrimSpace(string(b)), nil
+	id := strings.TrimSpace(string(b))
+	if id == "" {
+		return "", fmt.Errorf("read boot id: %s is empty", path)
+	}
+	return id, nil
 }

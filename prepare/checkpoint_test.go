@@ -118,3 +118,27 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 		t.Errorf("%d records, want 80", len(recs))
 	}
 }
+
+// The boot id is the running kernel's: a fixture root without procfs falls
+// back to the agent's own /proc, and a root that has the file (a host root
+// mounted at /host) is read.
+func TestReadBootID(t *testing.T) {
+	own, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Skipf("this kernel has no boot id: %v", err)
+	}
+	got, err := prepare.ReadBootID(t.TempDir())
+	if err != nil || got != strings.TrimSpace(string(own)) {
+		t.Errorf("fixture root without procfs: got %q, %v; want the running kernel's %q", got, err, strings.TrimSpace(string(own)))
+	}
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "proc/sys/kernel/random"), 0o755)
+	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), []byte("boot-under-root\n"), 0o644)
+	if got, err := prepare.ReadBootID(root); err != nil || got != "boot-under-root" {
+		t.Errorf("root with a boot id: got %q, %v", got, err)
+	}
+	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), nil, 0o644)
+	if _, err := prepare.ReadBootID(root); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty boot id: got %v, want an error naming it", err)
+	}
+}

@@ -28,6 +28,7 @@ func runAgent(ctx context.Context, args []string) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file; in-cluster config when empty")
 	nodeName := fs.String("node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")
 	root := fs.String("root", "/", "host root to read sysfs and procfs under")
+	cpuCacheRoot := fs.String("cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root; for nodes whose sysfs lacks cpu*/cache, and tests")
 	configFile := fs.String("config", "", "NodeConfig file (carve.dev/v1alpha1)")
 	registrarDir := fs.String("kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
 	pluginsDir := fs.String("kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet plugins directory; the socket goes in <dir>/<driver name>")
@@ -95,7 +96,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	return prepare.RunAgent(ctx, prepare.AgentOptions{
-		NodeName: *nodeName, KubeClient: client, Root: *root, Config: cfg,
+		NodeName: *nodeName, KubeClient: client, Root: *root, CPUCacheRoot: *cpuCacheRoot, Config: cfg,
 		RegistrarDir: *registrarDir, PluginsDir: *pluginsDir, CDIDir: *cdiDir, StateDir: *stateDir,
 		MetricsAddr: *metricsAddr, HealthAddr: *healthAddr, PodUID: types.UID(*podUID),
 		Rescan: *rescan, LinkEvents: links, Collectors: []prometheus.Collector{nics},

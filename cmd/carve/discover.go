@@ -16,6 +16,7 @@ import (
 func runDiscover(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("discover", flag.ContinueOnError)
 	root := fs.String("root", "/", "host root to read sysfs and procfs under")
+	cpuCacheRoot := fs.String("cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root")
 	nodeName := fs.String("node-name", defaultNodeName(), "node the slices are for (default: $NODE_NAME, else the hostname)")
 	configFile := fs.String("config", "", "NodeConfig file (carve.dev/v1alpha1)")
 	output := fs.String("o", "yaml", "output format: yaml or json")
@@ -33,7 +34,7 @@ func runDiscover(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	inv, err := discovery.Discover(ctx, discovery.Options{Root: *root, Net: netFilter(cfg)})
+	inv, err := discovery.Discover(ctx, discovery.Options{Root: *root, CPUCacheRoot: *cpuCacheRoot, Net: netFilter(cfg)})
 	if err != nil {
 		return err
 	}

@@ -80,7 +80,6 @@ func newAgentHost(t testing.TB, cs kubernetes.Interface, node string) *agentHost
 	t.Helper()
 	tree := sysfstest.Typical(t.TempDir())
 	tree.Write("dev/xclmgmt15104", "")
-	tree.Write("proc/sys/kernel/random/boot_id", string(uuid.NewUUID()))
 	// A short directory: unix socket paths are limited to 108 bytes, and a
 	// rolling update's socket names carry a whole pod UID.
 	dir, err := os.MkdirTemp("", "cva")

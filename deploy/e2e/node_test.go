@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,8 +48,9 @@ func TestNodeEndToEnd(t *testing.T) {
 	run(t, "ip", "link", "set", e2eParent, "up")
 	run(t, "ip", "link", "set", "carve-e2e1", "up")
 
+	llc := chooseLLCSource(t, clusterDir)
 	buildAgentImage(t, "carve:e2e")
-	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+	installChartWith(t, env, stateDir, llc.helmValues(), fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
 kind: NodeConfig
 netdev:
   include: ["%s"]
@@ -58,20 +60,32 @@ netdev:
     egress: 10G
     ingress: 10G
 `, e2eParent, e2eParent))
+	var published []string
 	waitFor(t, "carve's slices for "+node, 60*time.Second, func() (bool, error) {
 		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
 			return false, err
 		}
+		published = published[:0]
+		nic := false
 		for _, s := range l.Items {
 			for _, d := range s.Spec.Devices {
+				published = append(published, d.Name)
 				if d.Name == "nic-"+e2eParent && d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
-					return true, nil
+					nic = true
 				}
 			}
 		}
-		return false, fmt.Errorf("%d slices, no shareable %s yet", len(l.Items), e2eParent)
+		return nic && slices.Contains(published, llc.device), fmt.Errorf("%d slices with %v: want a shareable nic-%s and %s", len(l.Items), published, e2eParent, llc.device)
 	})
+	if llc.mode == "fixture" {
+		// The agent must be blind to the host's own caches.
+		for _, own := range llc.hostLLCs {
+			if own != llc.device && slices.Contains(published, own) {
+				t.Errorf("the agent publishes the host's %s although its cache root is the fixture: %v", own, published)
+			}
+		}
+	}
 
 	// A template claim of 100M (pod a) and a claim of 200M (pod b1), both
 	// cut from the same NIC: two allocations, two ShareIDs. The cache is
@@ -94,7 +108,7 @@ netdev:
 		envs := podExec(t, env, testNS, name, "main", "env")
 		if name != "e2e-a" {
 			// The shared cache, seen by both pods.
-			if !strings.Contains(envs, "CARVE_CACHE_DEVICE=llc-0\n") || !strings.Contains(envs, "CARVE_CACHE_CPUS=") {
+			if !strings.Contains(envs, "CARVE_CACHE_DEVICE="+llc.device+"\n") || !strings.Contains(envs, "CARVE_CACHE_CPUS=") {
 				t.Errorf("pod %s: env lacks the shared LLC:\n%s", name, envs)
 			}
 		}
@@ -185,6 +199,12 @@ const e2ePins = "/sys/fs/bpf/carve-e2e"
 
 func installChart(t *testing.T, env map[string]string, stateDir, nodeConfig string) {
 	t.Helper()
+	installChartWith(t, env, stateDir, nil, nodeConfig)
+}
+
+// installChartWith installs the chart with more helm arguments (values).
+func installChartWith(t *testing.T, env map[string]string, stateDir string, values []string, nodeConfig string) {
+	t.Helper()
 	helm := os.Getenv("CARVE_HELM")
 	if helm == "" {
 		t.Fatal("CARVE_HELM is not set")
@@ -211,14 +231,15 @@ func installChart(t *testing.T, env map[string]string, stateDir, nodeConfig stri
 			t.Logf("agent logs:\n%s", out)
 		}
 	})
-	run(t, helm, "install", "carve", filepath.Join(repoRoot(), "deploy/chart/carve"), "--kubeconfig", kc,
+	args := []string{"install", "carve", filepath.Join(repoRoot(), "deploy/chart/carve"), "--kubeconfig", kc,
 		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
 		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
-		"--set", "kubeletDir="+env["KUBELET_ROOT_DIR"], "--set", "cdiDir="+env["CARVE_CDI_DIR"], "--set", "stateDir="+stateDir,
-		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "bpfPinDir="+e2ePins, "--set", "metricsPort="+agentMetrics, "--set", "healthPort=29465",
+		"--set", "kubeletDir=" + env["KUBELET_ROOT_DIR"], "--set", "cdiDir=" + env["CARVE_CDI_DIR"], "--set", "stateDir=" + stateDir,
+		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "bpfPinDir=" + e2ePins, "--set", "metricsPort=" + agentMetrics, "--set", "healthPort=29465",
 		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1",
-		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value="+env["CARVE_APISERVER_PORT"],
-		"--set-file", "nodeConfig="+cfg)
+		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=" + env["CARVE_APISERVER_PORT"],
+		"--set-file", "nodeConfig=" + cfg}
+	run(t, helm, append(args, values...)...)
 }
 
 func createTemplate(t *testing.T, cs kubernetes.Interface, name, egress string) {
