@@ -3,7 +3,8 @@ package netdev_test
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,19 +19,11 @@ func BenchmarkConformance(b *testing.B) {
 	for _, proto := range []string{"tcp", "udp"} {
 		for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 			for _, limits := range [][]string{{"50M"}, {"200M"}, {"1G"}, {"200M", "1G"}} {
-				name := fmt.Sprintf("%s/%s/%dshare/%s", proto, dir, len(limits), joinLimits(limits))
+				name := fmt.Sprintf("%s/%s/%dshare/%s", proto, dir, len(limits), strings.Join(limits, "+"))
 				b.Run(name, func(b *testing.B) { conformance(b, proto, dir, limits) })
 			}
 		}
 	}
-}
-
-func joinLimits(l []string) string {
-	out := l[0]
-	for _, s := range l[1:] {
-		out += "+" + s
-	}
-	return out
 }
 
 func conformance(b *testing.B, proto string, dir bpf.Direction, limits []string) {
@@ -105,7 +98,7 @@ func BenchmarkPrepareNetworkClaim(b *testing.B) {
 		unprep = append(unprep, time.Since(t0))
 	}
 	for name, d := range map[string][]time.Duration{"prepare": prep, "unprepare": unprep} {
-		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+		slices.Sort(d)
 		b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, name+"-p50-ms")
 		b.ReportMetric(float64(d[len(d)*99/100].Microseconds())/1000, name+"-p99-ms")
 	}

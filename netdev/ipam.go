@@ -2,6 +2,7 @@ package netdev
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"sync"
 
@@ -73,11 +74,7 @@ func (m *ipam) reserve(key string, addrs []netip.Prefix) {
 func (m *ipam) release(key string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for a, k := range m.inUse {
-		if k == key {
-			delete(m.inUse, a)
-		}
-	}
+	maps.DeleteFunc(m.inUse, func(_ netip.Addr, k string) bool { return k == key })
 }
 
 // lastAddr is the prefix's broadcast address (for IPv4).

@@ -1,9 +1,12 @@
 package netdev
 
 import (
+	"maps"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/prepare"
 )
 
 var (
@@ -15,8 +18,23 @@ var (
 		"Packets the share's HTB class dropped, by direction.", []string{"claim", "share_id", "direction"}, nil)
 )
 
+// shareLabels name a share in metrics.
+type shareLabels struct {
+	claim, shareID string
+}
+
+func labelsOf(a prepare.Allocation) shareLabels {
+	l := shareLabels{claim: a.ClaimNamespace + "/" + a.ClaimName}
+	if a.ShareID != nil {
+		l.shareID = string(*a.ShareID)
+	}
+	return l
+}
+
+var _ prometheus.Collector = (*NICPreparer)(nil)
+
 // Describe implements prometheus.Collector.
-func (p *Preparer) Describe(ch chan<- *prometheus.Desc) {
+func (p *NICPreparer) Describe(ch chan<- *prometheus.Desc) {
 	ch <- shareBytes
 	ch <- sharePackets
 	ch <- shareDrops
@@ -24,7 +42,7 @@ func (p *Preparer) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reports every prepared share's counters, read from the BPF maps
 // and the HTB classes when scraped.
-func (p *Preparer) Collect(ch chan<- prometheus.Metric) {
+func (p *NICPreparer) Collect(ch chan<- prometheus.Metric) {
 	if p.opts.Shaper == nil {
 		return
 	}
@@ -33,10 +51,7 @@ func (p *Preparer) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	p.mu.Lock()
-	labels := make(map[string]shareLabels, len(p.labels))
-	for k, v := range p.labels {
-		labels[k] = v
-	}
+	labels := maps.Clone(p.labels)
 	p.mu.Unlock()
 	for key, c := range stats {
 		l, ok := labels[key.MAC]
@@ -55,7 +70,7 @@ func (p *Preparer) Collect(ch chan<- prometheus.Metric) {
 }
 
 // classDrops maps each share to its HTB class's drop count.
-func (p *Preparer) classDrops() map[bpf.Key]uint64 {
+func (p *NICPreparer) classDrops() map[bpf.Key]uint64 {
 	shares, err := p.opts.Shaper.Shares()
 	if err != nil {
 		return nil

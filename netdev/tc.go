@@ -3,6 +3,7 @@ package netdev
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/vishvananda/netlink"
@@ -16,14 +17,7 @@ var rootHandle = netlink.MakeHandle(1, 0)
 // netlink's default (about 1.4 KB at 1 Gbit/s) a 1G share lost some 10% of
 // its rate on this machine; 8 ms held 50M–1G to within 1% for TCP.
 func htbBuffer(rateBits uint64) uint32 {
-	b := rateBits / 8 * 8 / 1000
-	if b < 16*1024 {
-		b = 16 * 1024
-	}
-	if b > 1<<30 {
-		b = 1 << 30
-	}
-	return uint32(b)
+	return uint32(min(max(rateBits/8*8/1000, 16*1024), 1<<30))
 }
 
 // ensureHTB makes sure link has carve's HTB root qdisc. Traffic of no share
@@ -44,7 +38,7 @@ func ensureHTB(h *netlink.Handle, link netlink.Link) error {
 		if q.Type() == "htb" && q.Attrs().Handle == rootHandle {
 			return nil
 		}
-		if q.Type() == "htb" || q.Type() == "tbf" || q.Type() == "hfsc" {
+		if slices.Contains([]string{"htb", "tbf", "hfsc"}, q.Type()) {
 			return fmt.Errorf("%s already has a %s root qdisc not made by carve; remove it to share this NIC", link.Attrs().Name, q.Type())
 		}
 	}
@@ -70,14 +64,7 @@ func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint6
 // quantum keeps HTB's DRR quantum within the kernel's preferred bounds, so
 // it does not warn and share out bursts unfairly.
 func quantum(rateBits uint64) uint32 {
-	q := rateBits / 8 / 10 // r2q 10
-	switch {
-	case q < 1514:
-		return 1514
-	case q > 200_000:
-		return 200_000
-	}
-	return uint32(q)
+	return uint32(min(max(rateBits/8/10, 1514), 200_000)) // r2q 10
 }
 
 // deleteClass removes the class; a missing one is already gone.

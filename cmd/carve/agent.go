@@ -91,7 +91,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	nics, err := netdev.NewPreparer(netdev.Options{HostNS: hostNS, StateDir: *stateDir, HookPath: hookPath, Config: cfg, Shaper: shaper, PinDir: *bpfPinDir})
+	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: *stateDir, HookPath: hookPath, Config: cfg, Shaper: shaper, PinDir: *bpfPinDir})
 	if err != nil {
 		return err
 	}

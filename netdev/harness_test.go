@@ -1,0 +1,181 @@
+package netdev_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/utils/ptr"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+type bench struct {
+	t      testing.TB
+	tp     *netdevtest.Topology
+	shaper *bpf.Shaper
+	p      *netdev.NICPreparer
+	state  string
+	dev    slices.Entry
+}
+
+func newBench(t testing.TB) *bench {
+	t.Helper()
+	tp := netdevtest.New(t)
+	if err := bpf.MountBPFFS(bpf.DefaultBPFFS); err != nil {
+		t.Skipf("no bpffs: %v", err)
+	}
+	pinDir := filepath.Join(bpf.DefaultBPFFS, "carve-test-"+string(uuid.NewUUID())[:8])
+	shaper, err := bpf.OpenShaper(pinDir)
+	if err != nil {
+		t.Fatalf("open shaper: %v", err)
+	}
+	t.Cleanup(func() {
+		shaper.Close()
+		os.RemoveAll(pinDir)
+	})
+	b := &bench{t: t, tp: tp, shaper: shaper, state: t.TempDir(),
+		dev: slices.Entry{Kind: "nic", NIC: &discovery.NIC{Name: tp.Parent, MTU: 1500}}}
+	b.p = b.newPreparer("test", tp.Subnet, tp.ServerIP)
+	return b
+}
+
+// newPreparer is a preparer on the bench's node, state and classifier, whose
+// node config has one address pool (gateway "" for none).
+func (b *bench) newPreparer(pool, cidr, gateway string) *netdev.NICPreparer {
+	b.t.Helper()
+	config := "apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  pools:\n  - name: " + pool + "\n    cidr: " + cidr + "\n"
+	if gateway != "" {
+		config += "    gateway: " + gateway + "\n"
+	}
+	cfg, err := nodeconfig.Decode([]byte(config))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	p, err := netdev.NewNICPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return p
+}
+
+type share struct {
+	alloc prepare.Allocation
+	spec  netdev.AttachSpec
+	pod   netns.NsHandle
+	ip    string
+	mac   string
+}
+
+// alloc is an allocation of a share of the parent.
+func (b *bench) alloc(name, egress, ingress string) prepare.Allocation {
+	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &prepare.NetworkConfig{Pools: []string{"test"}}})
+	a := prepare.Allocation{ClaimUID: types.UID(uuid.NewUUID()), ClaimNamespace: "default", ClaimName: name, Request: "net",
+		Device: "nic-" + b.tp.Parent, Kind: "nic", ShareID: ptr.To(types.UID(uuid.NewUUID())),
+		Consumed: map[resourceapi.QualifiedName]resource.Quantity{}, Config: raw}
+	if egress != "" {
+		a.Consumed["egressBandwidth"] = resource.MustParse(egress)
+	}
+	if ingress != "" {
+		a.Consumed["ingressBandwidth"] = resource.MustParse(ingress)
+	}
+	return a
+}
+
+// add prepares a share of egress/ingress bits/s ("" for none) and runs the
+// hook's work for a new pod namespace.
+func (b *bench) add(name, egress, ingress string, cfg *prepare.NetworkConfig) *share {
+	b.t.Helper()
+	a := b.alloc(name, egress, ingress)
+	if cfg != nil {
+		a.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: cfg})
+	}
+	prepared, err := b.p.Prepare(context.Background(), a, b.dev)
+	if err != nil {
+		b.t.Fatalf("prepare %s: %v", name, err)
+	}
+	spec, err := netdev.ReadAttachSpec(filepath.Join(b.state, "netdev", netdev.LinkName(a.ShareKey())+".json"))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	pod := b.tp.NewPod(name)
+	// What the createRuntime hook does, twice: every container runs it.
+	for i := 0; i < 2; i++ {
+		if err := netdev.AttachToPod(b.tp.Node, pod, spec); err != nil {
+			b.t.Fatalf("attach %s (run %d): %v", name, i, err)
+		}
+	}
+	s := &share{alloc: a, spec: spec, pod: pod, mac: spec.MAC}
+	if len(spec.Addresses) > 0 {
+		s.ip = strings.Split(spec.Addresses[0], "/")[0]
+	}
+	if prepared.Network == nil || prepared.Network.HardwareAddress != spec.MAC {
+		b.t.Errorf("network data %+v", prepared.Network)
+	}
+	b.t.Cleanup(func() { _ = b.p.Unprepare(context.Background(), a, prepared.Undo) })
+	return s
+}
+
+func rate(s string) float64 {
+	q := resource.MustParse(s)
+	return float64(q.Value())
+}
+
+// measure runs one TCP flow per share in a direction and returns the
+// goodput and the L2 rate (from the classifier's byte counters) of each.
+func (b *bench) measure(dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
+	return b.measureProto("tcp", dir, shares, d)
+}
+
+func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
+	b.t.Helper()
+	var flows []netdevtest.Flow
+	for i, s := range shares {
+		port := 5201 + i
+		if dir == bpf.Egress {
+			flows = append(flows, netdevtest.Flow{From: s.pod, To: b.tp.Server, ToAddr: fmt.Sprintf("%s:%d", b.tp.ServerIP, port)})
+		} else {
+			flows = append(flows, netdevtest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
+		}
+	}
+	var marks []map[bpf.Key]bpf.Counters
+	mark := func() {
+		st, err := b.shaper.Stats()
+		if err != nil {
+			b.t.Error(err)
+		}
+		marks = append(marks, st)
+	}
+	var res []netdevtest.Result
+	var err error
+	if proto == "udp" {
+		res, err = netdevtest.RunUDP(flows, 1400, 500*time.Millisecond, d, mark)
+	} else {
+		res, err = netdevtest.RunFlows(flows, time.Second, d, mark)
+	}
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	for i, s := range shares {
+		k := bpf.Key{MAC: s.mac, Dir: dir}
+		goodput = append(goodput, res[i].Goodput())
+		l2 = append(l2, float64(marks[1][k].Bytes-marks[0][k].Bytes)*8/res[i].Duration.Seconds())
+	}
+	return goodput, l2
+}

@@ -1,0 +1,174 @@
+package netdev
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+)
+
+// Prepare creates the share's interface on the parent (left down, in the
+// node's namespace: the pod's does not exist yet), gives it its addresses,
+// holds its bandwidth with HTB classes chosen by the BPF classifier, and
+// returns the CDI hook that moves it into the pod.
+func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices.Entry) (prepare.Prepared, error) {
+	if dev.NIC == nil {
+		return prepare.Prepared{}, fmt.Errorf("device %s is not a NIC", a.Device)
+	}
+	cfg, err := prepare.DecodeEffectiveConfig(a.Config)
+	if err != nil {
+		return prepare.Prepared{}, fmt.Errorf("config: %w", err)
+	}
+	net1 := prepare.NetworkConfig{}
+	if cfg.Network != nil {
+		net1 = *cfg.Network
+	}
+	key := a.ShareKey()
+	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String()}
+	p.tcMu.Lock()
+	defer p.tcMu.Unlock()
+	prepared, err := p.prepare(ctx, a, dev, net1, key, &u)
+	if err != nil {
+		raw, _ := json.Marshal(u)
+		if uerr := p.unprepare(ctx, a, raw); uerr != nil {
+			err = fmt.Errorf("%w (and undoing: %v)", err, uerr)
+		}
+		return prepare.Prepared{}, err
+	}
+	return prepared, nil
+}
+
+func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev slices.Entry, cfg prepare.NetworkConfig, key string, u *undoRecord) (prepare.Prepared, error) {
+	logger := klog.FromContext(ctx)
+	parent, err := p.h.LinkByName(dev.NIC.Name)
+	if err != nil {
+		return prepare.Prepared{}, fmt.Errorf("parent %s: %w", dev.NIC.Name, err)
+	}
+	if parent.Attrs().OperState != netlink.OperUp && parent.Attrs().OperState != netlink.OperUnknown {
+		return prepare.Prepared{}, fmt.Errorf("parent %s has no usable link (%s)", dev.NIC.Name, parent.Attrs().OperState)
+	}
+	mtu := parent.Attrs().MTU
+	if cfg.MTU != 0 {
+		if cfg.MTU > mtu {
+			return prepare.Prepared{}, fmt.Errorf("mtu %d is larger than the parent %s's %d", cfg.MTU, dev.NIC.Name, mtu)
+		}
+		mtu = cfg.MTU
+	}
+	egress, ingress := bandwidth(a, resourceapiEgress), bandwidth(a, resourceapiIngress)
+	if (egress > 0 || ingress > 0) && p.opts.Shaper == nil {
+		return prepare.Prepared{}, errors.New("this agent has no BPF classifier, so it cannot hold a bandwidth share")
+	}
+	if cfg.Mode == "ipvlan" && (egress > 0 || ingress > 0) {
+		// ipvlan children share the parent's MAC; the classifier keys
+		// on MACs. Refused rather than left unenforced.
+		return prepare.Prepared{}, errors.New("bandwidth shares of ipvlan interfaces are not enforced yet; use mode macvlan")
+	}
+	// Recorded first: with it, Unprepare finds the parent of a share
+	// whose preparation was cut short and whose interface has moved.
+	specPath := p.specPath(u.Link)
+	if err := writeAttachSpec(specPath, AttachSpec{HostName: u.Link, Parent: dev.NIC.Name}); err != nil {
+		return prepare.Prepared{}, err
+	}
+	lower := parent
+	if cfg.VLAN != 0 {
+		if lower, err = p.ensureVLAN(parent, cfg.VLAN); err != nil {
+			return prepare.Prepared{}, err
+		}
+	}
+	if err := p.ensureChild(lower, cfg, u.Link, ShareMAC(key), mtu); err != nil {
+		return prepare.Prepared{}, err
+	}
+	prepare.CrashPoint("nic-link-created")
+
+	// Addresses: static ones as given, and one from each pool.
+	u.Addresses = append(u.Addresses, cfg.Addresses...)
+	for _, name := range cfg.Pools {
+		pool, ok := p.opts.Config.Pool(name)
+		if !ok {
+			return prepare.Prepared{}, fmt.Errorf("address pool %q is not in the node config", name)
+		}
+		addr, err := p.ipam.allocate(pool, key)
+		if err != nil {
+			return prepare.Prepared{}, err
+		}
+		u.PoolAddrs = append(u.PoolAddrs, addr.String())
+		u.Addresses = append(u.Addresses, addr.String())
+	}
+
+	// Enforcement: egress by source MAC on the parent, ingress by
+	// destination MAC on the parent's IFB.
+	mac := ShareMAC(key)
+	if egress > 0 {
+		if p.edtOn(parent) {
+			u.EgressEDT = true
+			if err := p.pace(parent, mac, egress); err != nil {
+				return prepare.Prepared{}, fmt.Errorf("egress: %w", err)
+			}
+		} else if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
+			return prepare.Prepared{}, fmt.Errorf("egress: %w", err)
+		}
+	}
+	if ingress > 0 {
+		ifb, err := ensureIngressIFB(p.h, parent)
+		if err != nil {
+			return prepare.Prepared{}, fmt.Errorf("ingress: %w", err)
+		}
+		if u.IngressMinor, err = p.shape(ifb, key, ingress, bpf.Ingress, mac); err != nil {
+			return prepare.Prepared{}, fmt.Errorf("ingress: %w", err)
+		}
+	}
+
+	prepare.CrashPoint("nic-shaped")
+	spec := AttachSpec{HostName: u.Link, Parent: dev.NIC.Name, PodName: cmp.Or(cfg.InterfaceName, "net1"), MTU: mtu, MAC: mac.String(),
+		Addresses: u.Addresses, Routes: cfg.Routes}
+	if err := writeAttachSpec(specPath, spec); err != nil {
+		return prepare.Prepared{}, err
+	}
+	p.mu.Lock()
+	p.labels[u.MAC] = labelsOf(a)
+	p.mu.Unlock()
+	logger.V(2).Info("Prepared NIC share", "parent", dev.NIC.Name, "link", u.Link, "mac", u.MAC,
+		"egressBitsPerSecond", egress, "ingressBitsPerSecond", ingress, "addresses", u.Addresses)
+	raw, err := json.Marshal(u)
+	if err != nil {
+		return prepare.Prepared{}, err
+	}
+	prefix := a.EnvPrefix()
+	edits := cdispec.ContainerEdits{
+		Env: []string{prefix + "PARENT=" + dev.NIC.Name, prefix + "INTERFACE=" + spec.PodName, prefix + "MTU=" + strconv.Itoa(mtu),
+			prefix + "MAC=" + spec.MAC},
+		Hooks: []*cdispec.Hook{{HookName: "createRuntime", Path: p.opts.HookPath,
+			Args: []string{"carve", "hook", "netns-attach", "--spec", specPath}}},
+	}
+	if len(u.Addresses) > 0 {
+		edits.Env = append(edits.Env, prefix+"ADDRESSES="+strings.Join(u.Addresses, ","))
+	}
+	return prepare.Prepared{Edits: edits, Undo: raw, Network: &resourceapi.NetworkDeviceData{
+		InterfaceName: spec.PodName, IPs: u.Addresses, HardwareAddress: spec.MAC}}, nil
+}
+
+const (
+	resourceapiEgress  resourceapi.QualifiedName = "egressBandwidth"
+	resourceapiIngress resourceapi.QualifiedName = "ingressBandwidth"
+)
+
+// bandwidth is the share's consumed capacity in bits/s (0: none).
+func bandwidth(a prepare.Allocation, name resourceapi.QualifiedName) uint64 {
+	q, ok := a.Consumed[name]
+	if !ok || q.Sign() <= 0 {
+		return 0
+	}
+	return uint64(q.Value())
+}
