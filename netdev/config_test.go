@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
 
 // A pool hands out distinct addresses, keeps the gateway out, says clearly
@@ -17,12 +18,12 @@ func TestAddressPool(t *testing.T) {
 	b := newBench(t)
 	p := b.newPreparer("tiny", "10.78.0.0/30", "")
 	b.p = p
-	one := b.add("one", "", "", &prepare.NetworkConfig{Pools: []string{"tiny"}})
-	two := b.add("two", "", "", &prepare.NetworkConfig{Pools: []string{"tiny"}})
+	one := b.add("one", "", "", &v1alpha1.NetworkConfig{Pools: []string{"tiny"}})
+	two := b.add("two", "", "", &v1alpha1.NetworkConfig{Pools: []string{"tiny"}})
 	if one.ip == two.ip || one.ip == "" {
 		t.Errorf("addresses %s and %s", one.ip, two.ip)
 	}
-	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &prepare.NetworkConfig{Pools: []string{"tiny"}}})
+	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &v1alpha1.NetworkConfig{Pools: []string{"tiny"}}})
 	third := prepare.Allocation{ClaimUID: "third", Request: "net", Device: "nic0", Kind: "nic", Config: raw}
 	if _, err := p.Prepare(context.Background(), third, b.dev); err == nil || !strings.Contains(err.Error(), "exhausted") {
 		t.Errorf("third share from a /30: %v, want the pool exhausted", err)
@@ -49,13 +50,13 @@ func TestIPVlanShare(t *testing.T) {
 		t.Skipf("this kernel has no ipvlan (%v); ipvlan shares cannot be tested here", err)
 	}
 	_ = node.LinkDel(probe)
-	s := b.add("ipv", "", "", &prepare.NetworkConfig{Mode: "ipvlan", IPVlanMode: "l2", Pools: []string{"test"}})
+	s := b.add("ipv", "", "", &v1alpha1.NetworkConfig{Mode: "ipvlan", IPVlanMode: "l2", Pools: []string{"test"}})
 	pod, _ := netlink.NewHandleAt(s.pod)
 	defer pod.Close()
 	if l, err := pod.LinkByName("net1"); err != nil || l.Type() != "ipvlan" {
 		t.Errorf("net1 in the pod: %v %v", l, err)
 	}
-	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &prepare.NetworkConfig{Mode: "ipvlan"}})
+	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &v1alpha1.NetworkConfig{Mode: "ipvlan"}})
 	a := b.alloc("ipv-bw", "100M", "")
 	a.Config = raw
 	if _, err := b.p.Prepare(context.Background(), a, b.dev); err == nil || !strings.Contains(err.Error(), "ipvlan") {

@@ -22,6 +22,7 @@ import (
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/netdev/netdevtest"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
@@ -85,7 +86,7 @@ type share struct {
 
 // alloc is an allocation of a share of the parent.
 func (b *bench) alloc(name, egress, ingress string) prepare.Allocation {
-	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &prepare.NetworkConfig{Pools: []string{"test"}}})
+	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &v1alpha1.NetworkConfig{Pools: []string{"test"}}})
 	a := prepare.Allocation{ClaimUID: types.UID(uuid.NewUUID()), ClaimNamespace: "default", ClaimName: name, Request: "net",
 		Device: "nic-" + b.tp.Parent, Kind: "nic", ShareID: ptr.To(types.UID(uuid.NewUUID())),
 		Consumed: map[resourceapi.QualifiedName]resource.Quantity{}, Config: raw}
@@ -100,7 +101,7 @@ func (b *bench) alloc(name, egress, ingress string) prepare.Allocation {
 
 // add prepares a share of egress/ingress bits/s ("" for none) and runs the
 // hook's work for a new pod namespace.
-func (b *bench) add(name, egress, ingress string, cfg *prepare.NetworkConfig) *share {
+func (b *bench) add(name, egress, ingress string, cfg *v1alpha1.NetworkConfig) *share {
 	b.t.Helper()
 	a := b.alloc(name, egress, ingress)
 	if cfg != nil {

@@ -15,7 +15,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/atomicfile"
 )
 
 // AttachSpec tells the hook how to hand a share's interface to a pod.
@@ -26,11 +27,11 @@ type AttachSpec struct {
 	// created, so that a crash halfway can still be undone.
 	Parent string `json:"parent"`
 	// PodName is its name in the pod.
-	PodName   string          `json:"podName"`
-	MTU       int             `json:"mtu"`
-	MAC       string          `json:"mac"`
-	Addresses []string        `json:"addresses,omitempty"`
-	Routes    []prepare.Route `json:"routes,omitempty"`
+	PodName   string           `json:"podName"`
+	MTU       int              `json:"mtu"`
+	MAC       string           `json:"mac"`
+	Addresses []string         `json:"addresses,omitempty"`
+	Routes    []v1alpha1.Route `json:"routes,omitempty"`
 }
 
 func writeAttachSpec(path string, spec AttachSpec) error {
@@ -38,7 +39,7 @@ func writeAttachSpec(path string, spec AttachSpec) error {
 	if err != nil {
 		return err
 	}
-	return prepare.WriteFileAtomic(path, b, 0o644)
+	return atomicfile.Write(path, b, 0o644)
 }
 
 // ReadAttachSpec reads the spec the preparer wrote.

@@ -7,12 +7,12 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
 
 // ensureChild creates the share's macvlan or ipvlan interface on lower,
 // down, unless it is there already.
-func (p *NICPreparer) ensureChild(lower netlink.Link, cfg prepare.NetworkConfig, name string, mac net.HardwareAddr, mtu int) error {
+func (p *NICPreparer) ensureChild(lower netlink.Link, cfg v1alpha1.NetworkConfig, name string, mac net.HardwareAddr, mtu int) error {
 	if existing, err := p.h.LinkByName(name); err == nil {
 		if existing.Attrs().ParentIndex != lower.Attrs().Index {
 			return fmt.Errorf("interface %s exists on another parent", name)

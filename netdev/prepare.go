@@ -16,6 +16,8 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/crash"
 	"github.com/carve-dra/carve/slices"
 )
 
@@ -31,7 +33,7 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 	if err != nil {
 		return prepare.Prepared{}, fmt.Errorf("config: %w", err)
 	}
-	net1 := prepare.NetworkConfig{}
+	net1 := v1alpha1.NetworkConfig{}
 	if cfg.Network != nil {
 		net1 = *cfg.Network
 	}
@@ -50,7 +52,7 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 	return prepared, nil
 }
 
-func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev slices.Entry, cfg prepare.NetworkConfig, key string, u *undoRecord) (prepare.Prepared, error) {
+func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev slices.Entry, cfg v1alpha1.NetworkConfig, key string, u *undoRecord) (prepare.Prepared, error) {
 	logger := klog.FromContext(ctx)
 	parent, err := p.h.LinkByName(dev.NIC.Name)
 	if err != nil {
@@ -90,7 +92,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	if err := p.ensureChild(lower, cfg, u.Link, ShareMAC(key), mtu); err != nil {
 		return prepare.Prepared{}, err
 	}
-	prepare.CrashPoint("nic-link-created")
+	crash.Point("nic-link-created")
 
 	// Addresses: static ones as given, and one from each pool.
 	u.Addresses = append(u.Addresses, cfg.Addresses...)
@@ -130,7 +132,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 
-	prepare.CrashPoint("nic-shaped")
+	crash.Point("nic-shaped")
 	spec := AttachSpec{HostName: u.Link, Parent: dev.NIC.Name, PodName: cmp.Or(cfg.InterfaceName, "net1"), MTU: mtu, MAC: mac.String(),
 		Addresses: u.Addresses, Routes: cfg.Routes}
 	if err := writeAttachSpec(specPath, spec); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -70,9 +69,17 @@ type Restorer interface {
 	Restore(allocs []Allocation, undo []json.RawMessage)
 }
 
-// Preparer makes one kind of device usable by a claim. Implementations must
-// be idempotent, and Unprepare must undo a partial Prepare given only the
-// allocation (undo is nil when the crash came before Prepare returned).
+// Preparer is the contract a device kind implements to be prepared by carve:
+// netdev.NICPreparer for NICs, fpga.Preparer and llc.Preparer. The driver decodes and validates the claim's configuration, checks
+// conflicts and capacity, records every step in the checkpoint and writes
+// the CDI spec; a preparer only makes the device usable on the host and
+// returns the container edits and an undo record.
+//
+// Implementations must be idempotent, and Unprepare must undo a partial
+// Prepare given only the allocation (undo is nil when the crash came before
+// Prepare returned): preparers derive the names of what they create from
+// Allocation.ShareKey for that reason. Preparers never touch the checkpoint
+// or CDI files themselves.
 type Preparer interface {
 	Prepare(ctx context.Context, alloc Allocation, dev slices.Entry) (Prepared, error)
 	Unprepare(ctx context.Context, alloc Allocation, undo json.RawMessage) error
@@ -100,15 +107,4 @@ func CheckCapacity(dev slices.Entry, alloc Allocation, others []Allocation) erro
 		}
 	}
 	return nil
-}
-
-// cdiName makes a string safe as a CDI device name.
-func cdiName(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-			return r
-		}
-		return '_'
-	}, s)
 }

@@ -5,21 +5,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vishvananda/netns"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 
-	"github.com/carve-dra/carve/bpf"
-	"github.com/carve-dra/carve/netdev"
-	"github.com/carve-dra/carve/prepare"
-	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/prepare/agent"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -64,98 +57,12 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("kube client: %w", err)
 	}
-	logger := klog.FromContext(ctx)
-	hostNS, err := openHostNetns(*root, *hostNetns)
-	if err != nil {
-		return err
-	}
-	defer hostNS.Close()
-	links, err := netdev.WatchLinks(ctx, hostNS)
-	if err != nil {
-		logger.Error(err, "No link events; relying on the periodic rescan")
-	}
-	shaper, err := openShaper(*bpfPinDir)
-	if err != nil {
-		// Without the classifier, bandwidth shares are refused at
-		// prepare time; everything else works.
-		logger.Error(err, "BPF classifier unavailable; bandwidth shares will be refused")
-	} else {
-		defer shaper.Close()
-		if removed, err := bpf.CleanupDefunct(*bpfPinDir); err != nil {
-			logger.Error(err, "Cleaning up defunct classifier links")
-		} else if len(removed) > 0 {
-			logger.Info("Removed classifier links whose network namespace is gone", "links", removed)
-		}
-	}
-	hookPath, err := installHookBinary(*stateDir)
-	if err != nil {
-		return err
-	}
-	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: *stateDir, HookPath: hookPath, Config: cfg, Shaper: shaper, PinDir: *bpfPinDir})
-	if err != nil {
-		return err
-	}
-	return prepare.RunAgent(ctx, prepare.AgentOptions{
+	return agent.Run(ctx, agent.Options{
 		NodeName: *nodeName, KubeClient: client, Root: *root, CPUCacheRoot: *cpuCacheRoot, Config: cfg,
 		RegistrarDir: *registrarDir, PluginsDir: *pluginsDir, CDIDir: *cdiDir, StateDir: *stateDir,
 		MetricsAddr: *metricsAddr, HealthAddr: *healthAddr, PodUID: types.UID(*podUID),
-		Rescan: *rescan, LinkEvents: links, Collectors: []prometheus.Collector{nics},
-		Preparers: map[string]prepare.Preparer{
-			slices.KindNIC:  nics,
-			slices.KindFPGA: prepare.FPGAPreparer{Root: *root},
-			slices.KindLLC:  prepare.LLCPreparer{},
-		},
+		Rescan: *rescan, HostNetns: *hostNetns, BPFPinDir: *bpfPinDir,
 	})
-}
-
-// openHostNetns opens the node's network namespace: the one given, else
-// that of the host's init process under root, else the agent's own (an agent
-// run on the host against a fixture root).
-func openHostNetns(root, path string) (netns.NsHandle, error) {
-	if path == "" {
-		candidate := filepath.Join(root, "proc/1/ns/net")
-		if _, err := os.Stat(candidate); err != nil {
-			return netns.Get()
-		}
-		path = candidate
-	}
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return netns.None(), fmt.Errorf("node network namespace %s: %w", path, err)
-	}
-	return ns, nil
-}
-
-// openShaper mounts bpffs where it is missing and opens the pinned
-// classifier. The pins only outlive the agent's container when the pin
-// directory is on the host's bpffs (the chart mounts /sys/fs/bpf).
-func openShaper(pinDir string) (*bpf.Shaper, error) {
-	if err := bpf.MountBPFFS(filepath.Dir(pinDir)); err != nil {
-		return nil, err
-	}
-	return bpf.OpenShaper(pinDir)
-}
-
-// installHookBinary copies this binary into the state directory, which is
-// the same path on the host: the container runtime runs the hook from there,
-// on the host, where the agent's image is not.
-func installHookBinary(stateDir string) (string, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return "", err
-	}
-	data, err := os.ReadFile(self)
-	if err != nil {
-		return "", fmt.Errorf("read own binary: %w", err)
-	}
-	dst := filepath.Join(stateDir, "bin", "carve")
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", err
-	}
-	if err := prepare.WriteFileAtomic(dst, data, 0o755); err != nil {
-		return "", fmt.Errorf("install the hook binary: %w", err)
-	}
-	return dst, nil
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

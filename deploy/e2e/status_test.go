@@ -6,9 +6,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/status"
 )
 
 // The network data of a prepared share lands in the claim's status.devices,
@@ -22,9 +21,9 @@ func TestClaimStatusNetworkData(t *testing.T) {
 		t.Fatal(err)
 	}
 	share := claim.Status.Allocation.Devices.Results[0].ShareID
-	devs := []prepare.PreparedDevice{{Request: "net", Pool: "status-node", Device: "nic-x", ShareID: (*types.UID)(share),
-		Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.79.0.2/24"}, HardwareAddress: "02:00:00:00:00:01"}}}
-	if err := (prepare.ClaimStatusWriter{Client: cs}).ReportDevices(ctx, "carve.dev", claim, devs); err != nil {
+	entries := []resourceapi.AllocatedDeviceStatus{{Driver: "carve.dev", Pool: "status-node", Device: "nic-x", ShareID: (*string)(share),
+		NetworkData: &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.79.0.2/24"}, HardwareAddress: "02:00:00:00:00:01"}}}
+	if err := (status.ClaimStatusWriter{Client: cs}).ReportDevices(ctx, "carve.dev", claim, entries); err != nil {
 		t.Fatalf("report: %v", err)
 	}
 	got, _ := cs.ResourceV1().ResourceClaims("default").Get(ctx, ref.Name, metav1.GetOptions{})

@@ -1,4 +1,4 @@
-package prepare_test
+package checkpoint_test
 
 import (
 	"encoding/json"
@@ -11,13 +11,29 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/checkpoint"
 )
 
-func put(t *testing.T, cp *prepare.Checkpoint, uid string) {
+// record stands in for the driver's claim record: the checkpoint stores any
+// JSON-encodable value per claim.
+type record struct {
+	UID   types.UID `json:"uid"`
+	State string    `json:"state"`
+}
+
+func open(t *testing.T, dir, bootID string, onCorrupt func(string, error)) *checkpoint.Checkpoint[record] {
 	t.Helper()
-	if err := cp.Update(func(recs map[types.UID]prepare.ClaimRecord) error {
-		recs[types.UID(uid)] = prepare.ClaimRecord{UID: types.UID(uid), State: prepare.ClaimCompleted}
+	cp, err := checkpoint.Open[record](dir, bootID, onCorrupt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp
+}
+
+func put(t *testing.T, cp *checkpoint.Checkpoint[record], uid string) {
+	t.Helper()
+	if err := cp.Update(func(recs map[types.UID]record) error {
+		recs[types.UID(uid)] = record{UID: types.UID(uid), State: "completed"}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -26,7 +42,7 @@ func put(t *testing.T, cp *prepare.Checkpoint, uid string) {
 
 func TestCheckpointRoundTripAndFormat(t *testing.T) {
 	dir := t.TempDir()
-	cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+	cp := open(t, dir, "boot-1", nil)
 	put(t, cp, "a")
 	raw, err := os.ReadFile(cp.Path())
 	if err != nil {
@@ -36,11 +52,11 @@ func TestCheckpointRoundTripAndFormat(t *testing.T) {
 		Version  int    `json:"version"`
 		Checksum string `json:"checksum"`
 	}
-	if err := json.Unmarshal(raw, &f); err != nil || f.Version != prepare.CheckpointVersion || !strings.HasPrefix(f.Checksum, "sha256:") {
+	if err := json.Unmarshal(raw, &f); err != nil || f.Version != checkpoint.Version || !strings.HasPrefix(f.Checksum, "sha256:") {
 		t.Errorf("file = %s", raw)
 	}
-	cp2, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
-	if recs, err := cp2.Read(); err != nil || recs["a"].State != prepare.ClaimCompleted {
+	cp2 := open(t, dir, "boot-1", nil)
+	if recs, err := cp2.Read(); err != nil || recs["a"].State != "completed" {
 		t.Errorf("reopened: %v %v", recs, err)
 	}
 	if matches, _ := filepath.Glob(filepath.Join(dir, ".checkpoint.json.tmp-*")); len(matches) != 0 {
@@ -61,7 +77,7 @@ func TestCorruptCheckpointKeptAside(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			var reported []string
-			cp, _ := prepare.OpenCheckpoint(dir, "boot-1", func(kept string, err error) { reported = append(reported, kept+": "+err.Error()) })
+			cp := open(t, dir, "boot-1", func(kept string, err error) { reported = append(reported, kept+": "+err.Error()) })
 			put(t, cp, "a")
 			raw, _ := os.ReadFile(cp.Path())
 			bad := mangle(raw)
@@ -89,9 +105,9 @@ func TestCorruptCheckpointKeptAside(t *testing.T) {
 
 func TestCheckpointFromAnotherBootIsDropped(t *testing.T) {
 	dir := t.TempDir()
-	cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+	cp := open(t, dir, "boot-1", nil)
 	put(t, cp, "a")
-	after, _ := prepare.OpenCheckpoint(dir, "boot-2", nil)
+	after := open(t, dir, "boot-2", nil)
 	if recs, err := after.Read(); err != nil || len(recs) != 0 {
 		t.Errorf("after reboot: %v %v", recs, err)
 	}
@@ -106,14 +122,14 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+			cp := open(t, dir, "boot-1", nil)
 			for i := 0; i < 10; i++ {
 				put(t, cp, fmt.Sprintf("w%d-%d", w, i))
 			}
 		}(w)
 	}
 	wg.Wait()
-	cp, _ := prepare.OpenCheckpoint(dir, "boot-1", nil)
+	cp := open(t, dir, "boot-1", nil)
 	if recs, _ := cp.Read(); len(recs) != 80 {
 		t.Errorf("%d records, want 80", len(recs))
 	}
@@ -127,18 +143,18 @@ func TestReadBootID(t *testing.T) {
 	if err != nil {
 		t.Skipf("this kernel has no boot id: %v", err)
 	}
-	got, err := prepare.ReadBootID(t.TempDir())
+	got, err := checkpoint.ReadBootID(t.TempDir())
 	if err != nil || got != strings.TrimSpace(string(own)) {
 		t.Errorf("fixture root without procfs: got %q, %v; want the running kernel's %q", got, err, strings.TrimSpace(string(own)))
 	}
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "proc/sys/kernel/random"), 0o755)
 	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), []byte("boot-under-root\n"), 0o644)
-	if got, err := prepare.ReadBootID(root); err != nil || got != "boot-under-root" {
+	if got, err := checkpoint.ReadBootID(root); err != nil || got != "boot-under-root" {
 		t.Errorf("root with a boot id: got %q, %v", got, err)
 	}
 	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), nil, 0o644)
-	if _, err := prepare.ReadBootID(root); err == nil || !strings.Contains(err.Error(), "empty") {
+	if _, err := checkpoint.ReadBootID(root); err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Errorf("empty boot id: got %v, want an error naming it", err)
 	}
 }

@@ -1,4 +1,6 @@
-package prepare
+// Package status reports prepared network devices in a ResourceClaim's
+// status.devices (KEP-4817), leaving other drivers' entries alone.
+package status
 
 import (
 	"context"
@@ -11,9 +13,9 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// StatusWriter reports prepared devices in a claim's status.
-type StatusWriter interface {
-	ReportDevices(ctx context.Context, driver string, claim *resourceapi.ResourceClaim, devices []PreparedDevice) error
+// Writer reports a driver's device entries in a claim's status.
+type Writer interface {
+	ReportDevices(ctx context.Context, driver string, claim *resourceapi.ResourceClaim, entries []resourceapi.AllocatedDeviceStatus) error
 }
 
 // ClaimStatusWriter writes this driver's entries of status.devices: read,
@@ -24,18 +26,11 @@ type ClaimStatusWriter struct {
 	Client kubernetes.Interface
 }
 
-func (w ClaimStatusWriter) ReportDevices(ctx context.Context, driver string, claim *resourceapi.ResourceClaim, devices []PreparedDevice) error {
-	var entries []resourceapi.AllocatedDeviceStatus
-	for _, d := range devices {
-		if d.Network == nil {
-			continue
-		}
-		e := resourceapi.AllocatedDeviceStatus{Driver: driver, Pool: d.Pool, Device: d.Device, NetworkData: d.Network.DeepCopy()}
-		if d.ShareID != nil {
-			e.ShareID = ptr.To(string(*d.ShareID))
-		}
-		entries = append(entries, e)
-	}
+var _ Writer = ClaimStatusWriter{}
+
+// ReportDevices replaces the driver's entries that match entries (same
+// pool, device and share) and keeps all others.
+func (w ClaimStatusWriter) ReportDevices(ctx context.Context, driver string, claim *resourceapi.ResourceClaim, entries []resourceapi.AllocatedDeviceStatus) error {
 	if len(entries) == 0 {
 		return nil
 	}

@@ -1,4 +1,7 @@
-package prepare
+// Package checkpoint keeps the agent's records of prepared claims in one
+// crash-safe file: versioned, checksummed, written atomically under a flock,
+// with concurrent updates committed in groups.
+package checkpoint
 
 import (
 	"crypto/sha256"
@@ -15,63 +18,19 @@ import (
 	"syscall"
 	"time"
 
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/prepare/atomicfile"
 )
 
-// CheckpointVersion is the version of the checkpoint file's format. A file of
+// Version is the version of the checkpoint file's format. A file of
 // another version is not read: it is kept aside, like a corrupt one.
-const CheckpointVersion = 1
-
-// ClaimState is the phase a claim's preparation reached.
-type ClaimState string
-
-const (
-	// ClaimStarted is written before any preparer runs. A claim found in
-	// this state after a crash is rolled back and prepared again.
-	ClaimStarted ClaimState = "started"
-	// ClaimCompleted is written once every device is prepared and the CDI
-	// spec is on disk.
-	ClaimCompleted ClaimState = "completed"
-)
-
-// ClaimRecord is everything needed to answer a repeated prepare and to undo
-// a claim, whichever process prepared it.
-type ClaimRecord struct {
-	UID       types.UID  `json:"uid"`
-	Namespace string     `json:"namespace"`
-	Name      string     `json:"name"`
-	State     ClaimState `json:"state"`
-	// Allocations are this driver's devices of the claim; with the
-	// deterministic naming of preparers they are enough to undo a
-	// claim whose preparation never completed.
-	Allocations []Allocation `json:"allocations"`
-	// Undo holds each preparer's undo record, by allocation index, once
-	// completed.
-	Undo []json.RawMessage `json:"undo,omitempty"`
-	// Devices is the result returned to the kubelet.
-	Devices []PreparedDevice `json:"devices,omitempty"`
-	// CDISpec is the name of the claim's CDI spec file.
-	CDISpec string `json:"cdiSpec,omitempty"`
-	// Updated is when the record was last written.
-	Updated time.Time `json:"updated"`
-}
-
-// PreparedDevice is one device's answer to the kubelet.
-type PreparedDevice struct {
-	Request      string     `json:"request"`
-	Pool         string     `json:"pool"`
-	Device       string     `json:"device"`
-	ShareID      *types.UID `json:"shareID,omitempty"`
-	CDIDeviceIDs []string   `json:"cdiDeviceIDs"`
-	// Network is the network data reported in the claim's status.
-	Network *resourceapi.NetworkDeviceData `json:"network,omitempty"`
-}
+const Version = 1
 
 // checkpointData is the checksummed payload.
-type checkpointData struct {
-	BootID string                    `json:"bootID"`
-	Claims map[types.UID]ClaimRecord `json:"claims"`
+type checkpointData[R any] struct {
+	BootID string          `json:"bootID"`
+	Claims map[types.UID]R `json:"claims"`
 }
 
 // checkpointFile is what is on disk: a version, the payload and its
@@ -82,11 +41,11 @@ type checkpointFile struct {
 	Data     json.RawMessage `json:"data"`
 }
 
-// Checkpoint is the agent's record of prepared claims, in one file under the
-// state directory. Every read-modify-write holds an exclusive flock on a lock
+// Checkpoint is the agent's record of prepared claims, one R per claim, in
+// one file under the state directory. Every read-modify-write holds an exclusive flock on a lock
 // file beside it, so that two agents sharing the directory during a rolling
 // update never interleave.
-type Checkpoint struct {
+type Checkpoint[R any] struct {
 	path   string
 	bootID string
 	// onCorrupt is told about a checkpoint that could not be read and
@@ -98,19 +57,19 @@ type Checkpoint struct {
 	// the file once, so that a hundred claims cost a few fsyncs, not a
 	// hundred.
 	mu       sync.Mutex
-	queue    []*pendingUpdate
+	queue    []*pendingUpdate[R]
 	flushing bool
 	// fileMu orders this process's own readers and writers; the flock
 	// orders them against other processes.
 	fileMu sync.Mutex
 	// cache is the last state read or written, with the file's identity
 	// then; it spares re-parsing a file no other process has changed.
-	cache    map[types.UID]ClaimRecord
+	cache    map[types.UID]R
 	cacheKey fileKey
 }
 
-type pendingUpdate struct {
-	fn   func(map[types.UID]ClaimRecord) error
+type pendingUpdate[R any] struct {
+	fn   func(map[types.UID]R) error
 	done chan error
 }
 
@@ -120,28 +79,28 @@ type fileKey struct {
 	ino, size, mtime int64
 }
 
-// OpenCheckpoint prepares the checkpoint in dir. bootID is the current boot's
+// Open prepares the checkpoint in dir. bootID is the current boot's
 // id: records from another boot describe kernel state that no longer exists
 // and are dropped on first use.
-func OpenCheckpoint(dir, bootID string, onCorrupt func(kept string, err error)) (*Checkpoint, error) {
+func Open[R any](dir, bootID string, onCorrupt func(kept string, err error)) (*Checkpoint[R], error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory: %w", err)
 	}
 	if onCorrupt == nil {
 		onCorrupt = func(string, error) {}
 	}
-	return &Checkpoint{path: filepath.Join(dir, "checkpoint.json"), bootID: bootID, onCorrupt: onCorrupt}, nil
+	return &Checkpoint[R]{path: filepath.Join(dir, "checkpoint.json"), bootID: bootID, onCorrupt: onCorrupt}, nil
 }
 
 // Path is the checkpoint file's path.
-func (c *Checkpoint) Path() string { return c.path }
+func (c *Checkpoint[R]) Path() string { return c.path }
 
 // Update runs fn on the current records under the lock and writes the result
 // atomically if fn returns nil. A failing fn changes nothing. Updates from
 // concurrent callers may be written together; each caller returns once its
 // own change is on disk.
-func (c *Checkpoint) Update(fn func(claims map[types.UID]ClaimRecord) error) error {
-	p := &pendingUpdate{fn: fn, done: make(chan error, 1)}
+func (c *Checkpoint[R]) Update(fn func(claims map[types.UID]R) error) error {
+	p := &pendingUpdate[R]{fn: fn, done: make(chan error, 1)}
 	c.mu.Lock()
 	c.queue = append(c.queue, p)
 	leader := !c.flushing
@@ -154,7 +113,7 @@ func (c *Checkpoint) Update(fn func(claims map[types.UID]ClaimRecord) error) err
 }
 
 // flush commits queued updates, group by group, until the queue is empty.
-func (c *Checkpoint) flush() {
+func (c *Checkpoint[R]) flush() {
 	for {
 		c.mu.Lock()
 		batch := c.queue
@@ -172,7 +131,7 @@ func (c *Checkpoint) flush() {
 	}
 }
 
-func (c *Checkpoint) commit(batch []*pendingUpdate) []error {
+func (c *Checkpoint[R]) commit(batch []*pendingUpdate[R]) []error {
 	errs := make([]error, len(batch))
 	fail := func(err error) []error {
 		for i := range errs {
@@ -210,7 +169,7 @@ func (c *Checkpoint) commit(batch []*pendingUpdate) []error {
 }
 
 // Read returns the current records.
-func (c *Checkpoint) Read() (map[types.UID]ClaimRecord, error) {
+func (c *Checkpoint[R]) Read() (map[types.UID]R, error) {
 	unlock, err := c.lock()
 	if err != nil {
 		return nil, err
@@ -219,7 +178,7 @@ func (c *Checkpoint) Read() (map[types.UID]ClaimRecord, error) {
 	return c.read()
 }
 
-func (c *Checkpoint) lock() (func(), error) {
+func (c *Checkpoint[R]) lock() (func(), error) {
 	c.fileMu.Lock()
 	f, err := os.OpenFile(c.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -241,34 +200,34 @@ func (c *Checkpoint) lock() (func(), error) {
 // read loads the records. A missing file is empty; a corrupt one, or one of
 // another version, is renamed aside and reported, and reading goes on from
 // empty, so that a bad file never crash-loops the agent.
-func (c *Checkpoint) read() (map[types.UID]ClaimRecord, error) {
+func (c *Checkpoint[R]) read() (map[types.UID]R, error) {
 	key, err := statKey(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[types.UID]ClaimRecord{}, nil
+		return map[types.UID]R{}, nil
 	}
 	if err == nil && c.cache != nil && key == c.cacheKey {
 		return maps.Clone(c.cache), nil
 	}
 	raw, err := os.ReadFile(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[types.UID]ClaimRecord{}, nil
+		return map[types.UID]R{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read checkpoint: %w", err)
 	}
-	data, err := decodeCheckpoint(raw)
+	data, err := decodeCheckpoint[R](raw)
 	if err != nil {
 		kept := fmt.Sprintf("%s.corrupt-%s", c.path, time.Now().UTC().Format("20060102T150405.000000000"))
 		if rerr := os.Rename(c.path, kept); rerr != nil {
 			return nil, fmt.Errorf("checkpoint %s is unreadable (%v) and could not be kept aside: %w", c.path, err, rerr)
 		}
 		c.onCorrupt(kept, err)
-		return map[types.UID]ClaimRecord{}, nil
+		return map[types.UID]R{}, nil
 	}
 	if data.BootID != c.bootID {
 		// After a reboot nothing the records describe exists: the
 		// interfaces, pins and CDI specs under /run are gone.
-		return map[types.UID]ClaimRecord{}, nil
+		return map[types.UID]R{}, nil
 	}
 	c.cache, c.cacheKey = maps.Clone(data.Claims), key
 	return data.Claims, nil
@@ -282,23 +241,23 @@ func statKey(path string) (fileKey, error) {
 	return fileKey{ino: int64(st.Ino), size: st.Size, mtime: st.Mtim.Nano()}, nil
 }
 
-func decodeCheckpoint(raw []byte) (checkpointData, error) {
+func decodeCheckpoint[R any](raw []byte) (checkpointData[R], error) {
 	var f checkpointFile
 	if err := json.Unmarshal(raw, &f); err != nil {
-		return checkpointData{}, fmt.Errorf("not a checkpoint: %w", err)
+		return checkpointData[R]{}, fmt.Errorf("not a checkpoint: %w", err)
 	}
-	if f.Version != CheckpointVersion {
-		return checkpointData{}, fmt.Errorf("checkpoint version %d, this agent reads version %d", f.Version, CheckpointVersion)
+	if f.Version != Version {
+		return checkpointData[R]{}, fmt.Errorf("checkpoint version %d, this agent reads version %d", f.Version, Version)
 	}
 	if sum := checksum(f.Data); sum != f.Checksum {
-		return checkpointData{}, fmt.Errorf("checksum mismatch: file says %s, data is %s", f.Checksum, sum)
+		return checkpointData[R]{}, fmt.Errorf("checksum mismatch: file says %s, data is %s", f.Checksum, sum)
 	}
-	var data checkpointData
+	var data checkpointData[R]
 	if err := json.Unmarshal(f.Data, &data); err != nil {
-		return checkpointData{}, fmt.Errorf("checkpoint data: %w", err)
+		return checkpointData[R]{}, fmt.Errorf("checkpoint data: %w", err)
 	}
 	if data.Claims == nil {
-		data.Claims = map[types.UID]ClaimRecord{}
+		data.Claims = map[types.UID]R{}
 	}
 	return data, nil
 }
@@ -310,16 +269,16 @@ func checksum(data []byte) string {
 
 // write replaces the file atomically: temp file, fsync, rename, fsync of the
 // directory.
-func (c *Checkpoint) write(claims map[types.UID]ClaimRecord) error {
-	data, err := json.Marshal(checkpointData{BootID: c.bootID, Claims: claims})
+func (c *Checkpoint[R]) write(claims map[types.UID]R) error {
+	data, err := json.Marshal(checkpointData[R]{BootID: c.bootID, Claims: claims})
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
-	out, err := json.Marshal(checkpointFile{Version: CheckpointVersion, Checksum: checksum(data), Data: data})
+	out, err := json.Marshal(checkpointFile{Version: Version, Checksum: checksum(data), Data: data})
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
-	if err := WriteFileAtomic(c.path, out, 0o600); err != nil {
+	if err := atomicfile.Write(c.path, out, 0o600); err != nil {
 		c.cache = nil
 		return err
 	}
@@ -327,44 +286,6 @@ func (c *Checkpoint) write(claims map[types.UID]ClaimRecord) error {
 		c.cache, c.cacheKey = maps.Clone(claims), key
 	} else {
 		c.cache = nil
-	}
-	return nil
-}
-
-// WriteFileAtomic writes a file so that a crash leaves either the old or the
-// new content, never a torn one.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("replace %s: %w", path, err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
 }

@@ -1,0 +1,196 @@
+// Package agent is carve's composition root on a node: it wires every device
+// kind's preparer into the kubelet plugin, runs the rediscovery loop that
+// republishes ResourceSlices, and serves metrics and health.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/cdi"
+	"github.com/carve-dra/carve/prepare/checkpoint"
+	"github.com/carve-dra/carve/prepare/status"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+// Options configure the node agent.
+type Options struct {
+	NodeName   string
+	KubeClient kubernetes.Interface
+	Root       string
+	// CPUCacheRoot, when set, replaces Root for the CPU cache tree (see
+	// discovery.Options).
+	CPUCacheRoot string
+	Config       *nodeconfig.NodeConfig
+	// RegistrarDir is the kubelet's plugin registration directory.
+	RegistrarDir string
+	// PluginsDir is the kubelet's plugins directory; the agent's socket
+	// is in PluginsDir/<driver name>.
+	PluginsDir string
+	CDIDir     string
+	StateDir   string
+	// MetricsAddr serves /metrics and /healthz over HTTP when not empty.
+	MetricsAddr string
+	// HealthAddr serves the gRPC health service (for a grpc liveness
+	// probe) when not empty.
+	HealthAddr string
+	// PodUID turns on rolling updates: two agent versions overlap, each
+	// registering under its pod's UID.
+	PodUID types.UID
+	// Rescan is how often the hardware is discovered again; link events
+	// trigger a rescan at once.
+	Rescan time.Duration
+	// HostNetns is the path of the node's network namespace; empty means
+	// <Root>/proc/1/ns/net where it exists, else the agent's own.
+	HostNetns string
+	// BPFPinDir is where the classifier's maps and links are pinned, on
+	// bpffs, so that limits hold while the agent restarts.
+	BPFPinDir string
+}
+
+// Run runs the kubelet plugin until ctx is done or a fatal error occurs,
+// which it returns.
+func Run(ctx context.Context, opts Options) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	logger := klog.FromContext(ctx)
+	driverName := opts.Config.DriverName
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := prepare.NewMetrics(reg)
+	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	reg.MustRegister(grpcMetrics)
+
+	k, err := openKinds(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer k.close()
+	for _, c := range k.collectors {
+		reg.MustRegister(c)
+	}
+
+	bootID, err := checkpoint.ReadBootID(opts.Root)
+	if err != nil {
+		return err
+	}
+	records, err := prepare.OpenCheckpoint(opts.StateDir, bootID, func(kept string, err error) {
+		metrics.CorruptCheckpoint.Inc()
+		logger.Error(err, "Checkpoint unreadable; kept aside and started empty", "keptAs", kept)
+	})
+	if err != nil {
+		return err
+	}
+	cdiWriter, err := cdi.NewWriter(opts.CDIDir, driverName)
+	if err != nil {
+		return err
+	}
+
+	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics}
+	if _, err := inv.rescan(ctx); err != nil {
+		return err
+	}
+	driver, err := prepare.NewDriver(prepare.Options{
+		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: records, CDI: cdiWriter,
+		Preparers: k.preparers, Devices: inv.devices, Metrics: metrics, Health: inv.watchHealth,
+		StatusClient: status.ClaimStatusWriter{Client: opts.KubeClient},
+		Fatal:        func(err error) { cancel(err) },
+	})
+	if err != nil {
+		return err
+	}
+
+	pluginDir := filepath.Join(opts.PluginsDir, driverName)
+	for _, dir := range []string{opts.RegistrarDir, pluginDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("create kubelet plugin directory: %w", err)
+		}
+	}
+	helperOpts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(driverName),
+		kubeletplugin.NodeName(opts.NodeName),
+		kubeletplugin.KubeClient(opts.KubeClient),
+		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(pluginDir),
+		// The checkpoint's lock orders concurrent calls; serializing
+		// every gRPC call would cap throughput at one claim at a time.
+		kubeletplugin.Serialize(false),
+		kubeletplugin.GRPCInterceptor(grpcMetrics.UnaryServerInterceptor()),
+		kubeletplugin.GRPCStreamInterceptor(grpcMetrics.StreamServerInterceptor()),
+	}
+	if opts.PodUID != "" {
+		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(opts.PodUID))
+	}
+	helper, err := kubeletplugin.Start(ctx, driver, helperOpts...)
+	if err != nil {
+		return fmt.Errorf("start kubelet plugin: %w", err)
+	}
+	defer helper.Stop()
+	if err := helper.PublishResources(ctx, inv.resources()); err != nil {
+		return fmt.Errorf("publish resource slices: %w", err)
+	}
+	metrics.Publishes.Inc()
+	logger.Info("Agent started", "driver", driverName, "node", opts.NodeName, "devices", len(inv.devices()))
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if opts.MetricsAddr != "" {
+		srv := &http.Server{Addr: opts.MetricsAddr, Handler: metricsMux(reg, helper), ReadHeaderTimeout: 5 * time.Second}
+		if err := serveHTTP(ctx, &wg, srv); err != nil {
+			return err
+		}
+	}
+	if opts.HealthAddr != "" {
+		if err := serveHealth(ctx, &wg, opts.HealthAddr, helper); err != nil {
+			return err
+		}
+	}
+
+	rescan := opts.Rescan
+	if rescan <= 0 {
+		rescan = time.Minute
+	}
+	ticker := time.NewTicker(rescan)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+				return cause
+			}
+			logger.Info("Agent stopping")
+			return nil
+		case <-ticker.C:
+		case <-k.linkEvents:
+		}
+		changed, err := inv.rescan(ctx)
+		if err != nil {
+			logger.Error(err, "Rediscovery failed; keeping the published slices")
+			continue
+		}
+		if changed {
+			logger.Info("Hardware changed; publishing slices again")
+			metrics.Publishes.Inc()
+			if err := helper.PublishResources(ctx, inv.resources()); err != nil {
+				metrics.PublishErrors.Inc()
+				logger.Error(err, "Publishing slices")
+			}
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"context"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+// inventory holds the latest discovery and what it publishes.
+type inventory struct {
+	root         string
+	cpuCacheRoot string
+	cfg          *nodeconfig.NodeConfig
+	node         string
+	metrics      *prepare.Metrics
+	current      atomic.Pointer[slices.Result]
+	// health subscribers are woken after each rescan.
+	mu      sync.Mutex
+	waiters []chan struct{}
+}
+
+// rescan discovers the hardware again and reports whether what is
+// published changed.
+func (i *inventory) rescan(ctx context.Context) (bool, error) {
+	start := time.Now()
+	inv, err := discovery.Discover(ctx, discovery.Options{Root: i.root, CPUCacheRoot: i.cpuCacheRoot, Net: discovery.NetFilter{
+		Include: i.cfg.Netdev.Include, Exclude: i.cfg.Netdev.Exclude, IncludeVirtual: i.cfg.Netdev.IncludeVirtual,
+	}})
+	i.metrics.DiscoveryDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return false, err
+	}
+	res := slices.Build(inv, i.cfg, i.node)
+	old := i.current.Swap(&res)
+	i.mu.Lock()
+	for _, w := range i.waiters {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+	i.mu.Unlock()
+	if old == nil {
+		for _, n := range res.Notices {
+			klog.FromContext(ctx).Info("Not offered in full", "reason", n)
+		}
+		return true, nil
+	}
+	return !reflect.DeepEqual(old.Resources, res.Resources), nil
+}
+
+func (i *inventory) devices() map[string]slices.Entry { return i.current.Load().Index }
+
+func (i *inventory) resources() resourceslice.DriverResources { return i.current.Load().Resources }
+
+// watchHealth reports NIC health: a NIC whose link is down is unhealthy.
+// Other kinds have nothing this agent can observe yet and are left out of
+// the reports. Reports are re-sent within the kubelet's 30 s lease.
+func (i *inventory) watchHealth(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	wake := make(chan struct{}, 1)
+	i.mu.Lock()
+	i.waiters = append(i.waiters, wake)
+	i.mu.Unlock()
+	defer func() {
+		i.mu.Lock()
+		defer i.mu.Unlock()
+		for n, w := range i.waiters {
+			if w == wake {
+				i.waiters = append(i.waiters[:n], i.waiters[n+1:]...)
+				break
+			}
+		}
+	}()
+	refresh := time.NewTicker(20 * time.Second)
+	defer refresh.Stop()
+	for {
+		report := kubeletplugin.DeviceHealthReport{}
+		for name, e := range i.devices() {
+			if e.NIC == nil {
+				continue
+			}
+			h := kubeletplugin.HealthStatusHealthy
+			if !e.NIC.LinkUsable() {
+				h = kubeletplugin.HealthStatusUnhealthy
+			}
+			report.Devices = append(report.Devices, kubeletplugin.DeviceHealth{PoolName: i.node, DeviceName: name, Health: h, LastUpdated: time.Now()})
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- report:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-refresh.C:
+		}
+	}
+}

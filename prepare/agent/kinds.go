@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netns"
+	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/atomicfile"
+	"github.com/carve-dra/carve/prepare/fpga"
+	"github.com/carve-dra/carve/prepare/llc"
+	"github.com/carve-dra/carve/slices"
+)
+
+// kinds is every device kind's preparer, with what the NIC kind needs
+// beside it: the node's network namespace, its link events and the BPF
+// classifier.
+type kinds struct {
+	preparers  map[string]prepare.Preparer
+	linkEvents <-chan struct{}
+	collectors []prometheus.Collector
+	close      func()
+}
+
+// openKinds wires the preparer of each device kind. A node without BPF
+// still serves every kind; its bandwidth shares are refused at prepare.
+func openKinds(ctx context.Context, opts Options) (*kinds, error) {
+	logger := klog.FromContext(ctx)
+	hostNS, err := openHostNetns(opts.Root, opts.HostNetns)
+	if err != nil {
+		return nil, err
+	}
+	closers := []func(){func() { hostNS.Close() }}
+	k := &kinds{close: func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}}
+	if k.linkEvents, err = netdev.WatchLinks(ctx, hostNS); err != nil {
+		logger.Error(err, "No link events; relying on the periodic rescan")
+	}
+	shaper, err := openShaper(opts.BPFPinDir)
+	if err != nil {
+		logger.Error(err, "BPF classifier unavailable; bandwidth shares will be refused")
+	} else {
+		closers = append(closers, func() { shaper.Close() })
+		if removed, err := bpf.CleanupDefunct(opts.BPFPinDir); err != nil {
+			logger.Error(err, "Cleaning up defunct classifier links")
+		} else if len(removed) > 0 {
+			logger.Info("Removed classifier links whose network namespace is gone", "links", removed)
+		}
+	}
+	hookPath, err := installHookBinary(opts.StateDir)
+	if err != nil {
+		k.close()
+		return nil, err
+	}
+	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hookPath, Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir})
+	if err != nil {
+		k.close()
+		return nil, err
+	}
+	k.collectors = []prometheus.Collector{nics}
+	k.preparers = map[string]prepare.Preparer{
+		slices.KindNIC:  nics,
+		slices.KindFPGA: fpga.Preparer{Root: opts.Root},
+		slices.KindLLC:  llc.Preparer{},
+	}
+	return k, nil
+}
+
+// openHostNetns opens the node's network namespace: the one given, else
+// that of the host's init process under root, else the agent's own (an agent
+// run on the host against a fixture root).
+func openHostNetns(root, path string) (netns.NsHandle, error) {
+	if path == "" {
+		candidate := filepath.Join(root, "proc/1/ns/net")
+		if _, err := os.Stat(candidate); err != nil {
+			return netns.Get()
+		}
+		path = candidate
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return netns.None(), fmt.Errorf("node network namespace %s: %w", path, err)
+	}
+	return ns, nil
+}
+
+// openShaper mounts bpffs where it is missing and opens the pinned
+// classifier. The pins only outlive the agent's container when the pin
+// directory is on the host's bpffs (the chart mounts /sys/fs/bpf).
+func openShaper(pinDir string) (*bpf.Shaper, error) {
+	if err := bpf.MountBPFFS(filepath.Dir(pinDir)); err != nil {
+		return nil, err
+	}
+	return bpf.OpenShaper(pinDir)
+}
+
+// installHookBinary copies this binary into the state directory, which is
+// the same path on the host: the container runtime runs the hook from there,
+// on the host, where the agent's image is not.
+func installHookBinary(stateDir string) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(self)
+	if err != nil {
+		return "", fmt.Errorf("read own binary: %w", err)
+	}
+	dst := filepath.Join(stateDir, "bin", "carve")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	if err := atomicfile.Write(dst, data, 0o755); err != nil {
+		return "", fmt.Errorf("install the hook binary: %w", err)
+	}
+	return dst, nil
+}

@@ -1,0 +1,65 @@
+package v1alpha1_test
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+)
+
+var path = field.NewPath("parameters")
+
+func TestDecodeAppliesDefaults(t *testing.T) {
+	obj, err := v1alpha1.Decode([]byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["p"]}`), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, ok := obj.(*v1alpha1.NetworkConfig)
+	if !ok {
+		t.Fatalf("decoded a %T, want *NetworkConfig", obj)
+	}
+	if n.Mode != "macvlan" || n.MacvlanMode != "bridge" || n.IPVlanMode != "" || n.InterfaceName != "net1" || n.Kind != "NetworkConfig" {
+		t.Errorf("defaults: %+v", n)
+	}
+	obj, err = v1alpha1.Decode([]byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mode":"ipvlan","interfaceName":"data0"}`), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := obj.(*v1alpha1.NetworkConfig); n.IPVlanMode != "l2" || n.MacvlanMode != "" || n.InterfaceName != "data0" {
+		t.Errorf("ipvlan defaults: %+v", n)
+	}
+}
+
+// Every refusal names what is wrong and where.
+func TestDecodeRefusesNamingTheField(t *testing.T) {
+	for _, tc := range []struct{ raw, want string }{
+		{`{"apiVersion":"carve.dev/v1","kind":"NetworkConfig"}`, "parameters.apiVersion"},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig"}`, `parameters.kind: Unsupported value: "GPUConfig"`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtuu":1500}`, `unknown field "mtuu"`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtu":1500,"mtu":9000}`, `duplicate field "mtu"`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtu":12}`, "parameters.mtu"},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","routes":[{"destination":"x"}]}`, "parameters.routes[0].destination"},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mode":"ipvlan","macvlanMode":"vepa"}`, "parameters.macvlanMode"},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"1BAD":"x"}}`, "parameters.env[1BAD]"},
+		{`[1,2]`, "not a JSON object"},
+	} {
+		_, err := v1alpha1.Decode([]byte(tc.raw), path)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.raw, err, tc.want)
+		}
+	}
+}
+
+func TestDeepCopyIsIndependent(t *testing.T) {
+	in := &v1alpha1.NetworkConfig{Pools: []string{"a"}, Routes: []v1alpha1.Route{{Destination: "default", Gateway: "10.0.0.1"}}}
+	out := in.DeepCopy()
+	out.Pools[0], out.Routes[0].Gateway = "b", "10.0.0.2"
+	if in.Pools[0] != "a" || in.Routes[0].Gateway != "10.0.0.1" {
+		t.Errorf("the copy shares memory with the original: %+v", in)
+	}
+	if _, ok := out.DeepCopyObject().(*v1alpha1.NetworkConfig); !ok {
+		t.Error("DeepCopyObject does not return a *NetworkConfig")
+	}
+}

@@ -1,0 +1,55 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DeviceConfig applies to a device of any kind.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type DeviceConfig struct {
+	metav1.TypeMeta `json:",inline"`
+	// Env is added to the environment of every container using the device.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// NetworkConfig configures a NIC share: the interface the pod sees.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type NetworkConfig struct {
+	metav1.TypeMeta `json:",inline"`
+	// Mode is the kind of child interface: macvlan (default) or ipvlan.
+	Mode string `json:"mode,omitempty"`
+	// MacvlanMode is bridge (default), private, vepa or passthru.
+	MacvlanMode string `json:"macvlanMode,omitempty"`
+	// IPVlanMode is l2 (default), l3 or l3s.
+	IPVlanMode string `json:"ipvlanMode,omitempty"`
+	// InterfaceName is the name of the share's interface inside the pod
+	// (default net1).
+	InterfaceName string `json:"interfaceName,omitempty"`
+	// MTU of that interface; the parent's when zero.
+	MTU int `json:"mtu,omitempty"`
+	// VLAN, when set, puts the share on a VLAN of the parent.
+	VLAN int `json:"vlan,omitempty"`
+	// Addresses are static addresses in CIDR form, IPv4 or IPv6.
+	Addresses []string `json:"addresses,omitempty"`
+	// Pools name address pools of the node's config to take one address
+	// from each; the address is released on unprepare.
+	Pools []string `json:"pools,omitempty"`
+	// Routes are added in the pod through this interface.
+	Routes []Route `json:"routes,omitempty"`
+}
+
+// Route is a route through the share's interface.
+type Route struct {
+	// Destination in CIDR form; "default" for the default route.
+	Destination string `json:"destination"`
+	// Gateway, when set, is the next hop.
+	Gateway string `json:"gateway,omitempty"`
+}
+
+// Kinds of this group, as they appear in the kind field.
+const (
+	DeviceConfigKind  = "DeviceConfig"
+	NetworkConfigKind = "NetworkConfig"
+)

@@ -1,0 +1,83 @@
+package v1alpha1
+
+import (
+	"net/netip"
+	"regexp"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ValidateDeviceConfig checks a DeviceConfig; errors are under path.
+func ValidateDeviceConfig(c *DeviceConfig, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for name := range c.Env {
+		if !envNamePattern.MatchString(name) {
+			errs = append(errs, field.Invalid(path.Child("env").Key(name), name, "not an environment variable name"))
+		}
+	}
+	return errs
+}
+
+// ValidateNetworkConfig checks a NetworkConfig; errors are under path.
+func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch n.Mode {
+	case "", "macvlan", "ipvlan":
+	default:
+		errs = append(errs, field.NotSupported(path.Child("mode"), n.Mode, []string{"macvlan", "ipvlan"}))
+	}
+	switch n.MacvlanMode {
+	case "", "bridge", "private", "vepa", "passthru":
+	default:
+		errs = append(errs, field.NotSupported(path.Child("macvlanMode"), n.MacvlanMode, []string{"bridge", "private", "vepa", "passthru"}))
+	}
+	switch n.IPVlanMode {
+	case "", "l2", "l3", "l3s":
+	default:
+		errs = append(errs, field.NotSupported(path.Child("ipvlanMode"), n.IPVlanMode, []string{"l2", "l3", "l3s"}))
+	}
+	if n.Mode == "ipvlan" && n.MacvlanMode != "" {
+		errs = append(errs, field.Forbidden(path.Child("macvlanMode"), "only for mode macvlan"))
+	}
+	if n.Mode != "ipvlan" && n.IPVlanMode != "" {
+		errs = append(errs, field.Forbidden(path.Child("ipvlanMode"), "only for mode ipvlan"))
+	}
+	if n.InterfaceName != "" {
+		if len(n.InterfaceName) > 15 || strings.ContainsAny(n.InterfaceName, "/: \t\n") || n.InterfaceName == "." || n.InterfaceName == ".." {
+			errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "not a Linux interface name (at most 15 characters, no '/', ':' or spaces)"))
+		}
+	}
+	if n.MTU != 0 && (n.MTU < 68 || n.MTU > 65535) {
+		errs = append(errs, field.Invalid(path.Child("mtu"), n.MTU, "must be between 68 and 65535"))
+	}
+	if n.VLAN != 0 && (n.VLAN < 1 || n.VLAN > 4094) {
+		errs = append(errs, field.Invalid(path.Child("vlan"), n.VLAN, "must be between 1 and 4094"))
+	}
+	for i, a := range n.Addresses {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			errs = append(errs, field.Invalid(path.Child("addresses").Index(i), a, "not an address in CIDR form, e.g. 10.0.0.5/24"))
+		}
+	}
+	for i, p := range n.Pools {
+		if p == "" {
+			errs = append(errs, field.Required(path.Child("pools").Index(i), "a pool name from the node config"))
+		}
+	}
+	for i, r := range n.Routes {
+		rp := path.Child("routes").Index(i)
+		if r.Destination != "default" {
+			if _, err := netip.ParsePrefix(r.Destination); err != nil {
+				errs = append(errs, field.Invalid(rp.Child("destination"), r.Destination, "not a CIDR or \"default\""))
+			}
+		}
+		if r.Gateway != "" {
+			if _, err := netip.ParseAddr(r.Gateway); err != nil {
+				errs = append(errs, field.Invalid(rp.Child("gateway"), r.Gateway, "not an IP address"))
+			}
+		}
+	}
+	return errs
+}
