@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -16,52 +16,70 @@ import (
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
-func runAgent(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file; in-cluster config when empty")
-	nodeName := fs.String("node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")
-	root := fs.String("root", "/", "host root to read sysfs and procfs under")
-	cpuCacheRoot := fs.String("cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root; for nodes whose sysfs lacks cpu*/cache, and tests")
-	configFile := fs.String("config", "", "NodeConfig file (carve.dev/v1alpha1)")
-	registrarDir := fs.String("kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
-	pluginsDir := fs.String("kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet plugins directory; the socket goes in <dir>/<driver name>")
-	cdiDir := fs.String("cdi-dir", "/var/run/cdi", "directory for the CDI specs of prepared claims")
-	stateDir := fs.String("state-dir", "/var/lib/carve", "directory for the checkpoint and claim files")
-	metricsAddr := fs.String("metrics-addr", ":9464", "address for /metrics and /healthz over HTTP; empty turns it off")
-	healthAddr := fs.String("health-addr", ":9465", "address for the gRPC health service (liveness probe); empty turns it off")
-	podUID := fs.String("pod-uid", os.Getenv("POD_UID"), "the agent pod's UID (downward API) for seamless rolling updates; empty turns them off")
-	rescan := fs.Duration("rescan-interval", time.Minute, "how often to rediscover hardware; link events rediscover at once")
-	qps := fs.Float64("kube-api-qps", 200, "queries per second to the API server; every prepare reads its claims")
-	burst := fs.Int("kube-api-burst", 400, "burst of queries to the API server")
-	hostNetns := fs.String("host-netns", "", "the node's network namespace (a path); default <root>/proc/1/ns/net, else the agent's own")
-	bpfPinDir := fs.String("bpf-pin-dir", "/sys/fs/bpf/carve", "where the classifier's maps and links are pinned (on bpffs), so limits hold while the agent restarts")
-	ctx = withLogging(ctx, fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+type agentFlags struct {
+	kubeconfig, nodeName, root, cpuCacheRoot, configFile  string
+	registrarDir, pluginsDir, cdiDir, stateDir            string
+	metricsAddr, healthAddr, podUID, hostNetns, bpfPinDir string
+	rescan                                                time.Duration
+	qps                                                   float64
+	burst                                                 int
+}
+
+func newAgentCommand() *cobra.Command {
+	var f agentFlags
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "run the kubelet plugin: publish slices, prepare claims",
+		Args:  noArgs,
+		RunE: work(func(cmd *cobra.Command) error {
+			return runAgent(cmd.Context(), f)
+		}),
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	cfg, err := nodeconfig.Load(*configFile)
+	fs := cmd.Flags()
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster config when empty")
+	fs.StringVar(&f.nodeName, "node-name", defaultNodeName(), "this node's name: $NODE_NAME when set, else the hostname")
+	fs.StringVar(&f.root, "root", "/", "host root to read sysfs and procfs under")
+	fs.StringVar(&f.cpuCacheRoot, "cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root; for nodes whose sysfs lacks cpu*/cache, and tests")
+	fs.StringVar(&f.configFile, "config", "", "NodeConfig file (carve.dev/v1alpha1)")
+	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
+	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet plugins directory; the socket goes in <dir>/<driver name>")
+	fs.StringVar(&f.cdiDir, "cdi-dir", "/var/run/cdi", "directory for the CDI specs of prepared claims")
+	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/carve", "directory for the checkpoint and claim files")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9464", "address for /metrics and /healthz over HTTP; empty turns it off")
+	fs.StringVar(&f.healthAddr, "health-addr", ":9465", "address for the gRPC health service (liveness probe); empty turns it off")
+	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "the agent pod's UID (downward API) for seamless rolling updates; empty turns them off")
+	fs.DurationVar(&f.rescan, "rescan-interval", time.Minute, "how often to rediscover hardware; link events rediscover at once")
+	fs.Float64Var(&f.qps, "kube-api-qps", 200, "queries per second to the API server; every prepare reads its claims")
+	fs.IntVar(&f.burst, "kube-api-burst", 400, "burst of queries to the API server")
+	fs.StringVar(&f.hostNetns, "host-netns", "", "the node's network namespace (a path); default <root>/proc/1/ns/net, else the agent's own")
+	fs.StringVar(&f.bpfPinDir, "bpf-pin-dir", "/sys/fs/bpf/carve", "where the classifier's maps and links are pinned (on bpffs), so limits hold while the agent restarts")
+	must(cmd.MarkFlagFilename("kubeconfig"))
+	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
+	must(cmd.MarkFlagDirname("root"))
+	return cmd
+}
+
+func runAgent(ctx context.Context, f agentFlags) error {
+	cfg, err := nodeconfig.Load(f.configFile)
 	if err != nil {
 		return err
 	}
-	restCfg, err := restConfig(*kubeconfig)
+	restCfg, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return err
 	}
 	// client-go's default of 5 QPS caps a driver at 5 claims a second,
 	// since the helper reads every claim it prepares.
-	restCfg.QPS, restCfg.Burst = float32(*qps), *burst
+	restCfg.QPS, restCfg.Burst = float32(f.qps), f.burst
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("kube client: %w", err)
 	}
 	return agent.Run(ctx, agent.Options{
-		NodeName: *nodeName, KubeClient: client, Root: *root, CPUCacheRoot: *cpuCacheRoot, Config: cfg,
-		RegistrarDir: *registrarDir, PluginsDir: *pluginsDir, CDIDir: *cdiDir, StateDir: *stateDir,
-		MetricsAddr: *metricsAddr, HealthAddr: *healthAddr, PodUID: types.UID(*podUID),
-		Rescan: *rescan, HostNetns: *hostNetns, BPFPinDir: *bpfPinDir,
+		NodeName: f.nodeName, KubeClient: client, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, Config: cfg,
+		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
+		MetricsAddr: f.metricsAddr, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
+		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
 	})
 }
 

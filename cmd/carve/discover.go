@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"io"
 	"os"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
@@ -13,41 +15,61 @@ import (
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
-func runDiscover(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("discover", flag.ContinueOnError)
-	root := fs.String("root", "/", "host root to read sysfs and procfs under")
-	cpuCacheRoot := fs.String("cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root")
-	nodeName := fs.String("node-name", defaultNodeName(), "node the slices are for (default: $NODE_NAME, else the hostname)")
-	configFile := fs.String("config", "", "NodeConfig file (carve.dev/v1alpha1)")
-	output := fs.String("o", "yaml", "output format: yaml or json")
-	ctx = withLogging(ctx, fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+type discoverFlags struct {
+	root, cpuCacheRoot, nodeName, configFile, output string
+}
+
+func newDiscoverCommand() *cobra.Command {
+	var f discoverFlags
+	cmd := &cobra.Command{
+		Use:   "discover",
+		Short: "print this node's ResourceSlices as a v1 List",
+		Args:  noArgs,
+		RunE: work(func(cmd *cobra.Command) error {
+			return runDiscover(cmd.Context(), f, cmd.OutOrStdout())
+		}),
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	if *nodeName == "" {
+	fs := cmd.Flags()
+	fs.StringVar(&f.root, "root", "/", "host root to read sysfs and procfs under")
+	fs.StringVar(&f.cpuCacheRoot, "cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root")
+	fs.StringVar(&f.nodeName, "node-name", defaultNodeName(), "node the slices are for: $NODE_NAME when set, else the hostname")
+	fs.StringVar(&f.configFile, "config", "", "NodeConfig file (carve.dev/v1alpha1)")
+	fs.StringVarP(&f.output, "output", "o", "yaml", "output format: yaml or json")
+	// The flag was long named "o" before it was "output": --o still works.
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if name == "o" {
+			name = "output"
+		}
+		return pflag.NormalizedName(name)
+	})
+	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
+	must(cmd.MarkFlagDirname("root"))
+	must(cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"yaml", "json"}, cobra.ShellCompDirectiveNoFileComp)))
+	return cmd
+}
+
+func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
+	if f.nodeName == "" {
 		return fmt.Errorf("--node-name is empty and the hostname is unknown")
 	}
-	cfg, err := nodeconfig.Load(*configFile)
+	cfg, err := nodeconfig.Load(f.configFile)
 	if err != nil {
 		return err
 	}
-	inv, err := discovery.Discover(ctx, discovery.Options{Root: *root, CPUCacheRoot: *cpuCacheRoot, Net: netFilter(cfg)})
+	inv, err := discovery.Discover(ctx, discovery.Options{Root: f.root, CPUCacheRoot: f.cpuCacheRoot, Net: netFilter(cfg)})
 	if err != nil {
 		return err
 	}
-	res := slices.Build(inv, cfg, *nodeName)
+	res := slices.Build(inv, cfg, f.nodeName)
 	logger := klog.FromContext(ctx)
 	for _, n := range res.Notices {
 		logger.Info("Notice", "msg", n)
 	}
-	out, err := slices.Encode(slices.Objects(cfg.DriverName, *nodeName, res.Resources), *output)
+	out, err := slices.Encode(slices.Objects(cfg.DriverName, f.nodeName, res.Resources), f.output)
 	if err != nil {
 		return err
 	}
-	_, err = os.Stdout.Write(out)
+	_, err = stdout.Write(out)
 	return err
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,17 +11,6 @@ import (
 
 	"github.com/carve-dra/carve/discovery/sysfstest"
 )
-
-// buildCarve compiles this command once per test binary run.
-func buildCarve(t testing.TB) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "carve")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 func TestDiscoverCommand(t *testing.T) {
 	bin := buildCarve(t)
@@ -83,6 +73,39 @@ func BenchmarkProcessStartToSlices(b *testing.B) {
 		}
 		if !bytes.Contains(out.Bytes(), []byte("ens15f0v127")) {
 			b.Fatal("output lacks the last VF")
+		}
+	}
+}
+
+// TestDiscoverJSONLogs checks --logging-format and -v: with json, every line
+// on stderr is a JSON log entry, including those at V(2); stdout keeps the
+// slices alone, under any spelling of -o.
+func TestDiscoverJSONLogs(t *testing.T) {
+	tree := sysfstest.Typical(t.TempDir())
+	for _, output := range []string{"-o", "--o", "--output"} {
+		stdout, stderr, code := runCarve(t, "", "discover", "--logging-format=json", "-v=2", "--root", tree.Root, "--node-name", "node-a", output, "json")
+		if code != 0 {
+			t.Fatalf("exit %d\n%s", code, stderr)
+		}
+		var list struct{ Kind string }
+		if err := json.Unmarshal([]byte(stdout), &list); err != nil || list.Kind != "List" {
+			t.Errorf("%s json: stdout is not a JSON List (%v):\n%s", output, err, stdout)
+		}
+		var sawV2, sawNotice bool
+		for line := range strings.Lines(stderr) {
+			var entry struct {
+				Msg string `json:"msg"`
+				V   *int   `json:"v"`
+			}
+			if err := json.Unmarshal([]byte(line), &entry); err != nil || entry.Msg == "" {
+				t.Errorf("stderr line is not a JSON log entry (%v): %q", err, line)
+				continue
+			}
+			sawV2 = sawV2 || entry.Msg == "Discovered hardware" && entry.V != nil && *entry.V == 2
+			sawNotice = sawNotice || strings.Contains(line, "ens1f1np1")
+		}
+		if !sawV2 || !sawNotice {
+			t.Errorf("stderr lacks the V(2) entry (%v) or the notice about ens1f1np1 (%v):\n%s", sawV2, sawNotice, stderr)
 		}
 	}
 }
