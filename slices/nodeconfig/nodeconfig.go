@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -234,7 +235,7 @@ func (c *NodeConfig) Validate() field.ErrorList {
 		}
 		for capName, pol := range byCap {
 			p := rp.Key(kind).Key(capName)
-			if !contains(caps, capName) {
+			if !slices.Contains(caps, capName) {
 				errs = append(errs, field.NotSupported(p, capName, caps))
 				continue
 			}
@@ -244,15 +245,6 @@ func (c *NodeConfig) Validate() field.ErrorList {
 		}
 	}
 	return errs
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 func positiveQuantity(p *field.Path, s string) field.ErrorList {
