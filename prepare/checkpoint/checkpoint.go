@@ -24,8 +24,13 @@ import (
 )
 
 // Version is the version of the checkpoint file's format. A file of
-// another version is not read: it is kept aside, like a corrupt one.
+// an older version is kept aside, like a corrupt one; a newer one is refused.
 const Version = 1
+
+// ErrNewerVersion is returned for a checkpoint written by a newer carve. It
+// is never kept aside like a corrupt one: starting empty would forget every
+// prepared share, and the newer agent can still read it after a roll forward.
+var ErrNewerVersion = errors.New("checkpoint written by a newer carve")
 
 // checkpointData is the checksummed payload.
 type checkpointData[R any] struct {
@@ -198,7 +203,7 @@ func (c *Checkpoint[R]) lock() (func(), error) {
 }
 
 // read loads the records. A missing file is empty; a corrupt one, or one of
-// another version, is renamed aside and reported, and reading goes on from
+// an older version, is renamed aside and reported, and reading goes on from
 // empty, so that a bad file never crash-loops the agent.
 func (c *Checkpoint[R]) read() (map[types.UID]R, error) {
 	key, err := statKey(c.path)
@@ -216,6 +221,9 @@ func (c *Checkpoint[R]) read() (map[types.UID]R, error) {
 		return nil, fmt.Errorf("read checkpoint: %w", err)
 	}
 	data, err := decodeCheckpoint[R](raw)
+	if errors.Is(err, ErrNewerVersion) {
+		return nil, fmt.Errorf("checkpoint %s: %w", c.path, err)
+	}
 	if err != nil {
 		kept := fmt.Sprintf("%s.corrupt-%s", c.path, time.Now().UTC().Format("20060102T150405.000000000"))
 		if rerr := os.Rename(c.path, kept); rerr != nil {
@@ -245,6 +253,9 @@ func decodeCheckpoint[R any](raw []byte) (checkpointData[R], error) {
 	var f checkpointFile
 	if err := json.Unmarshal(raw, &f); err != nil {
 		return checkpointData[R]{}, fmt.Errorf("not a checkpoint: %w", err)
+	}
+	if f.Version > Version {
+		return checkpointData[R]{}, fmt.Errorf("%w: version %d, this agent reads version %d; run the newer carve again, or unprepare its claims first", ErrNewerVersion, f.Version, Version)
 	}
 	if f.Version != Version {
 		return checkpointData[R]{}, fmt.Errorf("checkpoint version %d, this agent reads version %d", f.Version, Version)

@@ -72,7 +72,7 @@ func TestCorruptCheckpointKeptAside(t *testing.T) {
 		"torn":        func(b []byte) []byte { return b[:len(b)/2] },
 		"edited":      func(b []byte) []byte { return []byte(strings.Replace(string(b), `"completed"`, `"started"`, 1)) },
 		"bit flipped": func(b []byte) []byte { return []byte(strings.Replace(string(b), `"uid":"a"`, `"uid":"b"`, 1)) },
-		"future":      func(b []byte) []byte { return []byte(strings.Replace(string(b), `"version":1`, `"version":9`, 1)) },
+		"past":        func(b []byte) []byte { return []byte(strings.Replace(string(b), `"version":1`, `"version":0`, 1)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -110,6 +110,32 @@ func TestCheckpointFromAnotherBootIsDropped(t *testing.T) {
 	after := open(t, dir, "boot-2", nil)
 	if recs, err := after.Read(); err != nil || len(recs) != 0 {
 		t.Errorf("after reboot: %v %v", recs, err)
+	}
+}
+
+// A checkpoint written by a newer carve (found after a rollback) is neither
+// read nor kept aside: the agent refuses to start, saying why, rather than
+// start empty and forget every prepared share.
+func TestNewerCheckpointIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	reported := 0
+	cp := open(t, dir, "boot-1", func(string, error) { reported++ })
+	put(t, cp, "a")
+	raw, _ := os.ReadFile(cp.Path())
+	newer := []byte(strings.Replace(string(raw), `"version":1`, `"version":2`, 1))
+	os.WriteFile(cp.Path(), newer, 0o600)
+	recs, err := cp.Read()
+	if err == nil || !strings.Contains(err.Error(), "version 2") || !strings.Contains(err.Error(), "newer") {
+		t.Fatalf("read = %v, %v; want an error naming the newer version", recs, err)
+	}
+	if err := cp.Update(func(map[types.UID]record) error { return nil }); err == nil {
+		t.Error("an update over a newer checkpoint succeeded")
+	}
+	if b, _ := os.ReadFile(cp.Path()); string(b) != string(newer) {
+		t.Error("the newer checkpoint was changed")
+	}
+	if kept, _ := filepath.Glob(filepath.Join(dir, "checkpoint.json.corrupt-*")); len(kept) != 0 || reported != 0 {
+		t.Errorf("the newer checkpoint was kept aside as corrupt: %v (%d reports)", kept, reported)
 	}
 }
 

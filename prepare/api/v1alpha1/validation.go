@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -14,8 +15,13 @@ var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 func ValidateDeviceConfig(c *DeviceConfig, path *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	for name := range c.Env {
-		if !envNamePattern.MatchString(name) {
+		switch {
+		case !envNamePattern.MatchString(name):
 			errs = append(errs, field.Invalid(path.Child("env").Key(name), name, "not an environment variable name"))
+		case strings.HasPrefix(strings.ToUpper(name), "CARVE_"):
+			// carve's own variables describe the allocation; a claim
+			// must not be able to make a container misread it.
+			errs = append(errs, field.Forbidden(path.Child("env").Key(name), "CARVE_* variables are set by carve"))
 		}
 	}
 	return errs
@@ -56,10 +62,18 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 	if n.VLAN != 0 && (n.VLAN < 1 || n.VLAN > 4094) {
 		errs = append(errs, field.Invalid(path.Child("vlan"), n.VLAN, "must be between 1 and 4094"))
 	}
+	seen := map[netip.Addr]int{}
 	for i, a := range n.Addresses {
-		if _, err := netip.ParsePrefix(a); err != nil {
+		pfx, err := netip.ParsePrefix(a)
+		if err != nil {
 			errs = append(errs, field.Invalid(path.Child("addresses").Index(i), a, "not an address in CIDR form, e.g. 10.0.0.5/24"))
+			continue
 		}
+		if j, dup := seen[pfx.Addr()]; dup {
+			errs = append(errs, field.Duplicate(path.Child("addresses").Index(i), fmt.Sprintf("%s (also addresses[%d])", a, j)))
+			continue
+		}
+		seen[pfx.Addr()] = i
 	}
 	for i, p := range n.Pools {
 		if p == "" {
@@ -67,17 +81,34 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 		}
 	}
 	for i, r := range n.Routes {
-		rp := path.Child("routes").Index(i)
-		if r.Destination != "default" {
-			if _, err := netip.ParsePrefix(r.Destination); err != nil {
-				errs = append(errs, field.Invalid(rp.Child("destination"), r.Destination, "not a CIDR or \"default\""))
-			}
+		errs = append(errs, validateRoute(r, path.Child("routes").Index(i))...)
+	}
+	return errs
+}
+
+// validateRoute checks what the kernel would refuse at container start, so
+// that the claim fails at prepare with the field named instead.
+func validateRoute(r Route, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	var dst netip.Prefix
+	if r.Destination != "default" {
+		var err error
+		if dst, err = netip.ParsePrefix(r.Destination); err != nil {
+			return append(errs, field.Invalid(path.Child("destination"), r.Destination, "not a CIDR or \"default\""))
 		}
-		if r.Gateway != "" {
-			if _, err := netip.ParseAddr(r.Gateway); err != nil {
-				errs = append(errs, field.Invalid(rp.Child("gateway"), r.Gateway, "not an IP address"))
-			}
+	}
+	if r.Gateway == "" {
+		if r.Destination == "default" {
+			errs = append(errs, field.Required(path.Child("gateway"), "a default route needs a gateway"))
 		}
+		return errs
+	}
+	gw, err := netip.ParseAddr(r.Gateway)
+	if err != nil {
+		return append(errs, field.Invalid(path.Child("gateway"), r.Gateway, "not an IP address"))
+	}
+	if dst.IsValid() && dst.Addr().Is4() != gw.Is4() {
+		errs = append(errs, field.Invalid(path.Child("gateway"), r.Gateway, "not of the destination's address family ("+r.Destination+")"))
 	}
 	return errs
 }
