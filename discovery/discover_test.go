@@ -88,6 +88,10 @@ func TestTypicalNode(t *testing.T) {
 
 func TestNetFilter(t *testing.T) {
 	tree := sysfstest.Typical(t.TempDir())
+	// carve's own links: a share's interface before its pod takes it, and
+	// a parent's ingress IFB. Never NICs, whatever the filter says.
+	tree.AddNIC("cv0123456789", sysfstest.NIC{MAC: "02:01:02:03:04:05", MTU: 1500})
+	tree.AddNIC("cvifb7", sysfstest.NIC{MAC: "02:01:02:03:04:06", MTU: 1500})
 	for _, tc := range []struct {
 		filter discovery.NetFilter
 		want   []string
@@ -96,6 +100,7 @@ func TestNetFilter(t *testing.T) {
 		{discovery.NetFilter{IncludeVirtual: true, Exclude: []string{"lo"}}, []string{"ens1f0np0", "ens1f1np1", "eth0", "veth0"}},
 		{discovery.NetFilter{Include: []string{"ens*"}}, []string{"ens1f0np0", "ens1f1np1"}},
 		{discovery.NetFilter{Include: []string{"veth*"}}, nil},
+		{discovery.NetFilter{IncludeVirtual: true, Include: []string{"cv*", "veth*"}}, []string{"veth0"}},
 	} {
 		inv := discover(t, tree.Root, tc.filter)
 		var got []string

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -22,6 +23,9 @@ type NetFilter struct {
 }
 
 func (f NetFilter) keeps(name string, virtual bool) bool {
+	if IsCarveLink(name) {
+		return false
+	}
 	if virtual && !f.IncludeVirtual {
 		return false
 	}
@@ -30,6 +34,17 @@ func (f NetFilter) keeps(name string, virtual bool) bool {
 	}
 	return len(f.Include) == 0 || matchAny(f.Include, name)
 }
+
+// carveLinkPattern matches what carve's NIC preparer makes on the node: a
+// share's interface before the hook moves it into its pod ("cv" and ten hex
+// digits, see netdev.LinkName) and a parent's ingress IFB ("cvifb" and the
+// parent's ifindex).
+var carveLinkPattern = regexp.MustCompile(`^(cv[0-9a-f]{10}|cvifb[0-9]+)$`)
+
+// IsCarveLink reports whether a link is one carve made for a share. Such
+// links are never published as NICs: a share cut from a share would escape
+// its parent's shaping.
+func IsCarveLink(name string) bool { return carveLinkPattern.MatchString(name) }
 
 func matchAny(globs []string, name string) bool {
 	for _, g := range globs {
