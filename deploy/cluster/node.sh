@@ -1,9 +1,10 @@
 # shellcheck shell=bash disable=SC2154,SC2153 # here, client_ext, CDI_DIR...: set by up.sh
 # The real node of the local test cluster: containerd 2.x (with CDI), a
 # kubelet, bridge CNI. Sourced by up.sh (not run on its own): it uses up.sh's
-# variables (STATE_DIR, PKI, LOGS, BIN_DIR, ...) and helpers (log, fail,
-# start_daemon, wait_for, issue, write_kubeconfig, kubectl_). down.sh undoes
-# all of it; the host changes it makes are listed there.
+# variables (STATE_DIR, PKI, LOGS, BIN_DIR, ...) and helpers (log; fail,
+# start_daemon, wait_for from daemons.sh; issue, write_kubeconfig from pki.sh;
+# kubectl_ from control-plane.sh). down.sh undoes all of it; the host changes
+# it makes are listed there.
 #
 # Everything it can put under the state dir goes there. What cannot, and what
 # down.sh therefore cleans by hand:

@@ -23,7 +23,14 @@
 # Prints progress on stderr; the LAST LINE on stdout is the admin kubeconfig
 # path, so callers can do KUBECONFIG=$(deploy/cluster/up.sh | tail -n1).
 # If the cluster is already up (live pid files), it just prints that path.
-# Stop it with down.sh (same environment).
+# Stop it with down.sh (same environment). A start that fails at any step (or
+# is interrupted) stops every daemon it started and keeps the state dir with
+# the logs; the next up.sh or down.sh removes it.
+#
+# up.sh holds the configuration and runs the steps in order; the steps live in
+# files it sources: daemons.sh (starting, watching and stopping daemons),
+# pki.sh (certificates and kubeconfigs), control-plane.sh (etcd,
+# kube-apiserver, controller manager, scheduler) and node.sh (the node).
 #
 # Environment (all optional):
 #   CARVE_CLUSTER_DIR              state dir: pki, kubeconfigs, data, logs, pids
@@ -38,7 +45,8 @@
 #   CARVE_CLUSTER_TIMEOUT          seconds to wait for each readiness step (60)
 #   CARVE_USE_SA_CREDENTIALS       controller manager's
 #                                  --use-service-account-credentials (true)
-#   K8S_VERSION, CARVE_CACHE_DIR   passed on to build-binaries.sh
+#   K8S_VERSION, CARVE_CACHE_DIR   passed on to build-binaries.sh (K8S_VERSION:
+#                                  the release k8s-build/go.mod pins)
 #   CONTAINERD_VERSION             passed on to build-containerd.sh
 # The node (all optional too):
 #   CARVE_CLUSTER_NODE             1: start the node (default), 0: control
@@ -117,7 +125,8 @@ log() { echo "[cluster-up] $*" >&2; }
 # lock two of them would race to build binaries, generate certs and start
 # etcd. The lock file sits beside the state dir, not in it, because down.sh
 # deletes the state dir while holding the lock. Daemons are started with fd 9
-# closed (see start_daemon), or they would hold the lock until they die.
+# closed (see start_daemon in daemons.sh), or they would hold the lock until
+# they die.
 mkdir -p "$(dirname "$STATE_DIR")"
 exec 9>"$STATE_DIR.lock"
 if ! flock -n 9; then
@@ -126,170 +135,12 @@ if ! flock -n 9; then
 fi
 
 # --- helpers ----------------------------------------------------------------
-
-# gone PID: true once PID has exited or is exiting (a zombie: its parent, here
-# usually PID 1, has not reaped it yet). Checked via /proc/PID/stat rather than
-# /proc/PID/exe, which vanishes early in a process's exit.
-gone() {
-  local st
-  st=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) || return 0
-  [ "$st" = Z ]
-}
-
-# pid_of NAME: prints the pid from NAME's pid file if that process is alive
-# and really is NAME (a stale pid may have been reused). Uses
-# /proc/PID/{stat,comm}, which stay valid while a process exits, unlike
-# /proc/PID/exe; comm is the binary name cut to 15 characters.
-pid_of() {
-  local f=$PIDS/$1.pid pid comm
-  [ -f "$f" ] || return 1
-  pid=$(cat "$f" 2>/dev/null) || return 1
-  [ -n "$pid" ] || return 1
-  ! gone "$pid" || return 1
-  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-  [ "$comm" = "${1:0:15}" ] || return 1
-  echo "$pid"
-}
-
-# port_open PORT: true when something accepts TCP connections on 127.0.0.1:PORT
-# (bash's /dev/tcp; no extra tools needed).
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# stop_all: kills whatever this state dir's pid files name; used when a start
-# fails half way or a half-dead cluster is found. SIGKILL, since the state is
-# thrown away anyway and a graceful apiserver shutdown hangs once etcd is gone.
-# The state dir (with logs) is kept for debugging; the next up.sh or down.sh
-# removes it.
-stop_all() {
-  local c pid pids="" all
-  for c in "${COMPONENTS[@]}"; do
-    if pid=$(pid_of "$c"); then
-      kill -9 "$pid" 2>/dev/null || true
-      pids="$pids $pid"
-    fi
-  done
-  # SIGKILL is asynchronous; wait until they have exited (their sockets can
-  # linger a moment longer; the port check before a restart allows for that).
-  for _ in $(seq 50); do
-    all=1
-    for pid in $pids; do
-      gone "$pid" || all=0
-    done
-    [ $all = 0 ] || return 0
-    sleep 0.1
-  done
-}
-
-# fail MSG [COMPONENT...]: prints MSG and the tail of each component's log,
-# stops everything, and exits non-zero.
-fail() {
-  local msg=$1 c
-  shift
-  log "ERROR: $msg"
-  for c in "$@"; do
-    if [ -f "$LOGS/$c.log" ]; then
-      log "---- last lines of $LOGS/$c.log ----"
-      tail -n 25 "$LOGS/$c.log" >&2 || true
-    fi
-  done
-  stop_all
-  log "logs kept in $LOGS; run $here/down.sh to clean up"
-  exit 1
-}
-
-# start_daemon NAME ARGS...: starts $BIN_DIR/NAME detached and records its pid.
-# start_daemon_path NAME BINARY ARGS...: the same for a binary elsewhere.
-#  - setsid: its own session, so a caller killing its process group (a test
-#    harness timing out, the shell's job control) does not take the cluster
-#    down with it; down.sh is the way to stop it.
-#  - stdin/stdout/stderr redirected, fd 9 (the lock) closed: a caller reading
-#    up.sh's stdout through a pipe (e.g. Go's exec.Cmd.Output) would otherwise
-#    never see EOF while the daemons live.
-#  - the wrapper shell writes its own pid and then execs the binary, so the
-#    pid file holds the daemon's pid even if setsid had to fork.
-start_daemon() {
-  local name=$1
-  shift
-  start_daemon_path "$name" "$BIN_DIR/$name" "$@"
-}
-start_daemon_path() {
-  local name=$1 bin=$2
-  shift 2
-  rm -f "$PIDS/$name.pid"
-  # shellcheck disable=SC2016 # expanded by the inner sh, on purpose
-  setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDS/$name.pid" "$bin" "$@" \
-    </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
-  # Out of this shell's job table: no "Killed" notices when stop_all kills one.
-  disown "$!"
-  # Wait for the exec: until then the pid belongs to `sh`, and pid_of (which
-  # checks the process name) would take the daemon for dead.
-  for _ in $(seq 100); do
-    pid_of "$name" >/dev/null && return 0
-    sleep 0.05
-  done
-  fail "$name exited right after starting" "$name"
-}
-
-# wait_for DESC COMPONENT CMD...: retries CMD every 0.25 s until it succeeds,
-# the component dies, or TIMEOUT passes.
-wait_for() {
-  local desc=$1 comp=$2 deadline=$((SECONDS + TIMEOUT))
-  shift 2
-  until "$@" >/dev/null 2>&1; do
-    pid_of "$comp" >/dev/null || fail "$comp exited while waiting for $desc" "$comp"
-    [ $SECONDS -lt $deadline ] || fail "timed out after ${TIMEOUT}s waiting for $desc" "${COMPONENTS[@]}"
-    sleep 0.25
-  done
-}
-
-# write_kubeconfig FILE USER CERT KEY: a kubeconfig with embedded credentials,
-# so it stays valid if copied elsewhere.
-write_kubeconfig() {
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: carve
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
-users:
-- name: $2
-  user:
-    client-certificate-data: $(base64 -w0 <"$3")
-    client-key-data: $(base64 -w0 <"$4")
-contexts:
-- name: carve
-  context:
-    cluster: carve
-    user: $2
-current-context: carve
-EOF
-  chmod 600 "$1"
-}
-
-# make_ca NAME CN: a self-signed EC P-256 CA. EC keys because they generate in
-# milliseconds; Go's TLS accepts them.
-make_ca() {
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$1.key" 2>/dev/null
-  openssl req -x509 -new -key "$PKI/$1.key" -subj "/CN=$2" -days 3650 -sha256 \
-    -addext "basicConstraints=critical,CA:TRUE" \
-    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-    -out "$PKI/$1.crt" 2>/dev/null
-}
-
-# issue CA NAME SUBJECT EXTENSIONS: an EC P-256 key and a certificate for it
-# signed by CA (a make_ca name).
-issue() {
-  local ca=$1 name=$2 subj=$3 ext=$4
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key" 2>/dev/null
-  printf '%s\n' "$ext" >"$PKI/$name.ext"
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" \
-    -CAcreateserial -CAserial "$PKI/$ca.srl" -days 365 -sha256 \
-    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
-}
+# shellcheck source-path=SCRIPTDIR source=daemons.sh
+. "$here/daemons.sh"
+# shellcheck source-path=SCRIPTDIR source=pki.sh
+. "$here/pki.sh"
+# shellcheck source-path=SCRIPTDIR source=control-plane.sh
+. "$here/control-plane.sh"
 
 # --- already running? -------------------------------------------------------
 alive=0
@@ -360,43 +211,17 @@ touch "$MARKER"
 # Handy for callers: $CARVE_CLUSTER_DIR/bin/kubectl matches the server version.
 ln -sfn "$BIN_DIR" "$STATE_DIR/bin"
 
-# --- certificates -------------------------------------------------------------
-# One CA signs everything: apiserver serving cert, client certs for the admin,
-# controller manager and scheduler, and the apiserver's kubelet client cert
-# (unused until a kubelet exists, but cheap). Fresh on every cold start.
-# A second CA is the front-proxy (request-header) CA, as kubeadm sets up: the
-# controller manager and scheduler read it from the
-# extension-apiserver-authentication ConfigMap for delegated authentication
-# and log an error every few seconds, forever, when it is missing; it also
-# makes aggregated API servers work should a test need one.
-log "generating certificates in $PKI"
-make_ca ca carve-test-ca
-make_ca front-proxy-ca carve-test-front-proxy-ca
-server_ext="basicConstraints=CA:FALSE
-keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
-client_ext="basicConstraints=CA:FALSE
-keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=clientAuth"
-issue ca apiserver "/CN=kube-apiserver" "$server_ext"
-# system:masters bypasses RBAC: tests act as cluster admin.
-issue ca admin "/O=system:masters/CN=carve-admin" "$client_ext"
-# These user names are what the bootstrap RBAC roles are bound to.
-issue ca controller-manager "/CN=system:kube-controller-manager" "$client_ext"
-issue ca scheduler "/CN=system:kube-scheduler" "$client_ext"
-issue ca apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client_ext"
-issue front-proxy-ca front-proxy-client "/CN=front-proxy-client" "$client_ext"
-# Service-account tokens are signed with an RSA key: RS256 is what every
-# token consumer supports.
-openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key" 2>/dev/null
-openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+# From here on up.sh makes the cluster: if the start ends before it is ready,
+# in any way (a failed step or check, an error, a signal), the EXIT trap stops
+# every daemon it started and keeps the logs. HUP, INT and TERM are trapped
+# so they end the script through it; their default would skip it.
+STOP_ON_EXIT=1
+trap stop_on_failure EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-write_kubeconfig "$ADMIN_KUBECONFIG" carve-admin "$PKI/admin.crt" "$PKI/admin.key"
-write_kubeconfig "$STATE_DIR/controller-manager.kubeconfig" system:kube-controller-manager \
-  "$PKI/controller-manager.crt" "$PKI/controller-manager.key"
-write_kubeconfig "$STATE_DIR/scheduler.kubeconfig" system:kube-scheduler \
-  "$PKI/scheduler.crt" "$PKI/scheduler.key"
+cluster_pki
 
 # --- the node, part 1 -------------------------------------------------------
 # containerd starts now, so it is up by the time the apiserver is; the images
@@ -408,131 +233,21 @@ if [ "$NODE" = 1 ]; then
   node_certs
 fi
 
-# --- etcd -----------------------------------------------------------------------
-# Plain HTTP on loopback: only the apiserver talks to it. --unsafe-no-fsync
-# because the data is thrown away anyway and fsync dominates write latency on
-# a VM disk.
-log "starting etcd on 127.0.0.1:$ETCD_PORT"
-start_daemon etcd \
-  --name=carve \
-  --data-dir="$STATE_DIR/etcd" \
-  --listen-client-urls="http://127.0.0.1:$ETCD_PORT" \
-  --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
-  --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
-  --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
-  --initial-cluster="carve=http://127.0.0.1:$ETCD_PEER_PORT" \
-  --unsafe-no-fsync \
-  --log-level=warn
-wait_for "etcd to listen" etcd port_open "$ETCD_PORT"
-
-# --- kube-apiserver -----------------------------------------------------------
-# - resource.k8s.io/v1 is GA and served by default in v1.37; the runtime-config
-#   only makes that explicit (and keeps working if a default changes).
-#   ValidatingAdmissionPolicy is GA and on by default, nothing to set.
-# - --endpoint-reconciler-type=none: the reconciler would publish 127.0.0.1 as
-#   the `kubernetes` Service endpoint, which is invalid for an Endpoints object.
-# - TaintNodesByCondition is disabled because no kubelet ever clears the
-#   not-ready taint it puts on new Node objects, so nothing would schedule onto
-#   the fake nodes tests create.
-# - --cert-dir points into the state dir so nothing is ever written to
-#   /var/run/kubernetes (the default).
-log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
-start_daemon kube-apiserver \
-  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-  --bind-address=127.0.0.1 \
-  --advertise-address=127.0.0.1 \
-  --secure-port="$APISERVER_PORT" \
-  --cert-dir="$PKI" \
-  --tls-cert-file="$PKI/apiserver.crt" \
-  --tls-private-key-file="$PKI/apiserver.key" \
-  --client-ca-file="$PKI/ca.crt" \
-  --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
-  --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
-  --kubelet-preferred-address-types=InternalIP \
-  --requestheader-client-ca-file="$PKI/front-proxy-ca.crt" \
-  --requestheader-allowed-names=front-proxy-client \
-  --requestheader-username-headers=X-Remote-User \
-  --requestheader-group-headers=X-Remote-Group \
-  --requestheader-extra-headers-prefix=X-Remote-Extra- \
-  --proxy-client-cert-file="$PKI/front-proxy-client.crt" \
-  --proxy-client-key-file="$PKI/front-proxy-client.key" \
-  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-  --service-account-key-file="$PKI/sa.pub" \
-  --service-account-signing-key-file="$PKI/sa.key" \
-  --service-cluster-ip-range="$SERVICE_CIDR" \
-  --authorization-mode=Node,RBAC \
-  --endpoint-reconciler-type=none \
-  --disable-admission-plugins=TaintNodesByCondition \
-  --allow-privileged=true \
-  --runtime-config=resource.k8s.io/v1=true \
-  --feature-gates="$FEATURE_GATES" \
-  --profiling=false \
-  --v=1
-kubectl_() { "$BIN_DIR/kubectl" --kubeconfig="$ADMIN_KUBECONFIG" --request-timeout=5s "$@"; }
-# /readyz (not /healthz) also waits for the RBAC bootstrap roles the
-# controller manager and scheduler need.
+# --- the control plane --------------------------------------------------------
+etcd_start
+apiserver_start
 [ "$NODE" = 0 ] || node_images
-wait_for "kube-apiserver /readyz" kube-apiserver kubectl_ get --raw /readyz
+apiserver_wait_ready
 
 # The kubelet needs only the apiserver; started now, it registers and gets
 # Ready while the controller manager creates ServiceAccounts (several seconds).
 [ "$NODE" = 0 ] || node_start
 
-# --- controller manager and scheduler -------------------------------------------
 # Started only once the apiserver is ready: the controller manager gives up and
 # exits if the apiserver is not healthy within 10 s of its start, which can
 # happen on a loaded 2-core machine.
-#  - node-lifecycle-controller is off: with no kubelet it would mark every Node
-#    NotReady and taint/evict from it.
-#  - --use-service-account-credentials: see USE_SA_CREDENTIALS above; the
-#    token controller signs with --service-account-private-key-file.
-#  - --flex-volume-plugin-dir: the default is under /usr/libexec, which the
-#    controller manager would create.
-#  - the cluster-signing files let the CSR signer issue kubelet certs later.
-log "starting kube-controller-manager and kube-scheduler"
-start_daemon kube-controller-manager \
-  --kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
-  --authentication-kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
-  --authorization-kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
-  --bind-address=127.0.0.1 \
-  --secure-port="$KCM_PORT" \
-  --leader-elect=false \
-  --controllers='*,-node-lifecycle-controller' \
-  --flex-volume-plugin-dir="$STATE_DIR/flexvolume" \
-  --service-account-private-key-file="$PKI/sa.key" \
-  --root-ca-file="$PKI/ca.crt" \
-  --use-service-account-credentials="$USE_SA_CREDENTIALS" \
-  --cluster-signing-cert-file="$PKI/ca.crt" \
-  --cluster-signing-key-file="$PKI/ca.key" \
-  --service-cluster-ip-range="$SERVICE_CIDR" \
-  --feature-gates="$FEATURE_GATES" \
-  --profiling=false \
-  --v=1
-# The scheduler takes its client settings from a config file: with --config,
-# the old --kubeconfig/--leader-elect flags would be ignored.
-cat >"$STATE_DIR/scheduler.yaml" <<EOF
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: $STATE_DIR/scheduler.kubeconfig
-leaderElection:
-  leaderElect: false
-EOF
-start_daemon kube-scheduler \
-  --config="$STATE_DIR/scheduler.yaml" \
-  --authentication-kubeconfig="$STATE_DIR/scheduler.kubeconfig" \
-  --authorization-kubeconfig="$STATE_DIR/scheduler.kubeconfig" \
-  --bind-address=127.0.0.1 \
-  --secure-port="$SCHEDULER_PORT" \
-  --feature-gates="$FEATURE_GATES" \
-  --profiling=false \
-  --v=1
-
-# Pods cannot be created until the controller manager has made the namespace's
-# `default` ServiceAccount; that is the sign it is working.
-wait_for "the default ServiceAccount" kube-controller-manager \
-  kubectl_ get serviceaccount default --namespace default
-pid_of kube-scheduler >/dev/null || fail "kube-scheduler exited" kube-scheduler
+controllers_start
+controllers_wait_ready
 
 # --- the node, part 2 ---------------------------------------------------------
 [ "$NODE" = 0 ] || node_wait_ready
@@ -566,6 +281,9 @@ CARVE_CNI_BRIDGE=$CNI_BRIDGE
 CARVE_KUBELET_PORT=$KUBELET_PORT
 EOF
 fi
+# Ready: from here on only down.sh stops the cluster.
+STOP_ON_EXIT=0
+trap - EXIT HUP INT TERM
 
 if [ "$NODE" = 1 ]; then
   log "control plane and node $NODE_NAME ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
