@@ -60,6 +60,9 @@ func NewDriver(opts Options) (*Driver, error) {
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
 	}
+	if err := EnsureStateDir(opts.StateDir); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "claims"), 0o755); err != nil {
 		return nil, fmt.Errorf("create claim info directory: %w", err)
 	}
@@ -111,4 +114,18 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 		return kubeletplugin.ErrHealthNotSupported
 	}
 	return d.opts.Health(ctx, reports)
+}
+
+// EnsureStateDir creates the state directory, or tightens an existing one,
+// to 0700: it holds the checkpoint, attach specs and the hook binary, which
+// only the agent and the container runtime (root) may read. The claim files
+// inside stay 0644, as containers read them through their bind mounts.
+func EnsureStateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("restrict state directory %s: %w", dir, err)
+	}
+	return nil
 }

@@ -288,3 +288,20 @@ func TestFailedUndoKeepsTheRecord(t *testing.T) {
 		t.Errorf("undone %d times; want the failed undo retried before preparing again", n)
 	}
 }
+
+// The state directory is private to the agent whatever mode it had: a
+// hostPath volume creates it 0755.
+func TestStateDirIsPrivate(t *testing.T) {
+	e := newEnv(t, nil)
+	if err := os.Chmod(e.state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.newDriver(nil)
+	st, err := os.Stat(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o700 {
+		t.Errorf("state directory mode %v, want 0700", st.Mode().Perm())
+	}
+}

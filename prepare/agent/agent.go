@@ -77,6 +77,10 @@ func Run(ctx context.Context, opts Options) error {
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	reg.MustRegister(grpcMetrics)
 
+	// Before anything writes into it (the hook binary, the checkpoint).
+	if err := prepare.EnsureStateDir(opts.StateDir); err != nil {
+		return err
+	}
 	k, err := openKinds(ctx, opts)
 	if err != nil {
 		return err
