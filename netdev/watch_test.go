@@ -1,0 +1,54 @@
+package netdev
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// A subscription that dies is made again, and the watcher signals a change
+// for the events it may have missed; link events then flow again.
+func TestWatchLinksResubscribes(t *testing.T) {
+	var subscriptions atomic.Int32
+	feeds := make(chan chan<- netlink.LinkUpdate, 4)
+	subscribe := func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, _ netlink.LinkSubscribeOptions) error {
+		subscriptions.Add(1)
+		feeds <- ch
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed, err := watchLinks(ctx, netns.None(), subscribe, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-feeds
+	first <- netlink.LinkUpdate{}
+	waitSignal(t, changed, "an event on the first subscription")
+	close(first) // the socket failed: the subscription is gone
+	var second chan<- netlink.LinkUpdate
+	select {
+	case second = <-feeds:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watcher did not subscribe again after its subscription ended")
+	}
+	waitSignal(t, changed, "the resubscription")
+	second <- netlink.LinkUpdate{}
+	waitSignal(t, changed, "an event on the second subscription")
+	if n := subscriptions.Load(); n != 2 {
+		t.Errorf("%d subscriptions, want 2", n)
+	}
+}
+
+func waitSignal(t *testing.T, changed <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no change signalled after %s", what)
+	}
+}
