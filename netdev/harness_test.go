@@ -61,6 +61,17 @@ func newBench(t testing.TB) *bench {
 // node config has one address pool (gateway "" for none).
 func (b *bench) newPreparer(pool, cidr, gateway string) *netdev.NICPreparer {
 	b.t.Helper()
+	return b.preparer(pool, cidr, gateway, "boot-test")
+}
+
+// newPreparerAt is newPreparer in a given kernel boot.
+func (b *bench) newPreparerAt(bootID string) *netdev.NICPreparer {
+	b.t.Helper()
+	return b.preparer("test", b.tp.Subnet, "", bootID)
+}
+
+func (b *bench) preparer(pool, cidr, gateway, bootID string) *netdev.NICPreparer {
+	b.t.Helper()
 	config := "apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  pools:\n  - name: " + pool + "\n    cidr: " + cidr + "\n"
 	if gateway != "" {
 		config += "    gateway: " + gateway + "\n"
@@ -69,7 +80,7 @@ func (b *bench) newPreparer(pool, cidr, gateway string) *netdev.NICPreparer {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	p, err := netdev.NewNICPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper})
+	p, err := netdev.NewNICPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper, BootID: bootID})
 	if err != nil {
 		b.t.Fatal(err)
 	}

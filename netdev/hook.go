@@ -19,8 +19,20 @@ import (
 	"github.com/carve-dra/carve/prepare/atomicfile"
 )
 
-// AttachSpec tells the hook how to hand a share's interface to a pod.
+// AttachSpec tells the hook how to hand a share's interface to a pod. It is
+// also the share's record on the node, written before anything is created:
+// it names the claim and share it belongs to and the boot it was made in, so
+// that a share can be found and removed from kernel state and this file
+// alone, even when the checkpoint has lost it.
 type AttachSpec struct {
+	// ClaimUID, Request, Device and ShareID identify the allocation.
+	ClaimUID string `json:"claimUID,omitempty"`
+	Request  string `json:"request,omitempty"`
+	Device   string `json:"device,omitempty"`
+	ShareID  string `json:"shareID,omitempty"`
+	// BootID is the kernel boot the share was made in; after a reboot
+	// nothing it describes exists.
+	BootID string `json:"bootID,omitempty"`
 	// HostName is the interface's name on the node.
 	HostName string `json:"hostName"`
 	// Parent is the NIC it was cut from; recorded before anything is

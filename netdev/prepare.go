@@ -80,7 +80,9 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	// Recorded first: with it, Unprepare finds the parent of a share
 	// whose preparation was cut short and whose interface has moved.
 	specPath := p.specPath(u.Link)
-	if err := writeAttachSpec(specPath, AttachSpec{HostName: u.Link, Parent: dev.NIC.Name}); err != nil {
+	owner := p.ownerOf(a)
+	owner.HostName, owner.Parent = u.Link, dev.NIC.Name
+	if err := writeAttachSpec(specPath, owner); err != nil {
 		return prepare.Prepared{}, err
 	}
 	lower := parent
@@ -133,8 +135,9 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 
 	crash.Point("nic-shaped")
-	spec := AttachSpec{HostName: u.Link, Parent: dev.NIC.Name, PodName: cmp.Or(cfg.InterfaceName, "net1"), MTU: mtu, MAC: mac.String(),
-		Addresses: u.Addresses, Routes: cfg.Routes}
+	spec := owner
+	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
+	spec.Addresses, spec.Routes = u.Addresses, cfg.Routes
 	if err := writeAttachSpec(specPath, spec); err != nil {
 		return prepare.Prepared{}, err
 	}

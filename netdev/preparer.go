@@ -1,9 +1,9 @@
 package netdev
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare"
@@ -34,6 +35,9 @@ type Options struct {
 	// PinDir is where Shaper is pinned; unprepare removes links there
 	// whose namespace is gone.
 	PinDir string
+	// BootID is the running kernel's boot id, recorded in each share's
+	// attach spec; specs of another boot are removed at start.
+	BootID string
 }
 
 // NICPreparer prepares NIC allocations.
@@ -86,10 +90,14 @@ type undoRecord struct {
 }
 
 // Restore takes back, at the agent's start, the addresses and classes of
-// shares prepared before, and removes classifier entries that belong to no
-// share in the checkpoint (left by a crash), so that the pins agree with it.
+// shares prepared before, and removes the attach specs of an earlier boot.
+// It never removes a classifier entry: one that no record and no attach spec
+// explains means the state directory was lost, and deleting it would
+// unshape a running pod. Such entries are logged; their claims' unprepare
+// still finds them by their derived names.
 func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessage) {
-	keep := map[string]bool{}
+	ctx := context.Background()
+	keep := macsOf(p.removeSpecsOfOtherBoots(ctx))
 	for i, a := range allocs {
 		key := a.ShareKey()
 		keep[ShareMAC(key).String()] = true
@@ -120,12 +128,14 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 	if err != nil {
 		return
 	}
+	var unexplained []string
 	for k := range shares {
 		if !keep[k.MAC] {
-			if mac, err := net.ParseMAC(k.MAC); err == nil {
-				_ = p.opts.Shaper.DeleteShare(k.Dir, mac)
-			}
+			unexplained = append(unexplained, k.MAC+"/"+k.Dir.String())
 		}
+	}
+	if len(unexplained) > 0 {
+		klog.FromContext(ctx).Info("Classifier entries that no record or attach spec explains are kept; was the state directory lost?", "entries", unexplained)
 	}
 }
 

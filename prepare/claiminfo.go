@@ -2,9 +2,14 @@ package prepare
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -81,4 +86,41 @@ func (d *Driver) writeClaimInfo(rec ClaimRecord) error {
 		return err
 	}
 	return atomicfile.Write(d.claimInfoPath(rec.UID), b, 0o644)
+}
+
+// removeStaleClaimFiles removes the claim files left by an earlier boot:
+// their records are dropped on read, and nothing they describe exists. Only
+// files older than the boot go, so that a file another agent (a rolling
+// update) is writing now is never taken for a stale one.
+func removeStaleClaimFiles(stateDir string, recs map[types.UID]ClaimRecord) {
+	booted, err := bootTime()
+	if err != nil {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(stateDir, "claims", "*.json"))
+	for _, f := range files {
+		uid := types.UID(strings.TrimSuffix(filepath.Base(f), ".json"))
+		st, err := os.Stat(f)
+		if _, ok := recs[uid]; !ok && err == nil && st.ModTime().Before(booted) {
+			_ = os.Remove(f)
+		}
+	}
+}
+
+// bootTime is when the running kernel booted (btime in /proc/stat).
+func bootTime() (time.Time, error) {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("/proc/stat btime %q: %w", v, err)
+			}
+			return time.Unix(sec, 0), nil
+		}
+	}
+	return time.Time{}, errors.New("/proc/stat has no btime")
 }

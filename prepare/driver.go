@@ -71,6 +71,7 @@ func NewDriver(opts Options) (*Driver, error) {
 		return nil, err
 	}
 	opts.Metrics.PreparedClaims.Set(float64(countCompleted(recs)))
+	removeStaleClaimFiles(opts.StateDir, recs)
 	for kind, p := range opts.Preparers {
 		r, ok := p.(Restorer)
 		if !ok {

@@ -85,6 +85,14 @@ type Preparer interface {
 	Unprepare(ctx context.Context, alloc Allocation, undo json.RawMessage) error
 }
 
+// ClaimCleaner is implemented by preparers that keep their own record of
+// what they made on the node (netdev's attach specs): asked to unprepare a
+// claim the checkpoint does not know, the driver has them remove whatever
+// they still hold of it, so that a lost record never leaks kernel state.
+type ClaimCleaner interface {
+	UnprepareClaim(ctx context.Context, claimUID types.UID) error
+}
+
 // CheckCapacity reports whether a share's consumption fits beside the others
 // already prepared on the device.
 func CheckCapacity(dev slices.Entry, alloc Allocation, others []Allocation) error {

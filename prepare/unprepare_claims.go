@@ -31,7 +31,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	for _, c := range claims {
 		rec, ok := records[c.UID]
 		if !ok {
-			out[c.UID] = nil
+			// Unknown here, but a preparer may still hold something of
+			// it (the record was lost): clean up from its own state.
+			out[c.UID] = d.cleanUnknown(ctx, c)
 			continue
 		}
 		if err := d.undo(ctx, rec); err != nil {
@@ -97,4 +99,28 @@ func countCompleted(recs map[types.UID]ClaimRecord) int {
 		}
 	}
 	return n
+}
+
+// cleanUnknown has every preparer that keeps its own records remove what it
+// still holds of a claim the checkpoint does not know.
+func (d *Driver) cleanUnknown(ctx context.Context, c kubeletplugin.NamespacedObject) error {
+	var errs []error
+	for kind, p := range d.opts.Preparers {
+		if cleaner, ok := p.(ClaimCleaner); ok {
+			if err := cleaner.UnprepareClaim(ctx, c.UID); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", kind, err))
+			}
+		}
+	}
+	if err := d.opts.CDI.Remove(string(c.UID)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.Remove(d.claimInfoPath(c.UID)); err != nil && !os.IsNotExist(err) {
+		errs = append(errs, fmt.Errorf("remove claim info: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		klog.FromContext(ctx).Error(err, "Cleaning up an unknown claim failed; the kubelet will retry", "claim", c.NamespacedName)
+		return fmt.Errorf("unprepare claim %s: %w", c.NamespacedName, err)
+	}
+	return nil
 }

@@ -81,7 +81,11 @@ func Run(ctx context.Context, opts Options) error {
 	if err := prepare.EnsureStateDir(opts.StateDir); err != nil {
 		return err
 	}
-	k, err := openKinds(ctx, opts)
+	bootID, err := checkpoint.ReadBootID(opts.Root)
+	if err != nil {
+		return err
+	}
+	k, err := openKinds(ctx, opts, bootID)
 	if err != nil {
 		return err
 	}
@@ -90,10 +94,6 @@ func Run(ctx context.Context, opts Options) error {
 		reg.MustRegister(c)
 	}
 
-	bootID, err := checkpoint.ReadBootID(opts.Root)
-	if err != nil {
-		return err
-	}
 	records, err := prepare.OpenCheckpoint(opts.StateDir, bootID, func(kept string, err error) {
 		metrics.CorruptCheckpoint.Inc()
 		logger.Error(err, "Checkpoint unreadable; kept aside and started empty", "keptAs", kept)

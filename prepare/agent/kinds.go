@@ -31,7 +31,7 @@ type kinds struct {
 
 // openKinds wires the preparer of each device kind. A node without BPF
 // still serves every kind; its bandwidth shares are refused at prepare.
-func openKinds(ctx context.Context, opts Options) (*kinds, error) {
+func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error) {
 	logger := klog.FromContext(ctx)
 	hostNS, err := openHostNetns(opts.Root, opts.HostNetns)
 	if err != nil {
@@ -62,7 +62,7 @@ func openKinds(ctx context.Context, opts Options) (*kinds, error) {
 		k.close()
 		return nil, err
 	}
-	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hookPath, Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir})
+	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hookPath, Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir, BootID: bootID})
 	if err != nil {
 		k.close()
 		return nil, err

@@ -1,0 +1,112 @@
+package netdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/prepare"
+)
+
+var _ prepare.ClaimCleaner = (*NICPreparer)(nil)
+
+// ownerOf is the part of an attach spec that says whose share it is.
+func (p *NICPreparer) ownerOf(a prepare.Allocation) AttachSpec {
+	spec := AttachSpec{ClaimUID: string(a.ClaimUID), Request: a.Request, Device: a.Device, BootID: p.opts.BootID}
+	if a.ShareID != nil {
+		spec.ShareID = string(*a.ShareID)
+	}
+	return spec
+}
+
+// allocationOf rebuilds, from an attach spec, the allocation its share was
+// made for: enough for Unprepare, which derives every name from the key.
+func allocationOf(spec AttachSpec) prepare.Allocation {
+	a := prepare.Allocation{ClaimUID: types.UID(spec.ClaimUID), Request: spec.Request, Device: spec.Device, Kind: "nic"}
+	if spec.ShareID != "" {
+		id := types.UID(spec.ShareID)
+		a.ShareID = &id
+	}
+	return a
+}
+
+// specs reads every attach spec on the node, by file.
+func (p *NICPreparer) specs() (map[string]AttachSpec, error) {
+	files, err := filepath.Glob(filepath.Join(p.opts.StateDir, "netdev", "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]AttachSpec{}
+	for _, f := range files {
+		if spec, err := ReadAttachSpec(f); err == nil {
+			out[f] = spec
+		}
+	}
+	return out, nil
+}
+
+// UnprepareClaim removes the shares of a claim that the checkpoint does not
+// know (it was lost, or a crash came between the share's first step and its
+// record): they are found from their attach specs, and removed as a started
+// share is.
+func (p *NICPreparer) UnprepareClaim(ctx context.Context, uid types.UID) error {
+	specs, err := p.specs()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for file, spec := range specs {
+		if spec.ClaimUID != string(uid) {
+			continue
+		}
+		a := allocationOf(spec)
+		if LinkName(a.ShareKey()) != spec.HostName {
+			errs = append(errs, fmt.Errorf("attach spec %s does not match its share's names; left alone", file))
+			continue
+		}
+		klog.FromContext(ctx).Info("Removing a NIC share the checkpoint does not know", "claim", uid, "link", spec.HostName, "parent", spec.Parent)
+		if err := p.Unprepare(ctx, a, nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeSpecsOfOtherBoots deletes the attach specs of an earlier boot: the
+// interfaces, classes and pins they describe died with it.
+func (p *NICPreparer) removeSpecsOfOtherBoots(ctx context.Context) map[string]AttachSpec {
+	specs, err := p.specs()
+	if err != nil || p.opts.BootID == "" {
+		return specs
+	}
+	for file, spec := range specs {
+		if spec.BootID != "" && spec.BootID != p.opts.BootID {
+			if err := os.Remove(file); err == nil || errors.Is(err, os.ErrNotExist) {
+				klog.FromContext(ctx).V(2).Info("Removed the attach spec of an earlier boot", "file", file)
+				delete(specs, file)
+			}
+		}
+	}
+	return specs
+}
+
+// macsOf are the share MACs the specs name.
+func macsOf(specs map[string]AttachSpec) map[string]bool {
+	out := map[string]bool{}
+	for _, spec := range specs {
+		a := allocationOf(spec)
+		if spec.ClaimUID != "" {
+			out[ShareMAC(a.ShareKey()).String()] = true
+		}
+		if spec.MAC != "" {
+			out[strings.ToLower(spec.MAC)] = true
+		}
+	}
+	return out
+}

@@ -1,0 +1,71 @@
+package netdev_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/carve-dra/carve/netdev"
+)
+
+// A restarted agent whose checkpoint was lost keeps every share enforced
+// (no classifier entry is deleted because the records are empty), and the
+// kubelet's unprepare of the claim it no longer knows still removes the
+// share's link, classes and entries, found from the attach spec.
+func TestLostCheckpointNeitherUnshapesNorLeaks(t *testing.T) {
+	b := newBench(t)
+	ctx := context.Background()
+	a := b.alloc("lost", "100M", "100M")
+	if _, err := b.p.Prepare(ctx, a, b.dev); err != nil {
+		t.Fatal(err)
+	}
+	before, err := b.shaper.Shares()
+	if err != nil || len(before) != 2 {
+		t.Fatalf("classifier entries after prepare: %v %v", before, err)
+	}
+	restarted := b.newPreparer("test", b.tp.Subnet, "")
+	restarted.Restore(nil, nil) // the checkpoint is empty
+	if after, _ := b.shaper.Shares(); len(after) != len(before) {
+		t.Fatalf("a restart with an empty checkpoint removed classifier entries: %v, then %v", before, after)
+	}
+	if err := restarted.UnprepareClaim(ctx, a.ClaimUID); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := b.shaper.Shares(); len(left) != 0 {
+		t.Errorf("classifier entries left after unpreparing the unknown claim: %v", left)
+	}
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	if _, err := node.LinkByName(netdev.LinkName(a.ShareKey())); err == nil {
+		t.Errorf("the share's link %s is left on the node", netdev.LinkName(a.ShareKey()))
+	}
+	if specs, _ := filepath.Glob(filepath.Join(b.state, "netdev", "*.json")); len(specs) != 0 {
+		t.Errorf("attach specs left: %v", specs)
+	}
+	b.checkParentClean(t)
+	// Another claim's uid finds nothing and is fine.
+	if err := restarted.UnprepareClaim(ctx, "no-such-claim"); err != nil {
+		t.Error(err)
+	}
+}
+
+// Attach specs of an earlier boot are removed at start; this boot's stay.
+func TestSpecsOfAnEarlierBootAreRemoved(t *testing.T) {
+	b := newBench(t)
+	dir := filepath.Join(b.state, "netdev")
+	old := filepath.Join(dir, "cv0000000000.json")
+	os.WriteFile(old, []byte(`{"claimUID":"u-old","hostName":"cv0000000000","parent":"x","bootID":"an-earlier-boot"}`), 0o644)
+	current := filepath.Join(dir, "cv1111111111.json")
+	os.WriteFile(current, []byte(`{"claimUID":"u-now","hostName":"cv1111111111","parent":"x","bootID":"boot-now"}`), 0o644)
+	p := b.newPreparerAt("boot-now")
+	p.Restore(nil, nil)
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the earlier boot's attach spec is still there (%v)", err)
+	}
+	if _, err := os.Stat(current); err != nil {
+		t.Errorf("this boot's attach spec was removed: %v", err)
+	}
+}
