@@ -70,6 +70,18 @@ func (m *ipam) reserve(key string, addrs []netip.Prefix) {
 	}
 }
 
+// reserveFree marks addresses as used by key where no share holds them yet
+// here (what another agent on the node handed out).
+func (m *ipam) reserveFree(key string, addrs []netip.Prefix) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, a := range addrs {
+		if _, used := m.inUse[a.Addr()]; !used {
+			m.inUse[a.Addr()] = key
+		}
+	}
+}
+
 // release frees every address key holds.
 func (m *ipam) release(key string) {
 	m.mu.Lock()

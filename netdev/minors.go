@@ -16,15 +16,16 @@ func (p *NICPreparer) minorSet(parent string) map[uint16]string {
 	return s
 }
 
-// pickMinor returns key's class minor on a device: its own if it has one,
-// else its preferred one or the next free.
-func (p *NICPreparer) pickMinor(device, key string, taken map[uint16]uint64) (uint16, error) {
+// pickMinor returns key's class minor on a device: its own if it has one
+// (own is then true: its class may exist already), else its preferred one
+// or the next free.
+func (p *NICPreparer) pickMinor(device, key string, taken map[uint16]uint64) (minor uint16, own bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	set := p.minorSet(device)
 	for m, k := range set {
 		if k == key {
-			return m, nil
+			return m, true, nil
 		}
 	}
 	start := preferredMinor(key)
@@ -37,9 +38,9 @@ func (p *NICPreparer) pickMinor(device, key string, taken map[uint16]uint64) (ui
 			continue
 		}
 		set[m] = key
-		return m, nil
+		return m, false, nil
 	}
-	return 0, fmt.Errorf("no free HTB class on %s", device)
+	return 0, false, fmt.Errorf("no free HTB class on %s", device)
 }
 
 // freeMinors gives back every class minor key holds.

@@ -2,6 +2,8 @@ package netdev_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -67,5 +69,51 @@ func TestSpecsOfAnEarlierBootAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(current); err != nil {
 		t.Errorf("this boot's attach spec was removed: %v", err)
+	}
+}
+
+// Two agents on one node (a rolling update) preparing shares of one parent
+// at once never give two shares the same pool address or the same class.
+func TestTwoAgentsNeverShareAddressesOrClasses(t *testing.T) {
+	b := newBench(t)
+	ctx := context.Background()
+	agents := []*netdev.NICPreparer{b.p, b.newPreparer("test", b.tp.Subnet, b.tp.ServerIP)}
+	type result struct {
+		addrs []string
+		err   error
+	}
+	results := make(chan result, 16)
+	for i := 0; i < 16; i++ {
+		p := agents[i%2]
+		a := b.alloc(fmt.Sprintf("ru%d", i), "10M", "")
+		go func() {
+			prepared, err := p.Prepare(ctx, a, b.dev)
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			var u struct {
+				Addresses   []string `json:"addresses"`
+				EgressMinor uint16   `json:"egressMinor"`
+			}
+			json.Unmarshal(prepared.Undo, &u)
+			results <- result{addrs: append(u.Addresses, fmt.Sprintf("class 1:%x", u.EgressMinor))}
+		}()
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 16; i++ {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		for _, a := range r.addrs {
+			if seen[a] {
+				t.Errorf("%s given to two shares", a)
+			}
+			seen[a] = true
+		}
+	}
+	if classes, _ := b.shaper.Shares(); len(classes) != 16 {
+		t.Errorf("%d classifier entries, want 16", len(classes))
 	}
 }

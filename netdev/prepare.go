@@ -41,6 +41,11 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String()}
 	p.tcMu.Lock()
 	defer p.tcMu.Unlock()
+	unlock, err := p.lockNode()
+	if err != nil {
+		return prepare.Prepared{}, err
+	}
+	defer unlock()
 	prepared, err := p.prepare(ctx, a, dev, net1, key, &u)
 	if err != nil {
 		raw, _ := json.Marshal(u)
@@ -98,6 +103,11 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 
 	// Addresses: static ones as given, and one from each pool.
 	u.Addresses = append(u.Addresses, cfg.Addresses...)
+	if len(cfg.Pools) > 0 {
+		if err := p.reserveAddressesOnDisk(); err != nil {
+			return prepare.Prepared{}, err
+		}
+	}
 	for _, name := range cfg.Pools {
 		pool, ok := p.opts.Config.Pool(name)
 		if !ok {

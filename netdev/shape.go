@@ -19,11 +19,11 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	if err != nil {
 		return 0, err
 	}
-	minor, err := p.pickMinor(dev.Attrs().Name, key, taken)
+	minor, own, err := p.pickMinor(dev.Attrs().Name, key, taken)
 	if err != nil {
 		return 0, err
 	}
-	if err := setClass(p.h, dev, minor, rate); err != nil {
+	if err := setClass(p.h, dev, minor, rate, own); err != nil {
 		return 0, err
 	}
 	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {

@@ -50,12 +50,22 @@ func ensureHTB(h *netlink.Handle, link netlink.Link) error {
 	return nil
 }
 
-// setClass creates or changes the class minor to hold rate bits/s.
-func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint64) error {
+// setClass creates the class minor to hold rate bits/s; where own is set (a
+// retried prepare of the same share) an existing class is changed instead.
+// A class that exists and is not the share's own is never taken over: with
+// two agents on a node (a rolling update) that would make two shares one.
+func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint64, own bool) error {
 	attrs := netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: rootHandle, Handle: netlink.MakeHandle(1, minor)}
 	buf := htbBuffer(rateBits)
 	class := netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rateBits, Ceil: rateBits, Buffer: buf, Cbuffer: buf, Quantum: quantum(rateBits)})
-	if err := h.ClassReplace(class); err != nil {
+	err := h.ClassAdd(class)
+	if errors.Is(err, unix.EEXIST) && own {
+		err = h.ClassChange(class)
+	}
+	if errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("HTB class 1:%x on %s belongs to another share", minor, link.Attrs().Name)
+	}
+	if err != nil {
 		return fmt.Errorf("set HTB class 1:%x on %s to %d bit/s: %w", minor, link.Attrs().Name, rateBits, err)
 	}
 	return nil

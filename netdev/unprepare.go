@@ -23,6 +23,11 @@ import (
 func (p *NICPreparer) Unprepare(ctx context.Context, a prepare.Allocation, raw json.RawMessage) error {
 	p.tcMu.Lock()
 	defer p.tcMu.Unlock()
+	unlock, err := p.lockNode()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	return p.unprepare(ctx, a, raw)
 }
 
