@@ -272,6 +272,7 @@ func TestPolicyConfinesAgentToItsNode(t *testing.T) {
 	if _, err := agent.ResourceV1().ResourceSlices().Create(ctx, slice("policy-no-node", ""), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "without a node") {
 		t.Errorf("a cluster-wide slice from node A's agent: %v; want denied", err)
 	}
+	checkClaimStatusRights(t, admin, agent)
 	// Someone else (the admin) is not confined by the policy.
 	if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice("policy-admin", "policy-node-b"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Errorf("admin writing node B's slice: %v", err)

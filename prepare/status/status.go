@@ -4,10 +4,12 @@ package status
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -19,9 +21,12 @@ type Writer interface {
 }
 
 // ClaimStatusWriter writes this driver's entries of status.devices: read,
-// merge, update, retried on conflict. (A server-side apply of status would
-// send an empty status.allocation, which the API server takes for a change
-// of the allocation and refuses.)
+// merge, then a merge patch of status.devices alone, guarded by the read's
+// resourceVersion and retried on conflict. A patch, not UpdateStatus: an
+// update sends the whole object back, and a client older than the API
+// server would drop the fields it does not know. (A server-side apply of
+// status would send an empty status.allocation, which the API server takes
+// for a change of the allocation and refuses.)
 type ClaimStatusWriter struct {
 	Client kubernetes.Interface
 }
@@ -43,8 +48,14 @@ func (w ClaimStatusWriter) ReportDevices(ctx context.Context, driver string, cla
 		if current.UID != claim.UID {
 			return fmt.Errorf("claim was replaced")
 		}
-		current.Status.Devices = mergeDeviceStatus(current.Status.Devices, entries)
-		_, err = claims.UpdateStatus(ctx, current, metav1.UpdateOptions{FieldManager: driver})
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{"resourceVersion": current.ResourceVersion},
+			"status":   map[string]any{"devices": mergeDeviceStatus(current.Status.Devices, entries)},
+		})
+		if err != nil {
+			return err
+		}
+		_, err = claims.Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: driver}, "status")
 		return err
 	})
 	if err != nil {
