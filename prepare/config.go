@@ -62,20 +62,66 @@ func decodeConfig(raw []byte, deviceKind string, path *field.Path, into *Effecti
 	return nil
 }
 
+// claimNetworkFields are the NetworkConfig fields a claim may set: how the
+// share looks inside the pod, and which of the node's address pools (the
+// node config's allowlist) it draws from. Everything that touches the
+// physical network (mode, VLAN, static addresses, routes) is the admin's,
+// set in the DeviceClass.
+var claimNetworkFields = []string{"apiVersion", "kind", "interfaceName", "mtu", "pools"}
+
 // effectiveConfig resolves the configuration of one allocation result. The
 // allocation lists class configs before claim configs; for each config kind
 // the last one that applies to the request wins, so a claim overrides its
-// class, and a later entry an earlier one.
+// class, and a later entry an earlier one. A claim's NetworkConfig may set
+// only claimNetworkFields; it overrides those fields of the class's and
+// keeps the rest.
 func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfiguration, request, deviceKind string) (json.RawMessage, error) {
 	var eff EffectiveConfig
+	var fromClaim *v1alpha1.NetworkConfig
+	var claimFields map[string]json.RawMessage
 	for i, c := range configs {
 		if c.Opaque == nil || c.Opaque.Driver != driver || !appliesTo(c.Requests, request) {
 			continue
 		}
 		path := field.NewPath("status", "allocation", "devices", "config").Index(i).Child("opaque", "parameters")
-		if err := decodeConfig(c.Opaque.Parameters.Raw, deviceKind, path, &eff); err != nil {
+		into := &eff
+		var own EffectiveConfig
+		if c.Source == resourceapi.AllocationConfigSourceClaim {
+			into = &own
+		}
+		if err := decodeConfig(c.Opaque.Parameters.Raw, deviceKind, path, into); err != nil {
 			return nil, fmt.Errorf("config from %s: %w", strings.ToLower(string(c.Source)), err)
 		}
+		if own.Device != nil {
+			eff.Device = own.Device
+		}
+		if own.Network != nil {
+			fields := map[string]json.RawMessage{}
+			_ = json.Unmarshal(c.Opaque.Parameters.Raw, &fields)
+			for name := range fields {
+				if !slices.Contains(claimNetworkFields, name) {
+					return nil, fmt.Errorf("config from claim: %w", field.Forbidden(path.Child(name),
+						"set by the DeviceClass (the admin), not the claim: a claim may set "+strings.Join(claimNetworkFields[2:], ", ")))
+				}
+			}
+			fromClaim, claimFields = own.Network, fields
+		}
+	}
+	if fromClaim != nil {
+		base := fromClaim
+		if eff.Network != nil {
+			base = eff.Network.DeepCopy()
+			if _, ok := claimFields["interfaceName"]; ok {
+				base.InterfaceName = fromClaim.InterfaceName
+			}
+			if _, ok := claimFields["mtu"]; ok {
+				base.MTU = fromClaim.MTU
+			}
+			if _, ok := claimFields["pools"]; ok {
+				base.Pools = fromClaim.Pools
+			}
+		}
+		eff.Network = base
 	}
 	if eff.Device == nil && eff.Network == nil {
 		return nil, nil

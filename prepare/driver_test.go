@@ -8,17 +8,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/carve-dra/carve/prepare"
-	carvecdi "github.com/carve-dra/carve/prepare/cdi"
-	"github.com/carve-dra/carve/slices"
 )
 
 func TestPrepareWritesCDIAndIsIdempotent(t *testing.T) {
@@ -125,6 +121,19 @@ func TestBadClaimsFailCleanly(t *testing.T) {
 			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"1BAD":"x"}}`)), "env[1BAD]"},
 		{claim("u6", "over-capacity", []result{{request: "net", device: "nic-0000-17-00-0", share: "s1", consumed: bw("30G")}}), "exceeds its capacity"},
 		{claim("u7", "missing-node", []result{{request: "f", device: "fpga-0000-5e-00-0"}}), "dfl-fme.0"},
+		// What touches the physical network is the admin's (the class's).
+		{claim("u8", "claim-vlan", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","vlan":100}`)), "parameters.vlan: Forbidden: set by the DeviceClass"},
+		{claim("u9", "claim-address", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","addresses":["10.0.0.1/24"]}`)), "parameters.addresses: Forbidden"},
+		{claim("u10", "claim-route", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","routes":[{"destination":"default","gateway":"10.0.0.1"}]}`)), "parameters.routes: Forbidden"},
+		{claim("u11", "claim-mode", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","macvlanMode":"private"}`)), "parameters.macvlanMode: Forbidden"},
+		// Passthru gives one pod the whole NIC: never a share, not even
+		// from the admin.
+		{claim("u12", "passthru", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","macvlanMode":"passthru"}`)), "macvlanMode: Unsupported value"},
 	} {
 		res := e.prepare(tc.claim, good)
 		err := res[tc.claim.UID].Err
@@ -290,87 +299,5 @@ func TestFailedUndoKeepsTheRecord(t *testing.T) {
 	}
 	if n := nic.undone["u/net/s"]; n < 2 {
 		t.Errorf("undone %d times; want the failed undo retried before preparing again", n)
-	}
-}
-
-// The state directory is private to the agent whatever mode it had: a
-// hostPath volume creates it 0755.
-func TestStateDirIsPrivate(t *testing.T) {
-	e := newEnv(t, nil)
-	if err := os.Chmod(e.state, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	e.newDriver(nil)
-	st, err := os.Stat(e.state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Mode().Perm() != 0o700 {
-		t.Errorf("state directory mode %v, want 0700", st.Mode().Perm())
-	}
-}
-
-// cleaner is a NIC preparer that also keeps its own records, as netdev does.
-type cleaner struct {
-	fakeNIC
-	asked []types.UID
-}
-
-func (c *cleaner) UnprepareClaim(_ context.Context, uid types.UID) error {
-	c.asked = append(c.asked, uid)
-	return nil
-}
-
-// Unprepare of a claim the checkpoint does not know (its record was lost)
-// has the preparers that keep their own records clean it up, and removes a
-// CDI spec and claim file left of it; it is not answered "done" untouched.
-func TestUnknownClaimIsCleanedFromPreparerState(t *testing.T) {
-	e := newEnv(t, nil)
-	c := &cleaner{}
-	cdiWriter, err := carvecdi.NewWriter(e.cdiDir, driverName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := prepare.NewDriver(prepare.Options{DriverName: driverName, StateDir: e.state, Checkpoint: e.cp, CDI: cdiWriter,
-		Preparers: map[string]prepare.Preparer{slices.KindNIC: c}, Devices: func() map[string]slices.Entry { return e.devices }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.driver = d
-	if err := cdiWriter.Write("lost-uid", []cdispec.Device{{Name: "x", ContainerEdits: cdispec.ContainerEdits{Env: []string{"A=b"}}}}); err != nil {
-		t.Fatal(err)
-	}
-	info := filepath.Join(e.state, "claims", "lost-uid.json")
-	os.WriteFile(info, []byte("{}"), 0o644)
-	e.unprepare("lost-uid")
-	if len(c.asked) != 1 || c.asked[0] != "lost-uid" {
-		t.Errorf("preparer asked to clean %v, want [lost-uid]", c.asked)
-	}
-	if len(e.specFiles()) != 0 {
-		t.Errorf("CDI specs left: %v", e.specFiles())
-	}
-	if _, err := os.Stat(info); !os.IsNotExist(err) {
-		t.Errorf("claim file left (%v)", err)
-	}
-}
-
-// Claim files of an earlier boot (their records were dropped with it) are
-// removed when the driver starts; a file written in this boot is not.
-func TestClaimFilesOfAnEarlierBootAreRemoved(t *testing.T) {
-	e := newEnv(t, nil)
-	old := filepath.Join(e.state, "claims", "old-boot.json")
-	recent := filepath.Join(e.state, "claims", "this-boot.json")
-	os.WriteFile(old, []byte("{}"), 0o644)
-	os.WriteFile(recent, []byte("{}"), 0o644)
-	long := time.Unix(1, 0)
-	if err := os.Chtimes(old, long, long); err != nil {
-		t.Fatal(err)
-	}
-	e.newDriver(nil)
-	if _, err := os.Stat(old); !os.IsNotExist(err) {
-		t.Errorf("the earlier boot's claim file is still there (%v)", err)
-	}
-	if _, err := os.Stat(recent); err != nil {
-		t.Errorf("this boot's claim file was removed: %v", err)
 	}
 }

@@ -20,7 +20,8 @@ type NetworkConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// Mode is the kind of child interface: macvlan (default) or ipvlan.
 	Mode string `json:"mode,omitempty"`
-	// MacvlanMode is bridge (default), private, vepa or passthru.
+	// MacvlanMode is bridge (default), private or vepa. (passthru, which
+	// gives one pod the whole NIC, is never used for a share.)
 	MacvlanMode string `json:"macvlanMode,omitempty"`
 	// IPVlanMode is l2 (default), l3 or l3s.
 	IPVlanMode string `json:"ipvlanMode,omitempty"`

@@ -35,10 +35,12 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 	default:
 		errs = append(errs, field.NotSupported(path.Child("mode"), n.Mode, []string{"macvlan", "ipvlan"}))
 	}
+	// passthru would give one pod the whole NIC, taking it from every
+	// other share and from the host: never a share's mode.
 	switch n.MacvlanMode {
-	case "", "bridge", "private", "vepa", "passthru":
+	case "", "bridge", "private", "vepa":
 	default:
-		errs = append(errs, field.NotSupported(path.Child("macvlanMode"), n.MacvlanMode, []string{"bridge", "private", "vepa", "passthru"}))
+		errs = append(errs, field.NotSupported(path.Child("macvlanMode"), n.MacvlanMode, []string{"bridge", "private", "vepa"}))
 	}
 	switch n.IPVlanMode {
 	case "", "l2", "l3", "l3s":
