@@ -16,8 +16,9 @@ BENCHTIME ?= 1s
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## build bin/carve and the scheduler
+build: ## build bin/carve, the static bin/carve-hook and the scheduler
 	$(GO) build -o $(BIN)/carve ./cmd/carve
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/carve-hook ./cmd/carve-hook
 	cd scheduler && $(GO) build -o ../$(BIN)/ ./cmd/kube-scheduler
 
 test: build unit fuzz scheduler e2e ## everything: unit tests, a short fuzz run, the scheduler module, and the tests against a real control plane

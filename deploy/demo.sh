@@ -54,7 +54,7 @@ net_archive=$("$here/images/build.sh" --name carve-net:demo --file /bin/busybox:
   --symlink /bin/sh=busybox --symlink /bin/ip=busybox --symlink /bin/env=busybox --symlink /bin/sleep=busybox \
   --symlink /bin/cat=busybox --symlink /bin/grep=busybox --symlink /bin/sort=busybox | tail -n1)
 "$here/images/import.sh" "$net_archive"
-archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --file /usr/share/misc/pci.ids:/usr/share/misc/pci.ids --entrypoint /carve | tail -n1)
+archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --file "$repo/bin/carve-hook:/carve-hook" --file /usr/share/misc/pci.ids:/usr/share/misc/pci.ids --entrypoint /carve | tail -n1)
 "$here/images/import.sh" "$archive"
 
 step "installing the chart"

@@ -92,6 +92,7 @@ func TestNetFilter(t *testing.T) {
 	// a parent's ingress IFB. Never NICs, whatever the filter says.
 	tree.AddNIC("cv0123456789", sysfstest.NIC{MAC: "02:01:02:03:04:05", MTU: 1500})
 	tree.AddNIC("cvifb7", sysfstest.NIC{MAC: "02:01:02:03:04:06", MTU: 1500})
+	tree.AddNIC("cv7.100", sysfstest.NIC{MAC: "02:01:02:03:04:07", MTU: 1500})
 	for _, tc := range []struct {
 		filter discovery.NetFilter
 		want   []string

@@ -122,10 +122,7 @@ func (b *bench) add(name, egress, ingress string, cfg *v1alpha1.NetworkConfig) *
 	if err != nil {
 		b.t.Fatalf("prepare %s: %v", name, err)
 	}
-	spec, err := netdev.ReadAttachSpec(filepath.Join(b.state, "netdev", netdev.LinkName(a.ShareKey())+".json"))
-	if err != nil {
-		b.t.Fatal(err)
-	}
+	spec := b.specOf(a)
 	pod := b.tp.NewPod(name)
 	// What the createRuntime hook does, twice: every container runs it.
 	for i := 0; i < 2; i++ {
@@ -190,4 +187,27 @@ func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d
 		l2 = append(l2, float64(marks[1][k].Bytes-marks[0][k].Bytes)*8/res[i].Duration.Seconds())
 	}
 	return goodput, l2
+}
+
+// specOf reads the attach spec of a prepared allocation.
+func (b *bench) specOf(a prepare.Allocation) netdev.AttachSpec {
+	b.t.Helper()
+	spec, err := netdev.ReadAttachSpec(filepath.Join(b.state, "netdev", netdev.LinkName(a.ShareKey())+".json"))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return spec
+}
+
+// prepareSpec prepares a with cfg (unprepared when the test ends) and
+// returns its attach spec.
+func (b *bench) prepareSpec(a prepare.Allocation, cfg *v1alpha1.NetworkConfig) netdev.AttachSpec {
+	b.t.Helper()
+	a.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: cfg})
+	prepared, err := b.p.Prepare(context.Background(), a, b.dev)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { _ = b.p.Unprepare(context.Background(), a, prepared.Undo) })
+	return b.specOf(a)
 }

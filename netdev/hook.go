@@ -38,6 +38,13 @@ type AttachSpec struct {
 	// Parent is the NIC it was cut from; recorded before anything is
 	// created, so that a crash halfway can still be undone.
 	Parent string `json:"parent"`
+	// Kind, Mode and VLAN say how the interface was made (macvlan or
+	// ipvlan, its mode, the parent's VLAN), so that the hook can make it
+	// again when a recreated pod sandbox took the first one away with its
+	// old namespace.
+	Kind string `json:"kind,omitempty"`
+	Mode string `json:"mode,omitempty"`
+	VLAN int    `json:"vlan,omitempty"`
 	// PodName is its name in the pod.
 	PodName   string           `json:"podName"`
 	MTU       int              `json:"mtu"`
@@ -94,8 +101,16 @@ func PodNetnsOf(root string, pid int) (netns.NsHandle, error) {
 // AttachToPod moves the share's interface from the node's namespace into the
 // pod's, names it, gives it its MTU, addresses and routes, and brings it up.
 // Every container of a pod runs the hook, so it is idempotent: an interface
-// already in the pod is only checked and completed.
+// already in the pod is only checked and completed. It refuses a pod in the
+// node's own namespace (hostNetwork), and an interface of the pod's that
+// only has the share's name; it makes the interface again where a
+// recreated sandbox took the first one away with its old namespace.
 func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
+	if same, err := sameNetns(hostNS, podNS); err != nil {
+		return err
+	} else if same {
+		return fmt.Errorf("the pod runs in the node's network namespace (hostNetwork): it cannot take the share %s, whose addresses and routes would land on the node", spec.HostName)
+	}
 	host, err := netlink.NewHandleAt(hostNS)
 	if err != nil {
 		return err
@@ -108,27 +123,17 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 	defer pod.Close()
 
 	link, err := pod.LinkByName(spec.PodName)
-	if err != nil {
-		onHost, herr := host.LinkByName(spec.HostName)
-		if herr != nil {
-			// Moved already, but not yet renamed (a hook killed halfway).
-			if link, err = pod.LinkByName(spec.HostName); err != nil {
-				return fmt.Errorf("interface %s is neither on the node nor in the pod", spec.HostName)
-			}
-		} else {
-			if err := host.LinkSetNsFd(onHost, int(podNS)); err != nil {
-				return fmt.Errorf("move %s into the pod: %w", spec.HostName, err)
-			}
-			if link, err = pod.LinkByName(spec.HostName); err != nil {
-				return fmt.Errorf("find %s in the pod: %w", spec.HostName, err)
-			}
+	if err == nil {
+		if err := checkIdentity(link, spec); err != nil {
+			return err
+		}
+	} else {
+		if link, err = bringIntoPod(host, pod, podNS, spec); err != nil {
+			return err
 		}
 		if err := pod.LinkSetName(link, spec.PodName); err != nil {
 			return fmt.Errorf("rename %s to %s: %w", spec.HostName, spec.PodName, err)
 		}
-	}
-	if mac, err := net.ParseMAC(spec.MAC); err == nil && link.Type() == "macvlan" && link.Attrs().HardwareAddr.String() != mac.String() {
-		return fmt.Errorf("interface %s in the pod has MAC %s, not the share's %s", spec.PodName, link.Attrs().HardwareAddr, mac)
 	}
 	if spec.MTU > 0 && link.Attrs().MTU != spec.MTU {
 		if err := pod.LinkSetMTU(link, spec.MTU); err != nil {

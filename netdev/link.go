@@ -1,7 +1,6 @@
 package netdev
 
 import (
-	"cmp"
 	"fmt"
 	"net"
 
@@ -19,23 +18,7 @@ func (p *NICPreparer) ensureChild(lower netlink.Link, cfg v1alpha1.NetworkConfig
 		}
 		return nil
 	}
-	la := netlink.NewLinkAttrs()
-	la.Name, la.ParentIndex, la.MTU = name, lower.Attrs().Index, mtu
-	var link netlink.Link
-	switch cfg.Mode {
-	case "ipvlan":
-		mode := map[string]netlink.IPVlanMode{"": netlink.IPVLAN_MODE_L2, "l2": netlink.IPVLAN_MODE_L2, "l3": netlink.IPVLAN_MODE_L3, "l3s": netlink.IPVLAN_MODE_L3S}[cfg.IPVlanMode]
-		link = &netlink.IPVlan{LinkAttrs: la, Mode: mode}
-	default:
-		la.HardwareAddr = mac
-		mode := map[string]netlink.MacvlanMode{"": netlink.MACVLAN_MODE_BRIDGE, "bridge": netlink.MACVLAN_MODE_BRIDGE,
-			"private": netlink.MACVLAN_MODE_PRIVATE, "vepa": netlink.MACVLAN_MODE_VEPA, "passthru": netlink.MACVLAN_MODE_PASSTHRU}[cfg.MacvlanMode]
-		link = &netlink.Macvlan{LinkAttrs: la, Mode: mode}
-	}
-	if err := p.h.LinkAdd(link); err != nil {
-		return fmt.Errorf("create %s %s on %s: %w", cmp.Or(cfg.Mode, "macvlan"), name, lower.Attrs().Name, err)
-	}
-	return nil
+	return addChild(p.h, lower, net1Mode(cfg), name, mac, mtu)
 }
 
 // ensureVLAN returns the parent's VLAN interface, creating it if needed.

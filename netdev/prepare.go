@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/carve-dra/carve/bpf"
@@ -146,6 +147,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 
 	crash.Point("nic-shaped")
 	spec := owner
+	spec.Kind, spec.Mode, spec.VLAN = childKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
 	spec.Addresses, spec.Routes = u.Addresses, cfg.Routes
 	if err := writeAttachSpec(specPath, spec); err != nil {
@@ -165,7 +167,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		Env: []string{prefix + "PARENT=" + dev.NIC.Name, prefix + "INTERFACE=" + spec.PodName, prefix + "MTU=" + strconv.Itoa(mtu),
 			prefix + "MAC=" + spec.MAC},
 		Hooks: []*cdispec.Hook{{HookName: "createRuntime", Path: p.opts.HookPath,
-			Args: []string{"carve", "hook", "netns-attach", "--spec", specPath}}},
+			Args: append(append([]string(nil), p.hookArgs()...), "--spec", specPath), Timeout: ptr.To(hookTimeoutSeconds)}},
 	}
 	if len(u.Addresses) > 0 {
 		edits.Env = append(edits.Env, prefix+"ADDRESSES="+strings.Join(u.Addresses, ","))

@@ -25,9 +25,13 @@ type Options struct {
 	// StateDir holds the per-share attach specs the hook reads; the same
 	// path on the host and in the agent's container.
 	StateDir string
-	// HookPath is the carve binary as the container runtime on the host
-	// sees it; CDI runs it as a createRuntime hook.
+	// HookPath is the hook binary as the container runtime on the host
+	// sees it; CDI runs it as a createRuntime hook. HookArgs is its argv up
+	// to the flags: ["carve-hook", "netns-attach"] for the small static
+	// hook, ["carve", "hook", "netns-attach"] (the default) for the agent's
+	// own binary.
 	HookPath string
+	HookArgs []string
 	Config   *nodeconfig.NodeConfig
 	// Shaper is the BPF classifier; nil turns bandwidth enforcement off
 	// (and then bandwidth shares are refused).
@@ -142,4 +146,12 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 // specPath is where the attach spec of the share whose link is link lives.
 func (p *NICPreparer) specPath(link string) string {
 	return filepath.Join(p.opts.StateDir, "netdev", link+".json")
+}
+
+// hookArgs is the hook's argv before its flags.
+func (p *NICPreparer) hookArgs() []string {
+	if len(p.opts.HookArgs) > 0 {
+		return p.opts.HookArgs
+	}
+	return []string{"carve", "hook", "netns-attach"}
 }

@@ -5,7 +5,6 @@ import (
 	"io"
 
 	"github.com/spf13/cobra"
-	"github.com/vishvananda/netns"
 
 	"github.com/carve-dra/carve/netdev"
 )
@@ -43,24 +42,5 @@ func newNetnsAttachCommand() *cobra.Command {
 }
 
 func netnsAttach(specFile, root string, ociState io.Reader) error {
-	spec, err := netdev.ReadAttachSpec(specFile)
-	if err != nil {
-		return err
-	}
-	pid, err := netdev.ContainerPID(ociState)
-	if err != nil {
-		return err
-	}
-	podNS, err := netdev.PodNetnsOf(root, pid)
-	if err != nil {
-		return err
-	}
-	defer podNS.Close()
-	// The runtime runs hooks in its own (the node's) namespace.
-	hostNS, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer hostNS.Close()
-	return netdev.AttachToPod(hostNS, podNS, spec)
+	return netdev.RunAttachHook(specFile, root, ociState)
 }

@@ -49,6 +49,13 @@ func carveBinary(t testing.TB) string {
 		out, err := exec.Command("go", "build", "-o", carveBin, "github.com/carve-dra/carve/cmd/carve").CombinedOutput()
 		if err != nil {
 			carveErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		// The static hook beside it, where the agent looks for it.
+		hook := exec.Command("go", "build", "-o", filepath.Join(dir, "carve-hook"), "github.com/carve-dra/carve/cmd/carve-hook")
+		hook.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := hook.CombinedOutput(); err != nil {
+			carveErr = fmt.Errorf("go build carve-hook: %v\n%s", err, out)
 		}
 	})
 	if carveErr != nil {

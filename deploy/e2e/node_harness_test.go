@@ -61,7 +61,7 @@ func buildAgentImage(t *testing.T, tag string) {
 	root := repoRoot()
 	bin := carveBinary(t)
 	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), "--name", tag,
-		"--file", bin+":/carve", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar"))))
+		"--file", bin+":/carve", "--file", filepath.Join(filepath.Dir(bin), "carve-hook")+":/carve-hook", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar"))))
 	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
 }
 

@@ -29,7 +29,9 @@ func checkClaimStatusRights(t *testing.T, admin, agent kubernetes.Interface) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = admin.ResourceV1().ResourceClaims("default").Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = admin.ResourceV1().ResourceClaims("default").Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
 		created.Status.Allocation = &resourceapi.AllocationResult{
 			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
 				Request: "net", Driver: "carve.dev", Pool: node, Device: "nic-x"}}},

@@ -57,12 +57,12 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 			logger.Info("Removed classifier links whose network namespace is gone", "links", removed)
 		}
 	}
-	hookPath, err := installHookBinary(opts.StateDir)
+	hookPath, hookArgs, err := installHookBinary(opts.StateDir)
 	if err != nil {
 		k.close()
 		return nil, err
 	}
-	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hookPath, Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir, BootID: bootID})
+	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hookPath, HookArgs: hookArgs, Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir, BootID: bootID})
 	if err != nil {
 		k.close()
 		return nil, err
@@ -104,24 +104,36 @@ func openShaper(pinDir string) (*bpf.Shaper, error) {
 	return bpf.OpenShaper(pinDir)
 }
 
-// installHookBinary copies this binary into the state directory, which is
-// the same path on the host: the container runtime runs the hook from there,
-// on the host, where the agent's image is not.
-func installHookBinary(stateDir string) (string, error) {
+// installHookBinary copies the hook into the state directory, which is the
+// same path on the host: the container runtime runs the hook from there, on
+// the host, where the agent's image is not. The hook is the small static
+// carve-hook beside the agent's binary (the image ships it), else the
+// agent's own binary. It returns the installed path and the hook's argv up
+// to its flags.
+func installHookBinary(stateDir string) (string, []string, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	data, err := os.ReadFile(self)
+	src, name, args := self, "carve", []string{"carve", "hook", "netns-attach"}
+	if small := filepath.Join(filepath.Dir(self), "carve-hook"); fileExists(small) {
+		src, name, args = small, "carve-hook", []string{"carve-hook", "netns-attach"}
+	}
+	data, err := os.ReadFile(src)
 	if err != nil {
-		return "", fmt.Errorf("read own binary: %w", err)
+		return "", nil, fmt.Errorf("read the hook binary: %w", err)
 	}
-	dst := filepath.Join(stateDir, "bin", "carve")
+	dst := filepath.Join(stateDir, "bin", name)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := atomicfile.Write(dst, data, 0o755); err != nil {
-		return "", fmt.Errorf("install the hook binary: %w", err)
+		return "", nil, fmt.Errorf("install the hook binary: %w", err)
 	}
-	return dst, nil
+	return dst, args, nil
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
 }

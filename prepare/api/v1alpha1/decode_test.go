@@ -44,6 +44,8 @@ func TestDecodeRefusesNamingTheField(t *testing.T) {
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mode":"ipvlan","macvlanMode":"vepa"}`, "parameters.macvlanMode"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"1BAD":"x"}}`, "parameters.env[1BAD]"},
 		{`[1,2]`, "not a JSON object"},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"eth0"}`, "parameters.interfaceName: Invalid value: \"eth0\": reserved"},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"lo"}`, "reserved"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","routes":[{"destination":"default"}]}`, "parameters.routes[0].gateway: Required value"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","routes":[{"destination":"10.0.0.0/8","gateway":"fd00::1"}]}`, "address family"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","addresses":["10.0.0.5/24","10.0.0.5/16"]}`, "parameters.addresses[1]: Duplicate value"},

@@ -4,10 +4,15 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
+
+// reservedInterfaceNames are the pod's own: the loopback and the interface
+// the cluster's CNI gives every pod.
+var reservedInterfaceNames = []string{"lo", "eth0"}
 
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
@@ -54,8 +59,11 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 		errs = append(errs, field.Forbidden(path.Child("ipvlanMode"), "only for mode ipvlan"))
 	}
 	if n.InterfaceName != "" {
-		if len(n.InterfaceName) > 15 || strings.ContainsAny(n.InterfaceName, "/: \t\n") || n.InterfaceName == "." || n.InterfaceName == ".." {
+		switch {
+		case len(n.InterfaceName) > 15 || strings.ContainsAny(n.InterfaceName, "/: \t\n") || n.InterfaceName == "." || n.InterfaceName == "..":
 			errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "not a Linux interface name (at most 15 characters, no '/', ':' or spaces)"))
+		case slices.Contains(reservedInterfaceNames, n.InterfaceName):
+			errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "reserved for the pod's own network (the loopback and the CNI's interface)"))
 		}
 	}
 	if n.MTU != 0 && (n.MTU < 68 || n.MTU > 65535) {

@@ -1,0 +1,85 @@
+package netdev
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+)
+
+// hookTimeoutSeconds bounds the hook: the runtime kills it after this long,
+// and the hook gives up by itself a little before.
+const hookTimeoutSeconds = 15
+
+// aliasOf is the alias (IFLA_IFALIAS) carve gives a share's interface. It
+// travels with the interface into the pod, where the hook checks it: an
+// interface of the pod's that only has the right name (the CNI's eth0) is
+// never taken for the share's.
+func aliasOf(hostName string) string { return "carve:" + hostName }
+
+// net1Mode is the interface mode a config asks for: the macvlan or ipvlan
+// mode, defaulted as the API defaults it.
+func net1Mode(cfg v1alpha1.NetworkConfig) string {
+	if cfg.Mode == "ipvlan" {
+		if cfg.IPVlanMode == "" {
+			return "ipvlan-l2"
+		}
+		return "ipvlan-" + cfg.IPVlanMode
+	}
+	if cfg.MacvlanMode == "" {
+		return "macvlan-bridge"
+	}
+	return "macvlan-" + cfg.MacvlanMode
+}
+
+// childKind is the link type of a mode from net1Mode.
+func childKind(mode string) string {
+	if len(mode) >= 6 && mode[:6] == "ipvlan" {
+		return "ipvlan"
+	}
+	return "macvlan"
+}
+
+// newChild is the share's macvlan or ipvlan interface on lower, as a link
+// to add: named, MAC'd (macvlan) and in its mode.
+func newChild(lower netlink.Link, mode, name string, mac net.HardwareAddr, mtu int) (netlink.Link, error) {
+	la := netlink.NewLinkAttrs()
+	la.Name, la.ParentIndex, la.MTU = name, lower.Attrs().Index, mtu
+	switch mode {
+	case "ipvlan-l2":
+		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L2}, nil
+	case "ipvlan-l3":
+		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L3}, nil
+	case "ipvlan-l3s":
+		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L3S}, nil
+	}
+	la.HardwareAddr = mac
+	switch mode {
+	case "macvlan-bridge":
+		return &netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}, nil
+	case "macvlan-private":
+		return &netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_PRIVATE}, nil
+	case "macvlan-vepa":
+		return &netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_VEPA}, nil
+	}
+	return nil, fmt.Errorf("interface mode %q is not one carve makes", mode)
+}
+
+// addChild creates the child on lower in h's namespace, down, with carve's
+// alias.
+func addChild(h *netlink.Handle, lower netlink.Link, mode, name string, mac net.HardwareAddr, mtu int) error {
+	link, err := newChild(lower, mode, name, mac, mtu)
+	if err != nil {
+		return err
+	}
+	if err := h.LinkAdd(link); err != nil {
+		return fmt.Errorf("create %s %s on %s: %w", childKind(mode), name, lower.Attrs().Name, err)
+	}
+	if err := h.LinkSetAlias(link, aliasOf(name)); err != nil {
+		_ = h.LinkDel(link)
+		return fmt.Errorf("mark %s as carve's: %w", name, err)
+	}
+	return nil
+}

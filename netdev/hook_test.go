@@ -1,0 +1,86 @@
+package netdev_test
+
+import (
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+)
+
+// A pod in the node's own namespace (hostNetwork) is refused: the share's
+// addresses and routes would land on the node.
+func TestHookRefusesTheNodesNamespace(t *testing.T) {
+	b := newBench(t)
+	s := b.add("hostnet", "", "", &v1alpha1.NetworkConfig{Pools: []string{"test"}, InterfaceName: "share0"})
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	before, _ := node.RouteList(nil, netlink.FAMILY_ALL)
+	err := netdev.AttachToPod(b.tp.Node, b.tp.Node, s.spec)
+	if err == nil || !strings.Contains(err.Error(), "hostNetwork") {
+		t.Fatalf("attach into the node's namespace: %v; want a refusal naming hostNetwork", err)
+	}
+	if after, _ := node.RouteList(nil, netlink.FAMILY_ALL); len(after) != len(before) {
+		t.Errorf("the node's routes changed: %d, then %d", len(before), len(after))
+	}
+}
+
+// An interface of the pod's that only has the share's name (the CNI's) is
+// never configured as the share.
+func TestHookChecksTheInterfaceIsTheShares(t *testing.T) {
+	b := newBench(t)
+	a := b.alloc("impostor", "", "")
+	spec := b.prepareSpec(a, &v1alpha1.NetworkConfig{Pools: []string{"test"}, InterfaceName: "eth9"})
+	pod := b.tp.NewPod("impostor")
+	h, _ := netlink.NewHandleAt(pod)
+	defer h.Close()
+	la := netlink.NewLinkAttrs()
+	la.Name = "eth9"
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth9peer"}); err != nil {
+		t.Fatal(err)
+	}
+	err := netdev.AttachToPod(b.tp.Node, pod, spec)
+	if err == nil || !strings.Contains(err.Error(), "not carve's share") {
+		t.Fatalf("attach over the pod's own eth9: %v; want a refusal", err)
+	}
+	eth9, _ := h.LinkByName("eth9")
+	if addrs, _ := h.AddrList(eth9, netlink.FAMILY_V4); len(addrs) != 0 {
+		t.Errorf("the pod's eth9 got the share's addresses: %v", addrs)
+	}
+}
+
+// A pod sandbox that is recreated takes the share's interface away with its
+// old namespace; the hook of the new sandbox's containers makes it again,
+// with the share's MAC, and configures it.
+func TestHookRemakesTheInterfaceForARecreatedSandbox(t *testing.T) {
+	b := newBench(t)
+	s := b.add("resandbox", "", "", &v1alpha1.NetworkConfig{Pools: []string{"test"}})
+	// The old sandbox goes, and its namespace with it.
+	s.pod.Close()
+	if err := netns.DeleteNamed(strings.TrimPrefix(b.tp.Path("resandbox"), "/var/run/netns/")); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	time.Sleep(100 * time.Millisecond)
+	pod := b.tp.NewPod("resandbox2")
+	if err := netdev.AttachToPod(b.tp.Node, pod, s.spec); err != nil {
+		t.Fatalf("attach to the recreated sandbox: %v", err)
+	}
+	h, _ := netlink.NewHandleAt(pod)
+	defer h.Close()
+	link, err := h.LinkByName(s.spec.PodName)
+	if err != nil {
+		t.Fatalf("no %s in the new sandbox: %v", s.spec.PodName, err)
+	}
+	if !strings.EqualFold(link.Attrs().HardwareAddr.String(), s.spec.MAC) || link.Attrs().OperState == netlink.OperDown {
+		t.Errorf("remade interface: MAC %s (want %s), state %s", link.Attrs().HardwareAddr, s.spec.MAC, link.Attrs().OperState)
+	}
+	if addrs, _ := h.AddrList(link, netlink.FAMILY_V4); len(addrs) != 1 {
+		t.Errorf("remade interface's addresses: %v", addrs)
+	}
+}
