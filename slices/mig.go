@@ -76,7 +76,9 @@ func migDevice(name string, g GPU, inv *nvmlinfo.Inventory) resourceapi.Device {
 	return *d
 }
 
-func bytesQuantity(b uint64) resource.Quantity { return *resource.NewQuantity(int64(b), resource.BinarySI) }
+func bytesQuantity(b uint64) resource.Quantity {
+	return *resource.NewQuantity(int64(b), resource.BinarySI)
+}
 
 func maxOf(d nvmlinfo.Device, value func(nvmlinfo.MIGProfile) uint64) uint64 {
 	m := uint64(0)
