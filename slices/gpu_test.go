@@ -47,7 +47,7 @@ func TestWholeGPUs(t *testing.T) {
 	}
 	g := devs["gpu-0000-19-00-0"]
 	for attr, want := range map[resourceapi.QualifiedName]string{
-		"kind": "gpu", "uuid": "GPU-h100-0000-0000-0000-000000000000", "productName": "NVIDIA H100 80GB HBM3",
+		"kind": "gpu", "uuid": gputest.H100UUID(0), "productName": "NVIDIA H100 80GB HBM3",
 		"architecture": "hopper", "driverVersion": "580.159.04", "pciAddress": "0000:19:00.0",
 		"resource.kubernetes.io/pcieRoot": "pci0000:19",
 	} {
@@ -92,7 +92,7 @@ func TestGPUJoinMismatch(t *testing.T) {
 		t.Errorf("unjoined GPU attributes %v", g.Attributes)
 	}
 	notes := strings.Join(res.Notices, "\n")
-	for _, want := range []string{"GPU 2 (GPU-h100-0002", "0000:ee:00.0 is not reported by NVML"} {
+	for _, want := range []string{"GPU 2 (" + gputest.H100UUID(2), "0000:ee:00.0 is not reported by NVML"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notices lack %q:\n%s", want, notes)
 		}

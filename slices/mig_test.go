@@ -84,7 +84,7 @@ func TestMIGSlices(t *testing.T) {
 		t.Errorf("counters %v, want 8 memory slices, memory and multiprocessors", set.Counters)
 	}
 	m := devs["mig-0000-19-00-0-3g-40gb-4"]
-	if str(m, "kind") != "mig" || str(m, "profile") != "3g.40gb" || str(m, "parentUUID") != "GPU-h100-0000-0000-0000-000000000000" ||
+	if str(m, "kind") != "mig" || str(m, "profile") != "3g.40gb" || str(m, "parentUUID") != gputest.H100UUID(0) ||
 		str(m, "resource.kubernetes.io/pcieRoot") != "pci0000:19" {
 		t.Errorf("MIG attributes %v", m.Attributes)
 	}

@@ -40,6 +40,9 @@ func H100Profiles() []nvmlinfo.MIGProfile {
 var H100BusIDs = []string{"00000000:19:00.0", "00000000:3B:00.0", "00000000:4C:00.0", "00000000:5D:00.0",
 	"00000000:9B:00.0", "00000000:BB:00.0", "00000000:CB:00.0", "00000000:DB:00.0"}
 
+// H100UUID is the UUID of the DGX H100's GPU i.
+func H100UUID(i int) string { return fmt.Sprintf("GPU-b1000000-0000-4000-8000-%012x", i) }
+
 // H100Node is a DGX H100: eight GPUs, MIG enabled on those listed.
 func H100Node(migEnabled ...int) *nvmlinfo.Inventory {
 	inv := &nvmlinfo.Inventory{DriverVersion: "580.159.04", CUDADriverVersion: 13000}
@@ -49,7 +52,7 @@ func H100Node(migEnabled ...int) *nvmlinfo.Inventory {
 	}
 	for i, bus := range H100BusIDs {
 		inv.Devices = append(inv.Devices, nvmlinfo.Device{
-			Index: i, Minor: i, UUID: fmt.Sprintf("GPU-h100-%04d-0000-0000-000000000000", i), Name: "NVIDIA H100 80GB HBM3",
+			Index: i, Minor: i, UUID: H100UUID(i), Name: "NVIDIA H100 80GB HBM3",
 			PCIBusID: bus, MemoryTotalBytes: H100MemoryBytes, Architecture: "hopper", ComputeCapability: "9.0",
 			MIGCapable: true, MIGEnabled: enabled[i], MIGProfiles: H100Profiles(),
 		})
@@ -61,7 +64,7 @@ func H100Node(migEnabled ...int) *nvmlinfo.Inventory {
 // replay takes them from go-nvml's mock table, warning that it does.
 func A100Node() *nvmlinfo.Inventory {
 	return &nvmlinfo.Inventory{DriverVersion: "535.104.05", CUDADriverVersion: 12020, Devices: []nvmlinfo.Device{{
-		Index: 0, Minor: 0, UUID: "GPU-a100-0000-0000-0000-000000000000", Name: "NVIDIA A100-SXM4-40GB",
+		Index: 0, Minor: 0, UUID: "GPU-a1000000-0000-4000-8000-000000000000", Name: "NVIDIA A100-SXM4-40GB",
 		PCIBusID: "00000000:07:00.0", MemoryTotalBytes: 40 << 30, Architecture: "ampere", ComputeCapability: "8.0",
 		MIGCapable: true, MIGEnabled: true,
 	}}}
