@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
-	"github.com/go-logr/logr"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
+	"github.com/go-logr/logr"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/carve-dra/carve/gpu"
@@ -187,10 +187,12 @@ func (p *Preparer) deviceNode(path string) (*cdispec.DeviceNode, error) {
 // verbosity: it reports every optional file it does not find.
 type nvcdiLogger struct{ l logr.Logger }
 
-func (n nvcdiLogger) Debugf(f string, a ...any)   { n.l.V(5).Info(fmt.Sprintf(f, a...), "from", "nvcdi") }
-func (n nvcdiLogger) Tracef(f string, a ...any)   { n.l.V(6).Info(fmt.Sprintf(f, a...), "from", "nvcdi") }
-func (n nvcdiLogger) Infof(f string, a ...any)    { n.l.V(4).Info(fmt.Sprintf(f, a...), "from", "nvcdi") }
-func (n nvcdiLogger) Warningf(f string, a ...any) { n.l.V(3).Info(fmt.Sprintf(f, a...), "from", "nvcdi") }
+func (n nvcdiLogger) Debugf(f string, a ...any) { n.l.V(5).Info(fmt.Sprintf(f, a...), "from", "nvcdi") }
+func (n nvcdiLogger) Tracef(f string, a ...any) { n.l.V(6).Info(fmt.Sprintf(f, a...), "from", "nvcdi") }
+func (n nvcdiLogger) Infof(f string, a ...any)  { n.l.V(4).Info(fmt.Sprintf(f, a...), "from", "nvcdi") }
+func (n nvcdiLogger) Warningf(f string, a ...any) {
+	n.l.V(3).Info(fmt.Sprintf(f, a...), "from", "nvcdi")
+}
 func (n nvcdiLogger) Errorf(f string, a ...any) {
 	n.l.Error(fmt.Errorf(f, a...), "nvcdi", "from", "nvcdi")
 }

@@ -27,7 +27,6 @@ import (
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
-
 // hostRoot builds a host whose driver is installed as on the lent H100
 // machine, /usr/local/nvidia/{bin,lib64}, with real character device nodes
 // and the MIG capabilities the driver lists in /proc.
