@@ -54,7 +54,14 @@ net_archive=$("$here/images/build.sh" --name carve-net:demo --file /bin/busybox:
   --symlink /bin/sh=busybox --symlink /bin/ip=busybox --symlink /bin/env=busybox --symlink /bin/sleep=busybox \
   --symlink /bin/cat=busybox --symlink /bin/grep=busybox --symlink /bin/sort=busybox | tail -n1)
 "$here/images/import.sh" "$net_archive"
-archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --file "$repo/bin/carve-hook:/carve-hook" --file /usr/share/misc/pci.ids:/usr/share/misc/pci.ids --entrypoint /carve | tail -n1)
+# libnvidia-ml.so.1 is dlopened from the host's driver root; what it needs
+# beside libc is added here, since ldd cannot see a dlopen.
+nvml_deps=()
+libdir=$(dirname "$(ldd "$repo/bin/carve" | awk '/libc.so.6/ {print $3}')")
+for lib in libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
+  [ -e "$libdir/$lib" ] && nvml_deps+=(--file "$libdir/$lib")
+done
+archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --file "$repo/bin/carve-hook:/carve-hook" --file /usr/share/misc/pci.ids:/usr/share/misc/pci.ids "${nvml_deps[@]}" --entrypoint /carve | tail -n1)
 "$here/images/import.sh" "$archive"
 
 step "installing the chart"

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
 )
 
 // Options says where and what to discover.
@@ -19,6 +21,9 @@ type Options struct {
 	// tests make the agent blind to the host's caches.
 	CPUCacheRoot string
 	Net          NetFilter
+	// NVML, when set, reports the GPUs (package gpu). Its failure costs
+	// the node its GPUs, never the discovery.
+	NVML func(context.Context) (*nvmlinfo.Inventory, error)
 }
 
 // Discover reads the node's hardware under opts.Root. Missing optional files
@@ -57,6 +62,12 @@ func Discover(ctx context.Context, opts Options) (*Inventory, error) {
 	}
 	if inv.Kernel, err = t.readKernelFeatures(); err != nil {
 		return nil, fmt.Errorf("discover kernel features: %w", err)
+	}
+	if opts.NVML != nil {
+		if inv.NVML, err = opts.NVML(ctx); err != nil {
+			inv.NVML, inv.NVMLError = nil, err.Error()
+			logger.V(2).Info("GPUs left out: NVML did not answer", "err", err)
+		}
 	}
 	logger.V(2).Info("Discovered hardware", "root", root, "nics", len(inv.NICs), "llcs", len(inv.LLCs),
 		"fpgas", len(inv.FPGAs), "gpus", len(inv.GPUs), "duration", time.Since(start))

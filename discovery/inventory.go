@@ -1,5 +1,7 @@
 package discovery
 
+import "github.com/carve-dra/carve/gpu/nvmlinfo"
+
 // Inventory is everything discovery found on one node. It is plain data: the
 // slices package turns it into ResourceSlices.
 type Inventory struct {
@@ -8,6 +10,10 @@ type Inventory struct {
 	FPGAs  []FPGA
 	GPUs   []GPU
 	Kernel KernelFeatures
+	// NVML is what NVML reports of the GPUs; nil where it was not asked or
+	// could not answer, and then NVMLError says why.
+	NVML      *nvmlinfo.Inventory
+	NVMLError string
 }
 
 // PCIFunction is one PCI function as sysfs shows it.

@@ -54,13 +54,15 @@ type Result struct {
 }
 
 // Entry is a published device and what discovery knows of it. Exactly one of
-// NIC, LLC and FPGA is set, matching Kind.
+// NIC, LLC, FPGA and GPU is set, matching Kind.
 type Entry struct {
 	Kind   string
 	Device resourceapi.Device
 	NIC    *discovery.NIC
 	LLC    *discovery.LLC
 	FPGA   *discovery.FPGA
+	// GPU is set for the kinds gpu and mig.
+	GPU *GPU
 }
 
 // Build makes the node's pool. Devices are ordered by name, so the output is
@@ -79,9 +81,8 @@ func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string
 	for i := range inv.FPGAs {
 		entries = append(entries, Entry{Kind: KindFPGA, Device: b.fpga(inv.FPGAs[i]), FPGA: &inv.FPGAs[i]})
 	}
-	if len(inv.GPUs) > 0 {
-		b.notef("%d NVIDIA GPU PCI function(s) found; GPUs are published once NVML confirms them", len(inv.GPUs))
-	}
+	gpus, counterSets := b.gpus(inv)
+	entries = append(entries, gpus...)
 	index := make(map[string]Entry, len(entries))
 	devices := make([]resourceapi.Device, 0, len(entries))
 	for _, e := range entries {
@@ -91,7 +92,7 @@ func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string
 	sortDevices(devices)
 	return Result{
 		Resources: resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-			nodeName: {Slices: split(devices, resourceapi.ResourceSliceMaxDevices)},
+			nodeName: {Slices: split(devices, counterSets)},
 		}},
 		Index:   index,
 		Notices: b.notices,

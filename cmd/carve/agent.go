@@ -20,7 +20,8 @@ type agentFlags struct {
 	kubeconfig, nodeName, root, cpuCacheRoot, configFile  string
 	registrarDir, pluginsDir, cdiDir, stateDir            string
 	metricsAddr, healthAddr, podUID, hostNetns, bpfPinDir string
-	rescan                                                time.Duration
+	nvidiaDriverRoot, nvidiaCDIHook, nvmlReplay           string
+	rescan, nvmlTimeout                                   time.Duration
 	qps                                                   float64
 	burst                                                 int
 }
@@ -53,6 +54,10 @@ func newAgentCommand() *cobra.Command {
 	fs.IntVar(&f.burst, "kube-api-burst", 400, "burst of queries to the API server")
 	fs.StringVar(&f.hostNetns, "host-netns", "", "the node's network namespace (a path); default <root>/proc/1/ns/net, else the agent's own")
 	fs.StringVar(&f.bpfPinDir, "bpf-pin-dir", "/sys/fs/bpf/carve", "where the classifier's maps and links are pinned (on bpffs), so limits hold while the agent restarts")
+	fs.StringVar(&f.nvidiaDriverRoot, "nvidia-driver-root", "/", "where the host's NVIDIA driver is installed (libnvidia-ml.so.1, libcuda, nvidia-smi are searched below it), e.g. /usr/local/nvidia; read below --root")
+	fs.StringVar(&f.nvidiaCDIHook, "nvidia-cdi-hook", "", "the host's nvidia-cdi-hook, to run the NVIDIA container hooks; without it carve mounts the libraries' soname links and sets LD_LIBRARY_PATH itself")
+	fs.StringVar(&f.nvmlReplay, "nvml-replay", "", "answer NVML from this replay file instead of the library (tests, what-if)")
+	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
 	must(cmd.MarkFlagFilename("kubeconfig"))
 	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
 	must(cmd.MarkFlagDirname("root"))
@@ -80,6 +85,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
 		MetricsAddr: f.metricsAddr, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
+		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLTimeout: f.nvmlTimeout,
 	})
 }
 

@@ -11,12 +11,16 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu/gpuopen"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
+	"github.com/carve-dra/carve/discovery/snapshot"
 )
 
 type discoverFlags struct {
 	root, cpuCacheRoot, nodeName, configFile, output string
+	nvml                                             nvmlFlags
+	from                                             string
 }
 
 func newDiscoverCommand() *cobra.Command {
@@ -42,7 +46,12 @@ func newDiscoverCommand() *cobra.Command {
 		}
 		return pflag.NormalizedName(name)
 	})
+	f.nvml.add(fs, true)
+	fs.StringVar(&f.from, "from", "", "discover the node a snapshot (carve snapshot) captured, instead of this one")
+	cmd.MarkFlagsMutuallyExclusive("from", "root")
+	cmd.MarkFlagsMutuallyExclusive("from", "nvml-replay")
 	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
+	must(cmd.MarkFlagFilename("from", "tar.gz"))
 	must(cmd.MarkFlagDirname("root"))
 	must(cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"yaml", "json"}, cobra.ShellCompDirectiveNoFileComp)))
 	return cmd
@@ -52,11 +61,37 @@ func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
 	if f.nodeName == "" {
 		return fmt.Errorf("--node-name is empty and the hostname is unknown")
 	}
+	if f.from != "" {
+		dir, err := os.MkdirTemp("", "carve-from-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		u, err := snapshot.Unpack(f.from, dir)
+		if err != nil {
+			return err
+		}
+		f.root, f.nvml.replay = u.Root, u.NVMLReplay
+		if f.configFile == "" {
+			f.configFile = u.NodeConfig
+		}
+		if u.NVMLReplay == "" {
+			f.nvml.off = true
+		}
+	}
 	cfg, err := nodeconfig.Load(f.configFile)
 	if err != nil {
 		return err
 	}
-	inv, err := discovery.Discover(ctx, discovery.Options{Root: f.root, CPUCacheRoot: f.cpuCacheRoot, Net: netFilter(cfg)})
+	session, reason, err := f.nvml.open(ctx, f.root)
+	if err != nil {
+		return err
+	}
+	if session != nil {
+		defer session.Close(ctx)
+	}
+	inv, err := discovery.Discover(ctx, discovery.Options{Root: f.root, CPUCacheRoot: f.cpuCacheRoot, Net: netFilter(cfg),
+		NVML: gpuopen.Inventory(session, reason)})
 	if err != nil {
 		return err
 	}

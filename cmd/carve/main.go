@@ -69,7 +69,7 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logging, root.PersistentFlags())
-	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand())
+	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newSnapshotCommand())
 	return root
 }
 

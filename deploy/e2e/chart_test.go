@@ -185,7 +185,7 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 			}
 		}
 		for kind, n := range map[string]int{"DaemonSet": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ServiceAccount": 1,
-			"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DeviceClass": 4} {
+			"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DeviceClass": 5} {
 			if kinds[kind] != n {
 				t.Errorf("rendered %d %s, want %d (sets %v)", kinds[kind], kind, n, sets)
 			}

@@ -60,9 +60,30 @@ func buildAgentImage(t *testing.T, tag string) {
 	t.Helper()
 	root := repoRoot()
 	bin := carveBinary(t)
-	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), "--name", tag,
-		"--file", bin+":/carve", "--file", filepath.Join(filepath.Dir(bin), "carve-hook")+":/carve-hook", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar"))))
+	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", filepath.Join(filepath.Dir(bin), "carve-hook") + ":/carve-hook", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar")}
+	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), append(args, nvmlDeps()...)...)))
 	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+}
+
+// nvmlDeps are the --file arguments for what the host's libnvidia-ml.so.1,
+// dlopened by the agent, needs beside libc (ldd cannot see a dlopen).
+func nvmlDeps() []string {
+	libcs, _ := filepath.Glob("/lib/*/libc.so.6")
+	if len(libcs) == 0 {
+		return nil
+	}
+	var args []string
+	for _, lib := range []string{"libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1"} {
+		if p := filepath.Join(filepath.Dir(libcs[0]), lib); fileExists(p) {
+			args = append(args, "--file", p)
+		}
+	}
+	return args
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func lastLine(s string) string {

@@ -21,6 +21,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/carve-dra/carve/gpu/gpuopen"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/cdi"
 	"github.com/carve-dra/carve/prepare/checkpoint"
@@ -61,6 +62,15 @@ type Options struct {
 	// BPFPinDir is where the classifier's maps and links are pinned, on
 	// bpffs, so that limits hold while the agent restarts.
 	BPFPinDir string
+	// NVIDIADriverRoot is where the host's NVIDIA driver files are, on the
+	// host ("/" or e.g. /usr/local/nvidia); they are read below Root.
+	NVIDIADriverRoot string
+	// NVIDIACDIHook is the host's nvidia-cdi-hook, where it has one.
+	NVIDIACDIHook string
+	// NVMLReplay answers NVML from a replay file (tests, what-if).
+	NVMLReplay string
+	// NVMLTimeout bounds every NVML call (gpu.DefaultTimeout when 0).
+	NVMLTimeout time.Duration
 }
 
 // Run runs the kubelet plugin until ctx is done or a fatal error occurs,
@@ -106,10 +116,12 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 
-	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics}
+	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
+		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason)}
 	if _, err := inv.rescan(ctx); err != nil {
 		return err
 	}
+	k.gpus.prep.Devices = inv.devices
 	driver, err := prepare.NewDriver(prepare.Options{
 		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: records, CDI: cdiWriter,
 		Preparers: k.preparers, Devices: inv.devices, Metrics: metrics, Health: inv.watchHealth,

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -24,6 +25,7 @@ type inventory struct {
 	cfg          *nodeconfig.NodeConfig
 	node         string
 	metrics      *prepare.Metrics
+	nvml         func(context.Context) (*nvmlinfo.Inventory, error)
 	current      atomic.Pointer[slices.Result]
 	// health subscribers are woken after each rescan.
 	mu      sync.Mutex
@@ -36,7 +38,7 @@ func (i *inventory) rescan(ctx context.Context) (bool, error) {
 	start := time.Now()
 	inv, err := discovery.Discover(ctx, discovery.Options{Root: i.root, CPUCacheRoot: i.cpuCacheRoot, Net: discovery.NetFilter{
 		Include: i.cfg.Netdev.Include, Exclude: i.cfg.Netdev.Exclude, IncludeVirtual: i.cfg.Netdev.IncludeVirtual,
-	}})
+	}, NVML: i.nvml})
 	i.metrics.DiscoveryDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return false, err

@@ -20,12 +20,13 @@ import (
 )
 
 // kinds is every device kind's preparer, with what the NIC kind needs
-// beside it: the node's network namespace, its link events and the BPF
-// classifier.
+// beside it (the node's network namespace, its link events and the BPF
+// classifier) and what the GPU kinds need (the node's NVML).
 type kinds struct {
 	preparers  map[string]prepare.Preparer
 	linkEvents <-chan struct{}
 	collectors []prometheus.Collector
+	gpus       *gpus
 	close      func()
 }
 
@@ -67,11 +68,18 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 		k.close()
 		return nil, err
 	}
+	if k.gpus, err = openGPUs(ctx, opts); err != nil {
+		k.close()
+		return nil, err
+	}
+	closers = append(closers, func() { k.gpus.close(ctx) })
 	k.collectors = []prometheus.Collector{nics}
 	k.preparers = map[string]prepare.Preparer{
 		slices.KindNIC:  nics,
 		slices.KindFPGA: fpga.Preparer{Root: opts.Root},
 		slices.KindLLC:  llc.Preparer{},
+		slices.KindGPU:  k.gpus.prep,
+		slices.KindMIG:  k.gpus.prep,
 	}
 	return k, nil
 }

@@ -1,0 +1,75 @@
+package gpu
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Library is NVML as carve uses it: go-nvml's interface, backed by the real
+// libnvidia-ml.so.1 or by go-nvml's mock (package nvmlreplay).
+type Library struct {
+	nvml.Interface
+	// ProfileName, when set, gives NVML's name of a GPU-instance profile
+	// ("3g.40gb"). Without it, or where it reports false, the name is
+	// derived from the profile's slices and memory as NVIDIA names them.
+	ProfileName func(dev nvml.Device, info nvml.GpuInstanceProfileInfo) (string, bool)
+}
+
+// NVMLLibraryName is the library go-nvml dlopens.
+const NVMLLibraryName = "libnvidia-ml.so.1"
+
+// libDirs are where driver installs put their libraries below a driver root.
+var libDirs = []string{"lib64", "lib", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib"}
+
+// RealLibrary is the host's NVML. The library is looked for below
+// driverRoot (e.g. /usr/local/nvidia/lib64) and, failing that, left to the
+// dynamic loader's search path. Nothing is loaded until Init.
+func RealLibrary(driverRoot string) Library {
+	path := NVMLLibraryName
+	if found := FindFile(driverRoot, libDirs, NVMLLibraryName); found != "" {
+		path = found
+	}
+	lib := nvml.New(nvml.WithLibraryPath(path))
+	return Library{Interface: lib, ProfileName: realProfileName}
+}
+
+// FindFile returns the first dir/name below root that exists, or "".
+func FindFile(root string, dirs []string, name string) string {
+	if root == "" {
+		return ""
+	}
+	for _, d := range dirs {
+		p := filepath.Join(root, d, name)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// realProfileName asks the driver for the profile's name (the v3 profile
+// info, which go-nvml's mock cannot answer).
+func realProfileName(dev nvml.Device, info nvml.GpuInstanceProfileInfo) (string, bool) {
+	v3, ret := dev.GetGpuInstanceProfileInfoV(int(info.Id)).V3()
+	if ret != nvml.SUCCESS {
+		return "", false
+	}
+	name := cString(v3.Name[:])
+	name = strings.TrimPrefix(name, "MIG ")
+	return name, name != ""
+}
+
+// cString converts NVML's fixed, NUL-terminated char arrays.
+func cString(b []int8) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
+}

@@ -1,0 +1,71 @@
+package nvmlreplay
+
+import (
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
+)
+
+// device makes a mock device answer as the file says: identity, exact
+// memory, the PCI bus ID (the mock's is empty), MIG mode, and a GPU instance
+// refused where it would overlap one that exists, as the driver refuses it.
+func (r *Replay) device(m *server.Device, d nvmlinfo.Device) {
+	m.UUID, m.Minor, m.Index, m.PciBusID = d.UUID, d.Minor, d.Index, d.PCIBusID
+	m.MemoryInfo = nvml.Memory{Total: d.MemoryTotalBytes, Free: d.MemoryTotalBytes}
+	if d.MIGEnabled {
+		m.MigMode = nvml.DEVICE_MIG_ENABLE
+	}
+	deviceID := m.Config.PciDeviceId
+	m.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		p := nvml.PciInfo{PciDeviceId: deviceID}
+		copyCString(p.BusId[:], d.PCIBusID)
+		copyCString(p.BusIdLegacy[:], d.PCIBusID)
+		return p, nvml.SUCCESS
+	}
+	m.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
+	if !d.MIGCapable {
+		m.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
+		m.GetGpuInstanceProfileInfoFunc = func(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		return
+	}
+	create := m.CreateGpuInstanceWithPlacementFunc
+	m.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+		if mode, _, _ := m.GetMigMode(); mode != nvml.DEVICE_MIG_ENABLE {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		if !possible(m.Config.MIGProfiles.GpuInstancePlacements[int(info.Id)], *pl) {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		m.RLock()
+		for gi := range m.GpuInstances {
+			if overlaps(gi.Info.Placement, *pl) {
+				m.RUnlock()
+				return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+			}
+		}
+		m.RUnlock()
+		return create(info, pl)
+	}
+}
+
+func possible(placements []nvml.GpuInstancePlacement, p nvml.GpuInstancePlacement) bool {
+	for _, q := range placements {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+func overlaps(a, b nvml.GpuInstancePlacement) bool {
+	return a.Start < b.Start+b.Size && b.Start < a.Start+a.Size
+}
+
+func copyCString(dst []int8, s string) {
+	for i := 0; i < len(s) && i < len(dst)-1; i++ {
+		dst[i] = int8(s[i])
+	}
+}

@@ -1,0 +1,197 @@
+package prep
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+)
+
+// migRecord is the undo record of a MIG allocation: enough to find its
+// instances again.
+type migRecord struct {
+	ParentUUID        string `json:"parentUUID"`
+	ParentMinor       int    `json:"parentMinor"`
+	ProfileID         int    `json:"profileId"`
+	PlacementStart    int    `json:"placementStart"`
+	PlacementSize     int    `json:"placementSize"`
+	GPUInstanceID     uint32 `json:"gpuInstanceId"`
+	ComputeInstanceID uint32 `json:"computeInstanceId"`
+}
+
+func recordFor(g slices.GPU) migRecord {
+	return migRecord{ParentUUID: g.Device.UUID, ParentMinor: g.Device.Minor, ProfileID: g.MIG.Profile.ProfileID,
+		PlacementStart: g.MIG.Placement.Start, PlacementSize: g.MIG.Placement.Size}
+}
+
+// prepareMIG creates the GPU instance at the allocated placement and a
+// compute instance filling it, then gives the container the parent's
+// device nodes and the instance's capability nodes.
+func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slices.GPU) (prepare.Prepared, error) {
+	rec := recordFor(g)
+	err := p.opts.NVML.Do(ctx, "create MIG instance", func(l gpu.Library) error {
+		dev, err := parent(l, rec)
+		if err != nil {
+			return err
+		}
+		info, ret := dev.GetGpuInstanceProfileInfo(rec.ProfileID)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("profile %d: %s", rec.ProfileID, nvml.ErrorString(ret))
+		}
+		if gi, _ := findInstance(dev, info, rec.PlacementStart); gi != nil {
+			return fmt.Errorf("a GPU instance already holds placement %d of profile %s on %s, not made for this claim; left in place", rec.PlacementStart, g.MIG.Profile.Name, rec.ParentUUID)
+		}
+		placement := nvml.GpuInstancePlacement{Start: uint32(rec.PlacementStart), Size: uint32(rec.PlacementSize)}
+		gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &placement)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("create GPU instance %s at placement %d+%d: %s", g.MIG.Profile.Name, rec.PlacementStart, rec.PlacementSize, nvml.ErrorString(ret))
+		}
+		giInfo, ret := gi.GetInfo()
+		if ret != nvml.SUCCESS {
+			gi.Destroy()
+			return fmt.Errorf("GPU instance info: %s", nvml.ErrorString(ret))
+		}
+		rec.GPUInstanceID = giInfo.Id
+		ci, err := createComputeInstance(gi, info.SliceCount)
+		if err != nil {
+			if ret := gi.Destroy(); ret != nvml.SUCCESS {
+				return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
+			}
+			return err
+		}
+		rec.ComputeInstanceID = ci
+		return nil
+	})
+	if err != nil {
+		return prepare.Prepared{}, fmt.Errorf("MIG device %s: %w", a.Device, err)
+	}
+	undo, _ := jsonMarshal(rec)
+	edits, err := p.migEdits(ctx, g, rec)
+	if err != nil {
+		// The instance exists: the driver rolls back through Unprepare
+		// with this record.
+		return prepare.Prepared{Undo: undo}, fmt.Errorf("MIG device %s: %w", a.Device, err)
+	}
+	edits.Env = append(edits.Env,
+		a.EnvPrefix()+"MIG_PARENT_UUID="+rec.ParentUUID,
+		a.EnvPrefix()+"MIG_PROFILE="+g.MIG.Profile.Name,
+		a.EnvPrefix()+"MIG_GPU_INSTANCE_ID="+strconv.Itoa(int(rec.GPUInstanceID)),
+		a.EnvPrefix()+"MIG_COMPUTE_INSTANCE_ID="+strconv.Itoa(int(rec.ComputeInstanceID)))
+	return prepare.Prepared{Edits: edits, Undo: undo}, nil
+}
+
+// createComputeInstance makes the compute instance that fills a GPU
+// instance of the given slices, and returns its id.
+func createComputeInstance(gi nvml.GpuInstance, slices uint32) (uint32, error) {
+	for id := 0; id < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
+		info, ret := gi.GetComputeInstanceProfileInfo(id, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != nvml.SUCCESS || info.SliceCount != slices {
+			continue
+		}
+		ci, ret := gi.CreateComputeInstance(&info)
+		if ret != nvml.SUCCESS {
+			return 0, fmt.Errorf("create compute instance profile %d: %s", id, nvml.ErrorString(ret))
+		}
+		ciInfo, ret := ci.GetInfo()
+		if ret != nvml.SUCCESS {
+			ci.Destroy()
+			return 0, fmt.Errorf("compute instance info: %s", nvml.ErrorString(ret))
+		}
+		return ciInfo.Id, nil
+	}
+	return 0, fmt.Errorf("no compute-instance profile fills a %d-slice GPU instance", slices)
+}
+
+// destroyMIG destroys the compute instances and the GPU instance at the
+// record's placement. An instance already gone is success.
+func (p *Preparer) destroyMIG(ctx context.Context, device string, rec migRecord) error {
+	err := p.opts.NVML.Do(ctx, "destroy MIG instance", func(l gpu.Library) error {
+		dev, err := parent(l, rec)
+		if err != nil {
+			return err
+		}
+		info, ret := dev.GetGpuInstanceProfileInfo(rec.ProfileID)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("profile %d: %s", rec.ProfileID, nvml.ErrorString(ret))
+		}
+		gi, err := findInstance(dev, info, rec.PlacementStart)
+		if err != nil || gi == nil {
+			return err
+		}
+		for id := 0; id < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
+			ciInfo, ret := gi.GetComputeInstanceProfileInfo(id, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			cis, ret := gi.GetComputeInstances(&ciInfo)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			for _, ci := range cis {
+				if ret := ci.Destroy(); ret != nvml.SUCCESS {
+					return fmt.Errorf("destroy compute instance: %s", nvml.ErrorString(ret))
+				}
+			}
+		}
+		if ret := gi.Destroy(); ret != nvml.SUCCESS {
+			return fmt.Errorf("destroy GPU instance at placement %d: %s", rec.PlacementStart, nvml.ErrorString(ret))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("MIG device %s: %w", device, err)
+	}
+	return nil
+}
+
+func parent(l gpu.Library, rec migRecord) (nvml.Device, error) {
+	dev, ret := l.DeviceGetHandleByUUID(rec.ParentUUID)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("GPU %s: %s", rec.ParentUUID, nvml.ErrorString(ret))
+	}
+	if mode, _, ret := dev.GetMigMode(); ret != nvml.SUCCESS || mode != nvml.DEVICE_MIG_ENABLE {
+		return nil, fmt.Errorf("GPU %s: MIG is not enabled", rec.ParentUUID)
+	}
+	return dev, nil
+}
+
+// findInstance returns the GPU instance of the profile at the placement, or
+// nil.
+func findInstance(dev nvml.Device, info nvml.GpuInstanceProfileInfo, start int) (nvml.GpuInstance, error) {
+	gis, ret := dev.GetGpuInstances(&info)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("list GPU instances of profile %d: %s", info.Id, nvml.ErrorString(ret))
+	}
+	for _, gi := range gis {
+		if i, ret := gi.GetInfo(); ret == nvml.SUCCESS && int(i.Placement.Start) == start {
+			return gi, nil
+		}
+	}
+	return nil, nil
+}
+
+// migEdits are the common driver edits, the parent GPU's device node, and
+// the capability nodes of the GPU and compute instances.
+func (p *Preparer) migEdits(ctx context.Context, g slices.GPU, rec migRecord) (cdispec.ContainerEdits, error) {
+	edits, err := p.commonEdits(ctx)
+	if err != nil {
+		return edits, err
+	}
+	node, err := p.deviceNode(fmt.Sprintf("/dev/nvidia%d", rec.ParentMinor))
+	if err != nil {
+		return edits, err
+	}
+	edits.DeviceNodes = append(edits.DeviceNodes, node)
+	caps, err := p.migCapNodes(rec)
+	if err != nil {
+		return edits, err
+	}
+	edits.DeviceNodes = append(edits.DeviceNodes, caps...)
+	return edits, nil
+}

@@ -1,0 +1,287 @@
+package prep_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/gputest"
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/gpu/nvmlreplay"
+	"github.com/carve-dra/carve/gpu/prep"
+	"github.com/carve-dra/carve/prepare"
+	cslices "github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+// hostRoot builds a host whose driver is installed as on the lent H100
+// machine, /usr/local/nvidia/{bin,lib64}, with real character device nodes
+// and the MIG capabilities the driver lists in /proc.
+func hostRoot(t *testing.T, gpus int, driverVersion string) string {
+	t.Helper()
+	root := t.TempDir()
+	file := func(rel, content string) {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := func(rel string, major, minor uint32) {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+			t.Skipf("cannot make device nodes here (%v); the edits need real ones", err)
+		}
+	}
+	lib := "usr/local/nvidia/lib64/"
+	for _, l := range []string{"libcuda.so.", "libnvidia-ml.so.", "libnvidia-ptxjitcompiler.so."} {
+		file(lib+l+driverVersion, "")
+		if err := os.Symlink(l+driverVersion, filepath.Join(root, lib+l+"1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file("usr/local/nvidia/bin/nvidia-smi", "")
+	for i := 0; i < gpus; i++ {
+		node(fmt.Sprintf("dev/nvidia%d", i), 195, uint32(i))
+	}
+	node("dev/nvidiactl", 195, 255)
+	node("dev/nvidia-uvm", 510, 0)
+	node("dev/nvidia-uvm-tools", 510, 1)
+	for gi := 0; gi < 8; gi++ {
+		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", 10+2*gi))
+		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/ci0/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", 11+2*gi))
+		node(fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", 10+2*gi), 237, uint32(10+2*gi))
+		node(fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", 11+2*gi), 237, uint32(11+2*gi))
+	}
+	return root
+}
+
+type fixture struct {
+	replay  *nvmlreplay.Replay
+	session *gpu.Session
+	res     cslices.Result
+	prep    *prep.Preparer
+	root    string
+}
+
+func newFixture(t *testing.T, inv *nvmlinfo.Inventory) *fixture {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	r, err := nvmlreplay.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gpu.Open(ctx, r.Library(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, err := s.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{replay: r, session: s, root: hostRoot(t, len(inv.Devices), inv.DriverVersion)}
+	f.res = cslices.Build(&discovery.Inventory{NVML: read}, nodeconfig.Default(), "node-a")
+	f.prep = f.newPreparer(t)
+	return f
+}
+
+func (f *fixture) newPreparer(t *testing.T) *prep.Preparer {
+	p := prep.New(prep.Options{NVML: f.session, Root: f.root, DriverRoot: "/usr/local/nvidia", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	p.Devices = func() map[string]cslices.Entry { return f.res.Index }
+	return p
+}
+
+func alloc(claim, device, kind string) prepare.Allocation {
+	return prepare.Allocation{ClaimUID: types.UID(claim), Request: "gpu", Device: device, Kind: kind, Pool: "node-a"}
+}
+
+func TestWholeGPUEdits(t *testing.T) {
+	f := newFixture(t, gputest.H100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	driverVersion := gputest.H100Node().DriverVersion
+	name := "gpu-0000-3b-00-0"
+	out, err := f.prep.Prepare(ctx, alloc("c1", name, cslices.KindGPU), f.res.Index[name])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, n := range out.Edits.DeviceNodes {
+		nodes = append(nodes, n.Path)
+		if n.HostPath != n.Path {
+			t.Errorf("device node %s has host path %s; want the host's own path, not the agent's view", n.Path, n.HostPath)
+		}
+	}
+	for _, want := range []string{"/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} {
+		if !slices.Contains(nodes, want) {
+			t.Errorf("device nodes %v lack %s", nodes, want)
+		}
+	}
+	if slices.Contains(nodes, "/dev/nvidia0") {
+		t.Errorf("device nodes %v include another GPU", nodes)
+	}
+	mounts := map[string]string{}
+	for _, m := range out.Edits.Mounts {
+		mounts[m.ContainerPath] = m.HostPath
+	}
+	for cpath, host := range map[string]string{
+		"/lib64/libcuda.so." + driverVersion: "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
+		"/lib64/libcuda.so.1":                "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
+		"/lib64/libnvidia-ml.so.1":           "/usr/local/nvidia/lib64/libnvidia-ml.so." + driverVersion,
+		"/bin/nvidia-smi":                    "/usr/local/nvidia/bin/nvidia-smi",
+	} {
+		if mounts[cpath] != host {
+			t.Errorf("mount %s <- %q, want %s (all: %v)", cpath, mounts[cpath], host, mounts)
+		}
+	}
+	env := strings.Join(out.Edits.Env, " ")
+	for _, want := range []string{"LD_LIBRARY_PATH=/lib64", "CARVE_GPU_GPU_UUID=" + gputest.H100UUID(1)} {
+		if !strings.Contains(env, want) {
+			t.Errorf("env %q lacks %s", env, want)
+		}
+	}
+}
+
+func migDevice(t *testing.T, f *fixture, profile string, start int) string {
+	t.Helper()
+	for name, e := range f.res.Index {
+		if e.GPU != nil && e.GPU.MIG != nil && e.GPU.MIG.Profile.Name == profile && e.GPU.MIG.Placement.Start == start {
+			return name
+		}
+	}
+	t.Fatalf("no MIG device %s at %d", profile, start)
+	return ""
+}
+
+// instances lists the GPU instances NVML holds on the first GPU.
+func instances(t *testing.T, f *fixture) []string {
+	t.Helper()
+	dev, _ := f.replay.Server.DeviceGetHandleByIndex(0)
+	var out []string
+	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
+		info, ret := dev.GetGpuInstanceProfileInfo(id)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		gis, _ := dev.GetGpuInstances(&info)
+		for _, gi := range gis {
+			i, _ := gi.GetInfo()
+			out = append(out, fmt.Sprintf("%d@%d", id, i.Placement.Start))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// On the A100 node (MIG enabled, profiles from go-nvml's mock table), MIG
+// prepare creates the instance at the allocated placement; an overlapping
+// placement is refused by the driver; unprepare destroys it, twice safely.
+func TestMIGPrepareUnprepare(t *testing.T) {
+	f := newFixture(t, gputest.A100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	name := migDevice(t, f, "3g.20gb", 4)
+	a := alloc("c1", name, cslices.KindMIG)
+	out, err := f.prep.Prepare(ctx, a, f.res.Index[name])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := instances(t, f); !slices.Equal(got, []string{"2@4"}) {
+		t.Fatalf("instances %v, want the 3-slice profile at 4", got)
+	}
+	var nodes []string
+	for _, n := range out.Edits.DeviceNodes {
+		nodes = append(nodes, n.Path)
+	}
+	for _, want := range []string{"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap10", "/dev/nvidia-caps/nvidia-cap11"} {
+		if !slices.Contains(nodes, want) {
+			t.Errorf("device nodes %v lack %s", nodes, want)
+		}
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec["placementStart"] != 4.0 {
+		t.Errorf("undo %s", out.Undo)
+	}
+	over := migDevice(t, f, "7g.40gb", 0)
+	if _, err := f.prep.Prepare(ctx, alloc("c2", over, cslices.KindMIG), f.res.Index[over]); err == nil {
+		t.Error("an overlapping placement was created")
+	}
+	disjoint := migDevice(t, f, "2g.10gb", 0)
+	if _, err := f.prep.Prepare(ctx, alloc("c3", disjoint, cslices.KindMIG), f.res.Index[disjoint]); err != nil {
+		t.Errorf("disjoint placement: %v", err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := f.prep.Unprepare(ctx, a, out.Undo); err != nil {
+			t.Fatalf("unprepare %d: %v", i, err)
+		}
+	}
+	if got := instances(t, f); !slices.Equal(got, []string{"1@0"}) {
+		t.Fatalf("instances after unprepare %v, want only the 2g at 0", got)
+	}
+}
+
+// A crash after the instance was made but before the checkpoint held its
+// undo record: a new agent finds it from the allocation alone and rolls it
+// back. An instance no claim owns is reported at start and left in place.
+func TestMIGCrashRecovery(t *testing.T) {
+	f := newFixture(t, gputest.A100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	name := migDevice(t, f, "1g.5gb", 3)
+	a := alloc("c1", name, cslices.KindMIG)
+	if _, err := f.prep.Prepare(ctx, a, f.res.Index[name]); err != nil {
+		t.Fatal(err)
+	}
+	// Someone makes an instance by hand.
+	dev, _ := f.replay.Server.DeviceGetHandleByIndex(0)
+	info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_2_SLICE)
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 4, Size: 2}); ret != nvml.SUCCESS {
+		t.Fatalf("create by hand: %v", ret)
+	}
+	restarted := f.newPreparer(t)
+	restarted.Restore([]prepare.Allocation{a}, []json.RawMessage{nil})
+	unowned := restarted.Unowned()
+	if len(unowned) != 1 || !strings.HasSuffix(unowned[0], "/profile-1/placement-4") {
+		t.Fatalf("unowned %v, want the hand-made 2g at 4 only", unowned)
+	}
+	if err := restarted.Unprepare(ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := instances(t, f); !slices.Equal(got, []string{"1@4"}) {
+		t.Fatalf("instances %v, want only the hand-made one left", got)
+	}
+	// A placement held by an instance the claim did not make is refused,
+	// and that instance is left alone.
+	held := migDevice(t, f, "2g.10gb", 4)
+	if _, err := restarted.Prepare(ctx, alloc("c2", held, cslices.KindMIG), f.res.Index[held]); err == nil || !strings.Contains(err.Error(), "not made for this claim") {
+		t.Fatalf("error %v", err)
+	}
+	if got := instances(t, f); !slices.Equal(got, []string{"1@4"}) {
+		t.Fatalf("instances %v after the refused prepare", got)
+	}
+}
+
+func TestNoNVML(t *testing.T) {
+	inv := gputest.H100Node()
+	res := cslices.Build(&discovery.Inventory{NVML: inv}, nodeconfig.Default(), "node-a")
+	p := prep.New(prep.Options{Root: t.TempDir()})
+	name := "gpu-0000-19-00-0"
+	if _, err := p.Prepare(context.Background(), alloc("c", name, cslices.KindGPU), res.Index[name]); err == nil || !strings.Contains(err.Error(), "no working NVML") {
+		t.Fatalf("error %v", err)
+	}
+}

@@ -1,0 +1,123 @@
+// Package prep prepares GPUs for containers: a whole GPU's device nodes,
+// libraries and binaries through nvidia-container-toolkit's nvcdi, and a MIG
+// partition created through NVML at its allocated placement.
+package prep
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/go-logr/logr"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+)
+
+// Options is where the GPU preparer finds the host's driver.
+type Options struct {
+	// NVML is the node's NVML session; nil where the node has none, and
+	// then every GPU claim is refused saying so.
+	NVML *gpu.Session
+	// Root is the host root: /dev and /proc/driver/nvidia are below it.
+	Root string
+	// DriverRoot is where the driver's libraries and binaries are
+	// installed on the host: "/" for a distribution's packages,
+	// /usr/local/nvidia (lib64, bin) on some hosts. Files are found below
+	// it, never assumed.
+	DriverRoot string
+	// CDIHookPath is nvidia-cdi-hook (nvidia-ctk's hooks) where the host
+	// has it; without it the hooks are off and carve mounts the libraries'
+	// soname links and sets LD_LIBRARY_PATH itself.
+	CDIHookPath string
+	Logger      logr.Logger
+}
+
+// Preparer prepares the kinds gpu and mig.
+type Preparer struct {
+	opts Options
+	// Devices finds a published device by name; the agent sets it once
+	// its inventory exists, for Restore to resolve claims not completed.
+	Devices func() map[string]slices.Entry
+
+	mu      sync.Mutex
+	unowned []string
+}
+
+var (
+	_ prepare.Preparer = (*Preparer)(nil)
+	_ prepare.Restorer = (*Preparer)(nil)
+)
+
+// New returns the GPU preparer.
+func New(opts Options) *Preparer {
+	if opts.Root == "" {
+		opts.Root = "/"
+	}
+	if opts.DriverRoot == "" {
+		opts.DriverRoot = opts.Root
+	}
+	return &Preparer{opts: opts}
+}
+
+var errNoNVML = errors.New("this node has no working NVML")
+
+// Prepare gives the container a whole GPU, or creates a MIG partition at
+// the allocated placement and gives it that.
+func (p *Preparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices.Entry) (prepare.Prepared, error) {
+	if dev.GPU == nil {
+		return prepare.Prepared{}, fmt.Errorf("device %s is not a GPU or MIG device", a.Device)
+	}
+	if a.ShareID != nil {
+		return prepare.Prepared{}, fmt.Errorf("GPU %s: shares are not offered; allocate it whole or as a MIG device", a.Device)
+	}
+	if p.opts.NVML == nil {
+		return prepare.Prepared{}, fmt.Errorf("GPU %s: %w", a.Device, errNoNVML)
+	}
+	if dev.GPU.MIG != nil {
+		return p.prepareMIG(ctx, a, *dev.GPU)
+	}
+	edits, err := p.wholeGPUEdits(ctx, dev.GPU.Device)
+	if err != nil {
+		return prepare.Prepared{}, fmt.Errorf("GPU %s: %w", a.Device, err)
+	}
+	edits.Env = append(edits.Env, a.EnvPrefix()+"GPU_UUID="+dev.GPU.Device.UUID)
+	return prepare.Prepared{Edits: edits}, nil
+}
+
+// Unprepare destroys the MIG partition an allocation made; a whole GPU has
+// nothing on the host to undo.
+func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo json.RawMessage) error {
+	if a.Kind != slices.KindMIG {
+		return nil
+	}
+	var rec migRecord
+	if len(undo) > 0 {
+		if err := json.Unmarshal(undo, &rec); err != nil {
+			return fmt.Errorf("MIG device %s: undo record: %w", a.Device, err)
+		}
+	} else {
+		// A crash before Prepare returned: the placement is found from
+		// the published device, which the counters gave this claim alone.
+		e, ok := p.lookup(a.Device)
+		if !ok || e.GPU == nil || e.GPU.MIG == nil {
+			return fmt.Errorf("MIG device %s: no undo record and the device is no longer published; cannot find its instance", a.Device)
+		}
+		rec = recordFor(*e.GPU)
+	}
+	if p.opts.NVML == nil {
+		return fmt.Errorf("MIG device %s: %w", a.Device, errNoNVML)
+	}
+	return p.destroyMIG(ctx, a.Device, rec)
+}
+
+func (p *Preparer) lookup(name string) (slices.Entry, bool) {
+	if p.Devices == nil {
+		return slices.Entry{}, false
+	}
+	e, ok := p.Devices()[name]
+	return e, ok
+}

@@ -1,0 +1,104 @@
+package prep
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+)
+
+// Restore runs at start with every checkpointed allocation: a MIG instance
+// that none of them owns (made by hand, or by a claim the checkpoint lost)
+// is reported, never destroyed.
+func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) {
+	if p.opts.NVML == nil {
+		return
+	}
+	owned := map[string]bool{}
+	for i, a := range allocs {
+		if a.Kind != slices.KindMIG {
+			continue
+		}
+		var rec migRecord
+		if i < len(undo) && len(undo[i]) > 0 && json.Unmarshal(undo[i], &rec) == nil {
+			owned[instanceKey(rec.ParentUUID, rec.ProfileID, rec.PlacementStart)] = true
+		} else if e, ok := p.lookup(a.Device); ok && e.GPU != nil && e.GPU.MIG != nil {
+			owned[instanceKey(e.GPU.Device.UUID, e.GPU.MIG.Profile.ProfileID, e.GPU.MIG.Placement.Start)] = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var found []string
+	err := p.opts.NVML.Do(ctx, "list MIG instances", func(l gpu.Library) error {
+		var err error
+		found, err = listInstances(l)
+		return err
+	})
+	if err != nil {
+		p.opts.Logger.Error(err, "Listing MIG instances at start; unowned instances are not reported")
+		return
+	}
+	var unowned []string
+	for _, key := range found {
+		if !owned[key] {
+			unowned = append(unowned, key)
+			p.opts.Logger.Info("MIG instance found that no claim owns; left in place", "instance", key)
+		}
+	}
+	p.mu.Lock()
+	p.unowned = unowned
+	p.mu.Unlock()
+}
+
+// Unowned lists the MIG instances Restore found that no claim owns, as
+// "<parent uuid>/profile-<id>/placement-<start>".
+func (p *Preparer) Unowned() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.unowned...)
+}
+
+func instanceKey(uuid string, profile, start int) string {
+	return fmt.Sprintf("%s/profile-%d/placement-%d", uuid, profile, start)
+}
+
+// listInstances lists every GPU instance on every MIG-enabled GPU.
+func listInstances(l gpu.Library) ([]string, error) {
+	n, ret := l.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("device count: %s", nvml.ErrorString(ret))
+	}
+	var out []string
+	for i := 0; i < n; i++ {
+		dev, ret := l.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("device %d: %s", i, nvml.ErrorString(ret))
+		}
+		if mode, _, ret := dev.GetMigMode(); ret != nvml.SUCCESS || mode != nvml.DEVICE_MIG_ENABLE {
+			continue
+		}
+		uuid, _ := dev.GetUUID()
+		for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
+			info, ret := dev.GetGpuInstanceProfileInfo(id)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			gis, ret := dev.GetGpuInstances(&info)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			for _, gi := range gis {
+				if gii, ret := gi.GetInfo(); ret == nvml.SUCCESS {
+					out = append(out, instanceKey(uuid, int(info.Id), int(gii.Placement.Start)))
+				}
+			}
+		}
+	}
+	return out, nil
+}

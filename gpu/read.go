@@ -1,0 +1,138 @@
+package gpu
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
+)
+
+// nvmlError names the call that failed and NVML's reason.
+func nvmlError(what string, ret nvml.Return) error {
+	return fmt.Errorf("NVML %s: %s (%d)", what, nvml.ErrorString(ret), int32(ret))
+}
+
+// Read asks an initialised NVML for every GPU, its MIG mode and, where it is
+// MIG capable, every GPU-instance profile with its possible placements.
+// NVML answers the profile questions with MIG disabled too.
+func Read(lib Library) (*nvmlinfo.Inventory, error) {
+	inv := &nvmlinfo.Inventory{}
+	var ret nvml.Return
+	if inv.DriverVersion, ret = lib.SystemGetDriverVersion(); ret != nvml.SUCCESS {
+		return nil, nvmlError("system driver version", ret)
+	}
+	if inv.CUDADriverVersion, ret = lib.SystemGetCudaDriverVersion(); ret != nvml.SUCCESS {
+		return nil, nvmlError("CUDA driver version", ret)
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, nvmlError("device count", ret)
+	}
+	for i := 0; i < n; i++ {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("device %d handle", i), ret)
+		}
+		d, err := readDevice(lib, dev, i)
+		if err != nil {
+			return nil, err
+		}
+		inv.Devices = append(inv.Devices, d)
+	}
+	return inv, nil
+}
+
+func readDevice(lib Library, dev nvml.Device, index int) (nvmlinfo.Device, error) {
+	d := nvmlinfo.Device{Index: index}
+	fail := func(what string, ret nvml.Return) (nvmlinfo.Device, error) {
+		return nvmlinfo.Device{}, nvmlError(fmt.Sprintf("device %d %s", index, what), ret)
+	}
+	var ret nvml.Return
+	if d.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
+		return fail("UUID", ret)
+	}
+	if d.Name, ret = dev.GetName(); ret != nvml.SUCCESS {
+		return fail("name", ret)
+	}
+	if d.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
+		return fail("minor number", ret)
+	}
+	pci, ret := dev.GetPciInfo()
+	if ret != nvml.SUCCESS {
+		return fail("PCI info", ret)
+	}
+	d.PCIBusID = cString(pci.BusId[:])
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return fail("memory info", ret)
+	}
+	d.MemoryTotalBytes = mem.Total
+	arch, ret := dev.GetArchitecture()
+	if ret != nvml.SUCCESS {
+		return fail("architecture", ret)
+	}
+	d.Architecture = ArchitectureName(arch)
+	major, minor, ret := dev.GetCudaComputeCapability()
+	if ret != nvml.SUCCESS {
+		return fail("CUDA compute capability", ret)
+	}
+	d.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+	current, _, ret := dev.GetMigMode()
+	switch ret {
+	case nvml.SUCCESS:
+		d.MIGCapable, d.MIGEnabled = true, current == nvml.DEVICE_MIG_ENABLE
+	case nvml.ERROR_NOT_SUPPORTED:
+		return d, nil
+	default:
+		return fail("MIG mode", ret)
+	}
+	profiles, err := readProfiles(lib, dev, d.MemoryTotalBytes)
+	if err != nil {
+		return nvmlinfo.Device{}, fmt.Errorf("device %d (%s): %w", index, d.UUID, err)
+	}
+	d.MIGProfiles = profiles
+	return d, nil
+}
+
+// readProfiles lists the GPU-instance profiles the device supports, with
+// NVML's placements: never a built-in table.
+func readProfiles(lib Library, dev nvml.Device, totalMemory uint64) ([]nvmlinfo.MIGProfile, error) {
+	profiles := []nvmlinfo.MIGProfile{}
+	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
+		info, ret := dev.GetGpuInstanceProfileInfo(id)
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("GPU instance profile %d", id), ret)
+		}
+		if info.InstanceCount == 0 {
+			continue
+		}
+		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
+		if ret != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("placements of GPU instance profile %d", id), ret)
+		}
+		p := nvmlinfo.MIGProfile{
+			ProfileID: int(info.Id), SliceCount: int(info.SliceCount), InstanceCount: int(info.InstanceCount),
+			MemorySizeMB: info.MemorySizeMB, MultiprocessorCount: int(info.MultiprocessorCount),
+			Placements: make([]nvmlinfo.Placement, 0, len(placements)),
+		}
+		name, ok := "", false
+		if lib.ProfileName != nil {
+			name, ok = lib.ProfileName(dev, info)
+		}
+		if !ok {
+			name = DerivedProfileName(info, totalMemory)
+		}
+		p.Name = name
+		for _, pl := range placements {
+			p.Placements = append(p.Placements, nvmlinfo.Placement{Start: int(pl.Start), Size: int(pl.Size)})
+		}
+		sort.Slice(p.Placements, func(i, j int) bool { return p.Placements[i].Start < p.Placements[j].Start })
+		profiles = append(profiles, p)
+	}
+	return profiles, nil
+}

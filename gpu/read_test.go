@@ -1,0 +1,147 @@
+package gpu_test
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/gputest"
+	"github.com/carve-dra/carve/gpu/nvmlreplay"
+)
+
+// A replay of the real H100's inventory reads back as the file says: what
+// NVML reports, not the mock's built-in table.
+func TestReadReplayRoundTrip(t *testing.T) {
+	want := gputest.H100Node(2, 5)
+	r, err := nvmlreplay.New(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gpu.Open(context.Background(), r.Library(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	got, err := s.Inventory(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("read back\n%+v\nwant\n%+v", got, want)
+	}
+	if len(r.Warnings) != 0 {
+		t.Errorf("warnings for a file with migProfiles: %v", r.Warnings)
+	}
+}
+
+// Without migProfiles the mock's table is used, with a warning, and names
+// are derived as NVIDIA names them.
+func TestReadReplayMockTable(t *testing.T) {
+	r, err := nvmlreplay.New(gputest.A100Node())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], "mock table") {
+		t.Fatalf("warnings = %v", r.Warnings)
+	}
+	inv, err := gpu.Read(r.Library())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]int{}
+	for _, p := range inv.Devices[0].MIGProfiles {
+		names[p.Name] = len(p.Placements)
+	}
+	for name, n := range map[string]int{"1g.5gb": 7, "1g.5gb+me": 7, "1g.10gb": 4, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1} {
+		if names[name] != n {
+			t.Errorf("profile %s: %d placements, want %d (all: %v)", name, names[name], n, names)
+		}
+	}
+}
+
+// go-nvml's own DGX H100 mock reads without error; its bus IDs are empty.
+func TestReadDGXH100Mock(t *testing.T) {
+	inv, err := gpu.Read(gpu.Library{Interface: dgxh100.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.Devices) != 8 || inv.Devices[0].Architecture != "hopper" || inv.Devices[0].ComputeCapability != "9.0" {
+		t.Fatalf("inventory %+v", inv.Devices[0])
+	}
+	if n := len(inv.Devices[0].MIGProfiles); n != 7 {
+		t.Errorf("%d profiles, want the mock's 7", n)
+	}
+}
+
+// A library that is not there: Init says so and nothing crashes.
+func TestOpenNoLibrary(t *testing.T) {
+	_, err := gpu.Open(context.Background(), gpu.RealLibrary(t.TempDir()), time.Second)
+	if err == nil {
+		t.Skip("this host has an NVML library")
+	}
+	if !errors.Is(err, gpu.ErrNoNVML) {
+		t.Fatalf("error %v, want ErrNoNVML", err)
+	}
+}
+
+// A driver that hangs: Open returns within its bound, and the session stays
+// wedged rather than queueing behind the stuck call.
+func TestOpenHang(t *testing.T) {
+	s := dgxh100.New()
+	release := make(chan struct{})
+	defer close(release)
+	s.InitFunc = func() nvml.Return { <-release; return nvml.SUCCESS }
+	start := time.Now()
+	_, err := gpu.Open(context.Background(), gpu.Library{Interface: s}, 50*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "did not return within") {
+		t.Fatalf("error %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Open took %s", d)
+	}
+}
+
+// An inventory call that hangs wedges the session: later calls fail fast.
+func TestInventoryHangWedges(t *testing.T) {
+	s := dgxh100.New()
+	release := make(chan struct{})
+	defer close(release)
+	sess, err := gpu.Open(context.Background(), gpu.Library{Interface: s}, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.DeviceGetCountFunc = func() (int, nvml.Return) { <-release; return 0, nvml.SUCCESS }
+	if _, err := sess.Inventory(context.Background()); err == nil {
+		t.Fatal("no error from a hung inventory")
+	}
+	start := time.Now()
+	if _, err := sess.Inventory(context.Background()); err == nil || time.Since(start) > 20*time.Millisecond {
+		t.Fatalf("second call: %v after %s, want a fast error", err, time.Since(start))
+	}
+}
+
+// A failing init and a panicking call are errors, not crashes.
+func TestInitFailsAndPanics(t *testing.T) {
+	s := dgxh100.New()
+	s.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+	if _, err := gpu.Open(context.Background(), gpu.Library{Interface: s}, time.Second); err == nil || !strings.Contains(err.Error(), "init") {
+		t.Fatalf("error %v", err)
+	}
+	s = dgxh100.New()
+	s.Devices[0].(*server.Device).GetArchitectureFunc = nil // the mock panics
+	sess, err := gpu.Open(context.Background(), gpu.Library{Interface: s}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sess.Inventory(context.Background()); err == nil || !strings.Contains(err.Error(), "panic") {
+		t.Fatalf("error %v, want the panic reported", err)
+	}
+}

@@ -1,0 +1,142 @@
+package slices
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
+)
+
+// KindMIG is the kind of a MIG partition of a GPU.
+const KindMIG = "mig"
+
+// GPU attribute and capacity names of the contract.
+const (
+	AttrUUID                  resourceapi.QualifiedName = "uuid"
+	AttrProductName           resourceapi.QualifiedName = "productName"
+	AttrArchitecture          resourceapi.QualifiedName = "architecture"
+	AttrCUDAComputeCapability resourceapi.QualifiedName = "cudaComputeCapability"
+	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
+	AttrCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
+	AttrMIGCapable            resourceapi.QualifiedName = "migCapable"
+	AttrProfile               resourceapi.QualifiedName = "profile"
+	AttrPlacementStart        resourceapi.QualifiedName = "placementStart"
+	AttrPlacementSize         resourceapi.QualifiedName = "placementSize"
+	AttrParentUUID            resourceapi.QualifiedName = "parentUUID"
+
+	CapMemory          resourceapi.QualifiedName = "memory"
+	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
+)
+
+// GPU is what a published GPU or MIG device came from.
+type GPU struct {
+	Device nvmlinfo.Device
+	// PCI is nil for a GPU NVML reports that PCI discovery did not find.
+	PCI *discovery.PCIFunction
+	// MIG is set for a MIG device: the profile and its placement.
+	MIG *MIG
+	// CounterSet is the parent GPU's counter set (MIG devices only).
+	CounterSet    string
+	DriverVersion string
+}
+
+// MIG is one GPU-instance placement.
+type MIG struct {
+	Profile   nvmlinfo.MIGProfile
+	Placement nvmlinfo.Placement
+}
+
+// gpus publishes what NVML confirms: a whole GPU where MIG is off, every
+// placement NVML reports where it is on, with one counter set per such GPU.
+func (b *builder) gpus(inv *discovery.Inventory) ([]Entry, []resourceapi.CounterSet) {
+	if inv.NVML == nil {
+		if len(inv.GPUs) > 0 {
+			reason := "NVML was not asked"
+			if inv.NVMLError != "" {
+				reason = inv.NVMLError
+			}
+			b.notef("%d NVIDIA GPU PCI function(s) found but not published: %s", len(inv.GPUs), reason)
+		}
+		return nil, nil
+	}
+	byAddr := map[string]*discovery.PCIFunction{}
+	for i := range inv.GPUs {
+		byAddr[inv.GPUs[i].Address] = &inv.GPUs[i].PCIFunction
+	}
+	var entries []Entry
+	var sets []resourceapi.CounterSet
+	seen := map[string]bool{}
+	for _, d := range inv.NVML.Devices {
+		g := GPU{Device: d, DriverVersion: inv.NVML.DriverVersion}
+		addr, err := nvmlinfo.NormalizeBusID(d.PCIBusID)
+		if err == nil {
+			g.PCI = byAddr[addr]
+			seen[addr] = true
+		}
+		if g.PCI == nil {
+			b.notef("GPU %d (%s, PCI bus ID %q) is reported by NVML but not among the PCI functions discovery found; published without topology attributes", d.Index, d.UUID, d.PCIBusID)
+		}
+		name := gpuName(d, addr, err)
+		if !d.MIGEnabled {
+			entries = append(entries, Entry{Kind: KindGPU, Device: b.wholeGPU(name, g, inv.NVML), GPU: &g})
+			continue
+		}
+		migs, set := b.migs(name, g, inv.NVML)
+		entries = append(entries, migs...)
+		if set != nil {
+			sets = append(sets, *set)
+		}
+	}
+	for _, f := range inv.GPUs {
+		if !seen[f.Address] {
+			b.notef("NVIDIA GPU PCI function %s is not reported by NVML; not published", f.Address)
+		}
+	}
+	return entries, sets
+}
+
+// gpuName names a GPU by its PCI address, as other PCI devices are.
+func gpuName(d nvmlinfo.Device, addr string, addrErr error) string {
+	if addrErr != nil {
+		return fmt.Sprintf("%s-minor-%d", KindGPU, d.Minor)
+	}
+	return pciName(KindGPU, addr)
+}
+
+func (b *builder) wholeGPU(name string, g GPU, inv *nvmlinfo.Inventory) resourceapi.Device {
+	d := newDevice(KindGPU, name)
+	setGPUAttributes(d, g, inv)
+	setString(d, AttrUUID, g.Device.UUID)
+	setBool(d, AttrMIGCapable, g.Device.MIGCapable)
+	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		CapMemory: {Value: *resource.NewQuantity(int64(g.Device.MemoryTotalBytes), resource.BinarySI)},
+	}
+	return *d
+}
+
+// setGPUAttributes sets what a GPU and its MIG devices share: the PCI
+// topology, so that a claim can match a GPU and a NIC on one PCIe root, and
+// what NVML says of the card and driver.
+func setGPUAttributes(d *resourceapi.Device, g GPU, inv *nvmlinfo.Inventory) {
+	if g.PCI != nil {
+		setPCI(d, *g.PCI)
+	} else if addr, err := nvmlinfo.NormalizeBusID(g.Device.PCIBusID); err == nil {
+		setString(d, AttrPCIAddress, addr)
+	}
+	setString(d, AttrProductName, g.Device.Name)
+	setString(d, AttrArchitecture, g.Device.Architecture)
+	if g.Device.ComputeCapability != "" {
+		setVersion(d, AttrCUDAComputeCapability, g.Device.ComputeCapability+".0")
+	}
+	setString(d, AttrDriverVersion, inv.DriverVersion)
+	if v := inv.CUDADriverVersion; v > 0 {
+		setVersion(d, AttrCUDADriverVersion, fmt.Sprintf("%d.%d.0", v/1000, v%1000/10))
+	}
+}
+
+func setVersion(d *resourceapi.Device, name resourceapi.QualifiedName, v string) {
+	d.Attributes[name] = resourceapi.DeviceAttribute{VersionValue: &v}
+}

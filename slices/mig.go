@@ -1,0 +1,89 @@
+package slices
+
+import (
+	"fmt"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
+)
+
+// SliceCounter names the counter of one memory slice of a GPU's placement
+// space.
+func SliceCounter(i int) string { return fmt.Sprintf("memory-slice-%d", i) }
+
+// migs publishes every placement NVML reports for a MIG-enabled GPU, and the
+// GPU's counter set: one counter per memory slice (capacity 1), plus memory
+// and multiprocessors. Each MIG device consumes the slices its placement
+// spans, so overlapping placements can never be allocated together and
+// disjoint ones can.
+func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry, *resourceapi.CounterSet) {
+	d := g.Device
+	n := d.MemorySlices()
+	switch {
+	case n == 0:
+		b.notef("GPU %d (%s): MIG is enabled but NVML reports no GPU-instance placements; nothing published", d.Index, d.UUID)
+		return nil, nil
+	case n > nvmlinfo.MaxMemorySlices:
+		b.notef("GPU %d (%s): %d memory slices exceed a counter set's %d counters; MIG devices not published", d.Index, d.UUID, n, nvmlinfo.MaxMemorySlices)
+		return nil, nil
+	}
+	memory := func(p nvmlinfo.MIGProfile) uint64 { return p.MemorySizeMB << 20 }
+	mps := func(p nvmlinfo.MIGProfile) uint64 { return uint64(p.MultiprocessorCount) }
+	set := &resourceapi.CounterSet{Name: gpuName, Counters: map[string]resourceapi.Counter{
+		string(CapMemory):          {Value: bytesQuantity(max(d.MemoryTotalBytes, d.MaxDisjoint(memory)))},
+		string(CapMultiprocessors): {Value: *resource.NewQuantity(int64(max(maxOf(d, mps), d.MaxDisjoint(mps))), resource.DecimalSI)},
+	}}
+	for i := 0; i < n; i++ {
+		set.Counters[SliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	}
+	var entries []Entry
+	names := map[string]bool{}
+	for _, p := range d.MIGProfiles {
+		for _, pl := range p.Placements {
+			name := fmt.Sprintf("%s-%s-%d", strings.Replace(gpuName, KindGPU+"-", KindMIG+"-", 1), sanitize(p.Name), pl.Start)
+			if names[name] {
+				name = fmt.Sprintf("%s-p%d", name, p.ProfileID)
+			}
+			names[name] = true
+			mg := g
+			mg.MIG = &MIG{Profile: p, Placement: pl}
+			mg.CounterSet = set.Name
+			entries = append(entries, Entry{Kind: KindMIG, Device: migDevice(name, mg, inv), GPU: &mg})
+		}
+	}
+	return entries, set
+}
+
+func migDevice(name string, g GPU, inv *nvmlinfo.Inventory) resourceapi.Device {
+	p, pl := g.MIG.Profile, g.MIG.Placement
+	d := newDevice(KindMIG, name)
+	setGPUAttributes(d, g, inv)
+	setString(d, AttrProfile, p.Name)
+	setInt(d, AttrPlacementStart, int64(pl.Start))
+	setInt(d, AttrPlacementSize, int64(pl.Size))
+	setString(d, AttrParentUUID, g.Device.UUID)
+	mem := bytesQuantity(p.MemorySizeMB << 20)
+	mps := *resource.NewQuantity(int64(p.MultiprocessorCount), resource.DecimalSI)
+	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: {Value: mem}, CapMultiprocessors: {Value: mps}}
+	consumed := map[string]resourceapi.Counter{string(CapMemory): {Value: mem}, string(CapMultiprocessors): {Value: mps}}
+	for i := pl.Start; i < pl.End(); i++ {
+		consumed[SliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	}
+	d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: g.CounterSet, Counters: consumed}}
+	return *d
+}
+
+func bytesQuantity(b uint64) resource.Quantity {
+	return *resource.NewQuantity(int64(b), resource.BinarySI)
+}
+
+func maxOf(d nvmlinfo.Device, value func(nvmlinfo.MIGProfile) uint64) uint64 {
+	m := uint64(0)
+	for _, p := range d.MIGProfiles {
+		m = max(m, value(p))
+	}
+	return m
+}
