@@ -11,10 +11,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/snapshot"
 	"github.com/carve-dra/carve/gpu/gpuopen"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
-	"github.com/carve-dra/carve/discovery/snapshot"
 )
 
 type discoverFlags struct {

@@ -8,9 +8,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"bytes"
+
+	"github.com/carve-dra/carve/discovery/snapshot"
 	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/prepare/atomicfile"
-	"github.com/carve-dra/carve/discovery/snapshot"
 )
 
 type snapshotFlags struct {

@@ -9,12 +9,12 @@ import (
 	"testing"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/snapshot"
 	"github.com/carve-dra/carve/discovery/sysfstest"
 	"github.com/carve-dra/carve/gpu/gputest"
 	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
-	"github.com/carve-dra/carve/discovery/snapshot"
 )
 
 func build(t *testing.T, root string, nvml *nvmlinfo.Inventory) slices.Result {
