@@ -47,7 +47,8 @@ func TestPrepareWritesCDIAndIsIdempotent(t *testing.T) {
 		envs := strings.Join(dev.ContainerEdits.Env, " ")
 		switch d.DeviceName {
 		case "fpga-0000-3b-00-0":
-			if len(dev.ContainerEdits.DeviceNodes) != 1 || dev.ContainerEdits.DeviceNodes[0].Path != "/dev/xclmgmt15104" {
+			if len(dev.ContainerEdits.DeviceNodes) != 1 || dev.ContainerEdits.DeviceNodes[0].Path != "/dev/xclmgmt15104" ||
+				dev.ContainerEdits.DeviceNodes[0].HostPath != "/dev/xclmgmt15104" {
 				t.Errorf("FPGA device nodes = %+v", dev.ContainerEdits.DeviceNodes)
 			}
 			if !strings.Contains(envs, "FROM=class") {
