@@ -180,11 +180,14 @@ func (b *builder) llc(l discovery.LLC) resourceapi.Device {
 	setBool(d, "resctrl", l.Resctrl != nil)
 
 	ways := l.Ways
-	shareable := l.Resctrl != nil
-	if shareable {
+	// Shares are offered only once the agent enforces them: a share the
+	// preparer must refuse would fail its pod forever.
+	shareable := false
+	if l.Resctrl != nil {
 		// resctrl allocates by capacity bitmask bits; those are the ways
 		// a share can be given.
 		ways = discovery.MaskWays(l.Resctrl.CBMMask)
+		b.notef("LLC %d: way-partitioned shares are not enforced by this agent; published as a whole device", l.ID)
 	} else {
 		b.notef("LLC %d: resctrl is not mounted; cache ways cannot be partitioned, published as a whole device", l.ID)
 	}

@@ -126,14 +126,19 @@ func TestContractOnTypicalNode(t *testing.T) {
 	}
 
 	llc := devs["llc-1"]
-	if id, _ := intAttr(llc, "cacheId"); id != 1 || str(llc, "cpus") != "16-31" || llc.AllowMultipleAllocations == nil {
+	if id, _ := intAttr(llc, "cacheId"); id != 1 || str(llc, "cpus") != "16-31" {
 		t.Errorf("llc-1 = %+v", llc)
 	}
-	if w := llc.Capacity[slices.CapWays]; w.Value.Value() != 16 || w.RequestPolicy == nil || w.RequestPolicy.Default.Value() != 1 {
-		t.Errorf("llc-1 ways = %+v", w)
+	// resctrl is mounted, but a share the preparer refuses must not be
+	// offered: the pod given it would fail forever.
+	if llc.AllowMultipleAllocations != nil {
+		t.Errorf("llc-1 offered for sharing, but this agent does not enforce LLC shares")
 	}
-	if s := llc.Capacity[slices.CapSize]; s.Value.Value() != 32<<20 || s.RequestPolicy.ValidRange.Step.Value() != 2<<20 {
-		t.Errorf("llc-1 size = %+v, want 32Mi in steps of one way (2Mi)", s)
+	if w := llc.Capacity[slices.CapWays]; w.Value.Value() != 16 || w.RequestPolicy != nil {
+		t.Errorf("llc-1 ways = %+v, want 16 without a request policy", w)
+	}
+	if s := llc.Capacity[slices.CapSize]; s.Value.Value() != 32<<20 || s.RequestPolicy != nil {
+		t.Errorf("llc-1 size = %+v, want 32Mi without a request policy", s)
 	}
 
 	fpga := devs["fpga-0000-3b-00-0"]

@@ -10,6 +10,6 @@
 //     "ingressBandwidth" in bits per second; they allow multiple allocations
 //     with a request policy only where this node can enforce the share;
 //   - LLCs have "cacheId" and "cpus", and capacities "ways" and "size";
-//     they are shareable only where resctrl is present;
+//     they are not offered for sharing while the agent cannot enforce way shares;
 //   - FPGAs have "vendorID" and "deviceID".
 package slices
