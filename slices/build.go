@@ -35,6 +35,10 @@ const (
 	AttrCPUs       resourceapi.QualifiedName = "cpus"
 	AttrVendorID   resourceapi.QualifiedName = "vendorID"
 	AttrDeviceID   resourceapi.QualifiedName = "deviceID"
+	// AttrCompatID is the compat_id of an FPGA's reconfigurable region,
+	// AttrAFUID the afu_id of the function loaded behind its port.
+	AttrCompatID resourceapi.QualifiedName = "compatID"
+	AttrAFUID    resourceapi.QualifiedName = "afuID"
 
 	CapEgressBandwidth  resourceapi.QualifiedName = "egressBandwidth"
 	CapIngressBandwidth resourceapi.QualifiedName = "ingressBandwidth"
@@ -218,6 +222,8 @@ func (b *builder) fpga(f discovery.FPGA) resourceapi.Device {
 	setString(d, AttrVendorID, f.VendorID)
 	setString(d, AttrDeviceID, f.DeviceID)
 	setString(d, "driver", f.Driver)
+	setString(d, AttrCompatID, f.CompatID)
+	setString(d, AttrAFUID, f.AFUID)
 	return *d
 }
 

@@ -145,6 +145,12 @@ func TestContractOnTypicalNode(t *testing.T) {
 	if str(fpga, "vendorID") != "0x10ee" || str(fpga, "deviceID") != "0x5004" || str(fpga, "pciAddress") != "0000:3b:00.0" {
 		t.Errorf("fpga = %v", fpga.Attributes)
 	}
+	if dfl := devs["fpga-0000-5e-00-0"]; str(dfl, "compatID") != sysfstest.TypicalCompatID || str(dfl, "afuID") != sysfstest.TypicalAFUID {
+		t.Errorf("DFL card = %v, want its compat and AFU ids", dfl.Attributes)
+	}
+	if _, ok := fpga.Attributes["afuID"]; ok {
+		t.Errorf("XRT card has an afuID, but sysfs shows none")
+	}
 	if len(res.Notices) == 0 {
 		t.Errorf("no notices, want ones for the down port and the GPU")
 	}

@@ -11,5 +11,6 @@
 //     with a request policy only where this node can enforce the share;
 //   - LLCs have "cacheId" and "cpus", and capacities "ways" and "size";
 //     they are not offered for sharing while the agent cannot enforce way shares;
-//   - FPGAs have "vendorID" and "deviceID".
+//   - FPGAs have "vendorID" and "deviceID", and "compatID" and "afuID"
+//     (32 lowercase hex digits) where sysfs shows what is loaded.
 package slices

@@ -70,10 +70,19 @@ func openKinds(ctx context.Context, opts Options) (*kinds, error) {
 	k.collectors = []prometheus.Collector{nics}
 	k.preparers = map[string]prepare.Preparer{
 		slices.KindNIC:  nics,
-		slices.KindFPGA: fpga.Preparer{Root: opts.Root},
+		slices.KindFPGA: fpga.Preparer{Root: firstSet(opts.FPGARoot, opts.Root)},
 		slices.KindLLC:  llc.Preparer{},
 	}
 	return k, nil
+}
+
+func firstSet(paths ...string) string {
+	for _, p := range paths {
+		if p != "" {
+			return p
+		}
+	}
+	return "/"
 }
 
 // openHostNetns opens the node's network namespace: the one given, else
