@@ -88,6 +88,15 @@ type Resctrl struct {
 	MinCBMBits  int
 	NumCLOSIDs  int
 	ShareableBM uint64
+	// MBA is set where resctrl also offers memory bandwidth allocation.
+	MBA *MBA
+}
+
+// MBA describes memory bandwidth allocation as resctrl reports it: values
+// of the MB schema from Min to Max (percent on Intel, where Max is 100) in
+// steps of Gran.
+type MBA struct {
+	Min, Gran, Max int
 }
 
 // FPGA is an FPGA card: its first PCI function, with the device nodes its

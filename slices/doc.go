@@ -10,7 +10,8 @@
 //     "ingressBandwidth" in bits per second; they allow multiple allocations
 //     with a request policy only where this node can enforce the share;
 //   - LLCs have "cacheId" and "cpus", and capacities "ways" and "size";
-//     they are not offered for sharing while the agent cannot enforce way shares;
+//     they are shareable only where resctrl offers L3 allocation, with
+//     "memoryBandwidth" too where it offers MBA;
 //   - FPGAs have "vendorID" and "deviceID", and "compatID" and "afuID"
 //     (32 lowercase hex digits) where sysfs shows what is loaded.
 package slices

@@ -46,6 +46,7 @@ func Typical(dir string) *Tree {
 	t.AddLLC(LLC{ID: 0, CPUs: cpus(0, 16), Size: "32768K", Ways: 16})
 	t.AddLLC(LLC{ID: 1, CPUs: cpus(16, 16), Size: "32768K", Ways: 16})
 	t.AddResctrl("ffff", 1, 16)
+	t.AddMBA(10, 10)
 
 	t.AddXRT(XRT{Mgmt: "0000:3b:00.0", User: "0000:3b:00.1", Instance: 15104, Render: 128, NUMANode: 1})
 	t.AddDFL(DFL{Address: "0000:5e:00.0", ID: 0, NUMANode: 1, CompatID: TypicalCompatID, AFUID: TypicalAFUID})
