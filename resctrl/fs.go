@@ -37,9 +37,11 @@ func (d Dir) path(rel string) string { return filepath.Join(string(d), rel) }
 func (d Dir) ReadFile(rel string) ([]byte, error) { return os.ReadFile(d.path(rel)) }
 
 // WriteFile writes data in one write, as the kernel parses each write
-// whole; a refusal is reported with the kernel's info/last_cmd_status.
+// whole. O_CREATE changes nothing on resctrl, whose files exist from the
+// group's mkdir, and lets a fixture of plain files (an agent run against a
+// fixture root) be written the same way.
 func (d Dir) WriteFile(rel string, data []byte) error {
-	f, err := os.OpenFile(d.path(rel), os.O_WRONLY|os.O_TRUNC, 0)
+	f, err := os.OpenFile(d.path(rel), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
 	}
@@ -59,9 +61,15 @@ func (d Dir) Mkdir(rel string) error {
 	return os.Mkdir(d.path(rel), 0o755)
 }
 
-// Remove removes a group; a missing one is not an error.
+// Remove removes a group; a missing one is not an error. resctrl removes
+// a group with its files; a directory of plain files (a fixture) refuses
+// with ENOTEMPTY and is removed with them.
 func (d Dir) Remove(rel string) error {
-	if err := syscall.Rmdir(d.path(rel)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	err := syscall.Rmdir(d.path(rel))
+	if errors.Is(err, syscall.ENOTEMPTY) {
+		err = os.RemoveAll(d.path(rel))
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove resctrl group %s: %w", d.path(rel), err)
 	}
 	return nil
