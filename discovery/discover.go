@@ -20,7 +20,11 @@ type Options struct {
 	// L3 from a fixture where its sysfs has none (some VMs), and lets
 	// tests make the agent blind to the host's caches.
 	CPUCacheRoot string
-	Net          NetFilter
+	// FPGARoot, when set, is read for FPGA cards (their PCI functions,
+	// sysfs device trees and /dev nodes) instead of Root. It lets a test
+	// give a real node a fixture card.
+	FPGARoot string
+	Net      NetFilter
 	// NVML, when set, reports the GPUs (package gpu). Its failure costs
 	// the node its GPUs, never the discovery.
 	NVML func(context.Context) (*nvmlinfo.Inventory, error)
@@ -52,11 +56,19 @@ func Discover(ctx context.Context, opts Options) (*Inventory, error) {
 	if inv.LLCs, err = cacheTree.listLLCs(); err != nil {
 		return nil, fmt.Errorf("discover LLCs: %w", err)
 	}
-	for _, f := range sortedPCI(pci) {
-		switch {
-		case isFPGA(f):
-			inv.FPGAs = append(inv.FPGAs, FPGA{PCIFunction: f, DevNodes: t.devNodes(f.Address)})
-		case isNVIDIAGPU(f):
+	fns := sortedPCI(pci)
+	fpgaTree, fpgaFns := t, fns
+	if opts.FPGARoot != "" {
+		fpgaTree = tree{root: opts.FPGARoot}
+		fpgaPCI, err := fpgaTree.listPCI(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("discover FPGAs under %s: %w", opts.FPGARoot, err)
+		}
+		fpgaFns = sortedPCI(fpgaPCI)
+	}
+	inv.FPGAs = fpgaTree.listFPGAs(fpgaFns)
+	for _, f := range fns {
+		if isNVIDIAGPU(f) {
 			inv.GPUs = append(inv.GPUs, GPU{PCIFunction: f})
 		}
 	}

@@ -94,12 +94,32 @@ type Resctrl struct {
 	MinCBMBits  int
 	NumCLOSIDs  int
 	ShareableBM uint64
+	// MBA is set where resctrl also offers memory bandwidth allocation.
+	MBA *MBA
 }
 
-// FPGA is an FPGA card's PCI function with the device nodes its driver made.
+// MBA describes memory bandwidth allocation as resctrl reports it: values
+// of the MB schema from Min to Max (percent on Intel, where Max is 100) in
+// steps of Gran.
+type MBA struct {
+	Min, Gran, Max int
+}
+
+// FPGA is an FPGA card: its first PCI function, with the device nodes its
+// drivers made and the ids of what is loaded where sysfs shows them.
 type FPGA struct {
 	PCIFunction
+	// Functions are the card's PCI functions (an XRT card's management
+	// and user functions), the first one first.
+	Functions []string
+	// DevNodes are the /dev paths of the card's character devices.
 	DevNodes []string
+	// CompatID is the compat_id of the card's reconfigurable region (the
+	// interface a partial bitstream must match); AFUID the afu_id of the
+	// function loaded behind its port. Both are 32 lowercase hex digits,
+	// "" where sysfs has none.
+	CompatID string
+	AFUID    string
 }
 
 // GPU is an NVIDIA GPU's PCI function. Discovery only records topology; a GPU

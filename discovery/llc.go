@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -133,5 +134,46 @@ func (t tree) readResctrl() (*Resctrl, error) {
 	if rc.MinCBMBits < 1 {
 		rc.MinCBMBits = 1
 	}
+	if rc.MBA, err = t.readMBA(); err != nil {
+		return nil, err
+	}
 	return rc, nil
+}
+
+// readMBA reads sys/fs/resctrl/info/MB where it exists. The largest value
+// a group may have is what the kernel gives the default group: its MB line.
+func (t tree) readMBA() (*MBA, error) {
+	const dir = "sys/fs/resctrl/info/MB"
+	if _, err := os.Stat(t.path(dir)); err != nil {
+		return nil, nil
+	}
+	m := &MBA{Gran: 1, Max: 100}
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"min_bandwidth", &m.Min}, {"bandwidth_gran", &m.Gran}} {
+		if v, ok, err := t.optionalInt(filepath.Join(dir, f.name)); err != nil {
+			return nil, err
+		} else if ok {
+			*f.dst = int(v)
+		}
+	}
+	if s, ok, err := t.optionalString("sys/fs/resctrl/schemata"); err != nil {
+		return nil, err
+	} else if ok {
+		for _, line := range strings.Split(s, "\n") {
+			name, doms, _ := strings.Cut(strings.TrimSpace(line), ":")
+			if strings.TrimSpace(name) != "MB" {
+				continue
+			}
+			_, v, _ := strings.Cut(strings.Split(doms, ";")[0], "=")
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				m.Max = n
+			}
+		}
+	}
+	if m.Gran < 1 || m.Min > m.Max {
+		return nil, fmt.Errorf("%s: min_bandwidth %d, bandwidth_gran %d and maximum %d do not make a range", t.path(dir), m.Min, m.Gran, m.Max)
+	}
+	return m, nil
 }

@@ -47,8 +47,17 @@ func TestPrepareWritesCDIAndIsIdempotent(t *testing.T) {
 		envs := strings.Join(dev.ContainerEdits.Env, " ")
 		switch d.DeviceName {
 		case "fpga-0000-3b-00-0":
-			if len(dev.ContainerEdits.DeviceNodes) != 1 || dev.ContainerEdits.DeviceNodes[0].Path != "/dev/xclmgmt15104" {
-				t.Errorf("FPGA device nodes = %+v", dev.ContainerEdits.DeviceNodes)
+			// The XRT card's management and user nodes, named as
+			// the host sees them.
+			var nodes []string
+			for _, n := range dev.ContainerEdits.DeviceNodes {
+				if n.HostPath != n.Path {
+					t.Errorf("FPGA node %s has host path %s", n.Path, n.HostPath)
+				}
+				nodes = append(nodes, n.Path)
+			}
+			if want := "/dev/dri/card1 /dev/dri/renderD128 /dev/xclmgmt15104 /dev/xfpga/flash.m15104.0"; strings.Join(nodes, " ") != want {
+				t.Errorf("FPGA device nodes = %v, want %s", nodes, want)
 			}
 			if !strings.Contains(envs, "FROM=class") {
 				t.Errorf("FPGA env %q lacks the class config", envs)
@@ -105,6 +114,10 @@ func TestPrepareWritesCDIAndIsIdempotent(t *testing.T) {
 // is applied or recorded; other claims in the same call are unaffected.
 func TestBadClaimsFailCleanly(t *testing.T) {
 	e := newEnv(t, nil)
+	// The DFL card's FME node, gone from /dev.
+	if err := os.Remove(filepath.Join(e.root, "dev/dfl-fme.0")); err != nil {
+		t.Fatal(err)
+	}
 	good := claim("good", "good", []result{{request: "llc", device: "llc-0"}})
 	for _, tc := range []struct {
 		claim *resourceapi.ResourceClaim

@@ -101,7 +101,7 @@ func (e *env) newDriver(nic *recorder) *prepare.Driver {
 	}
 	preparers := map[string]prepare.Preparer{
 		slices.KindFPGA: fpga.Preparer{Root: e.root},
-		slices.KindLLC:  llc.Preparer{},
+		slices.KindLLC:  llc.New(llc.Options{FS: sysfstest.ResctrlAt(e.root), HookPath: "/opt/carve/bin/carve"}),
 		slices.KindNIC:  fakeNIC{},
 	}
 	if nic != nil {

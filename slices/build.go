@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/prepare/llc/resctrl"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -35,11 +36,18 @@ const (
 	AttrCPUs       resourceapi.QualifiedName = "cpus"
 	AttrVendorID   resourceapi.QualifiedName = "vendorID"
 	AttrDeviceID   resourceapi.QualifiedName = "deviceID"
+	// AttrCompatID is the compat_id of an FPGA's reconfigurable region,
+	// AttrAFUID the afu_id of the function loaded behind its port.
+	AttrCompatID resourceapi.QualifiedName = "compatID"
+	AttrAFUID    resourceapi.QualifiedName = "afuID"
 
 	CapEgressBandwidth  resourceapi.QualifiedName = "egressBandwidth"
 	CapIngressBandwidth resourceapi.QualifiedName = "ingressBandwidth"
 	CapWays             resourceapi.QualifiedName = "ways"
 	CapSize             resourceapi.QualifiedName = "size"
+	// CapMemoryBandwidth is an LLC share's memory bandwidth cap, in the
+	// unit of resctrl's MB schema (percent on Intel).
+	CapMemoryBandwidth resourceapi.QualifiedName = "memoryBandwidth"
 )
 
 // Result is a node's pool and what an operator should know about it.
@@ -180,34 +188,59 @@ func (b *builder) llc(l discovery.LLC) resourceapi.Device {
 	}
 	setBool(d, "resctrl", l.Resctrl != nil)
 
-	ways := l.Ways
-	shareable := l.Resctrl != nil
-	if shareable {
+	ways, size := l.Ways, l.SizeBytes
+	shareable := b.llcShareable(l)
+	if l.Resctrl != nil {
 		// resctrl allocates by capacity bitmask bits; those are the ways
 		// a share can be given.
 		ways = discovery.MaskWays(l.Resctrl.CBMMask)
-	} else {
-		b.notef("LLC %d: resctrl is not mounted; cache ways cannot be partitioned, published as a whole device", l.ID)
 	}
 	if ways <= 0 || l.SizeBytes <= 0 {
 		b.notef("LLC %d: ways or size unknown; published without capacities", l.ID)
 		return *d
 	}
-	minWays := int64(1)
-	if l.Resctrl != nil {
-		minWays = int64(l.Resctrl.MinCBMBits)
-	}
 	wayBytes := l.SizeBytes / int64(ways)
+	minWays := int64(1)
+	if shareable {
+		// What shares can have: the default group keeps its ways.
+		minWays = int64(l.Resctrl.MinCBMBits)
+		ways = resctrl.ShareWays(l.Resctrl.CBMMask, l.Resctrl.ShareableBM, l.Resctrl.MinCBMBits)
+		size = int64(ways) * wayBytes
+	}
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 		CapWays: b.capacity(KindLLC, CapWays, *resource.NewQuantity(int64(ways), resource.DecimalSI), shareable,
 			policy(minWays, minWays, 1)),
-		CapSize: b.capacity(KindLLC, CapSize, *resource.NewQuantity(l.SizeBytes, resource.BinarySI), shareable,
+		CapSize: b.capacity(KindLLC, CapSize, *resource.NewQuantity(size, resource.BinarySI), shareable,
 			policy(minWays*wayBytes, wayBytes, wayBytes)),
 	}
 	if shareable {
+		if m := l.Resctrl.MBA; m != nil {
+			// A cap per share, 0 (no cap) unless asked: the scheduler
+			// keeps the caps of a domain's shares within its maximum.
+			d.Capacity[CapMemoryBandwidth] = b.capacity(KindLLC, CapMemoryBandwidth, *resource.NewQuantity(int64(m.Max), resource.DecimalSI), true,
+				policy(0, 0, int64(m.Gran)))
+		}
 		d.AllowMultipleAllocations = ptr.To(true)
 	}
 	return *d
+}
+
+// llcShareable reports whether resctrl can hold way shares of a cache to
+// their masks, and notes why not where it cannot.
+func (b *builder) llcShareable(l discovery.LLC) bool {
+	rc := l.Resctrl
+	switch {
+	case rc == nil:
+		b.notef("LLC %d: resctrl is not mounted (or has no L3 allocation); cache ways cannot be partitioned, published as a whole device", l.ID)
+	case rc.NumCLOSIDs < 2:
+		b.notef("LLC %d: resctrl has %d CLOSID(s), none beyond the default group's; published as a whole device", l.ID, rc.NumCLOSIDs)
+	case resctrl.ShareWays(rc.CBMMask, rc.ShareableBM, rc.MinCBMBits) < rc.MinCBMBits:
+		b.notef("LLC %d: resctrl leaves no ways for shares beside the default group's min_cbm_bits (cbm_mask %x, shareable_bits %x); published as a whole device",
+			l.ID, rc.CBMMask, rc.ShareableBM)
+	default:
+		return true
+	}
+	return false
 }
 
 func (b *builder) fpga(f discovery.FPGA) resourceapi.Device {
@@ -216,6 +249,8 @@ func (b *builder) fpga(f discovery.FPGA) resourceapi.Device {
 	setString(d, AttrVendorID, f.VendorID)
 	setString(d, AttrDeviceID, f.DeviceID)
 	setString(d, "driver", f.Driver)
+	setString(d, AttrCompatID, f.CompatID)
+	setString(d, AttrAFUID, f.AFUID)
 	return *d
 }
 

@@ -126,19 +126,34 @@ func TestContractOnTypicalNode(t *testing.T) {
 	}
 
 	llc := devs["llc-1"]
-	if id, _ := intAttr(llc, "cacheId"); id != 1 || str(llc, "cpus") != "16-31" || llc.AllowMultipleAllocations == nil {
+	if id, _ := intAttr(llc, "cacheId"); id != 1 || str(llc, "cpus") != "16-31" {
 		t.Errorf("llc-1 = %+v", llc)
 	}
-	if w := llc.Capacity[slices.CapWays]; w.Value.Value() != 16 || w.RequestPolicy == nil || w.RequestPolicy.Default.Value() != 1 {
-		t.Errorf("llc-1 ways = %+v", w)
+	// resctrl with L3 allocation and MBA: shareable, the default group
+	// keeping min_cbm_bits (1) of the 16 ways.
+	if llc.AllowMultipleAllocations == nil || !*llc.AllowMultipleAllocations {
+		t.Errorf("llc-1 not offered for sharing on a node with resctrl")
 	}
-	if s := llc.Capacity[slices.CapSize]; s.Value.Value() != 32<<20 || s.RequestPolicy.ValidRange.Step.Value() != 2<<20 {
-		t.Errorf("llc-1 size = %+v, want 32Mi in steps of one way (2Mi)", s)
+	if w := llc.Capacity[slices.CapWays]; w.Value.Value() != 15 || w.RequestPolicy == nil || w.RequestPolicy.Default.Value() != 1 {
+		t.Errorf("llc-1 ways = %+v, want 15 (one kept by the default group), 1 by default", w)
+	}
+	if s := llc.Capacity[slices.CapSize]; s.Value.Value() != 30<<20 || s.RequestPolicy.ValidRange.Step.Value() != 2<<20 {
+		t.Errorf("llc-1 size = %+v, want 30Mi in steps of one way (2Mi)", s)
+	}
+	if mb := llc.Capacity[slices.CapMemoryBandwidth]; mb.Value.Value() != 100 || mb.RequestPolicy == nil || mb.RequestPolicy.Default.Value() != 0 ||
+		mb.RequestPolicy.ValidRange.Step.Value() != 10 {
+		t.Errorf("llc-1 memoryBandwidth = %+v, want 100 (percent), no cap by default, steps of 10", mb)
 	}
 
 	fpga := devs["fpga-0000-3b-00-0"]
 	if str(fpga, "vendorID") != "0x10ee" || str(fpga, "deviceID") != "0x5004" || str(fpga, "pciAddress") != "0000:3b:00.0" {
 		t.Errorf("fpga = %v", fpga.Attributes)
+	}
+	if dfl := devs["fpga-0000-5e-00-0"]; str(dfl, "compatID") != sysfstest.TypicalCompatID || str(dfl, "afuID") != sysfstest.TypicalAFUID {
+		t.Errorf("DFL card = %v, want its compat and AFU ids", dfl.Attributes)
+	}
+	if _, ok := fpga.Attributes["afuID"]; ok {
+		t.Errorf("XRT card has an afuID, but sysfs shows none")
 	}
 	if len(res.Notices) == 0 {
 		t.Errorf("no notices, want ones for the down port and the GPU")
@@ -219,5 +234,31 @@ func TestVirtualNICNamesStayUnique(t *testing.T) {
 	devs := devices(slices.Build(inv, nodeconfig.Default(), "n"))
 	if len(devs) != 3 {
 		t.Errorf("devices %v, want three distinct names", devs)
+	}
+}
+
+// An LLC is shareable only where resctrl can hold shares apart.
+func TestLLCSharingNeedsRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		cbm, shareable            string
+		minBits, closids, wantWay int
+	}{
+		{"one CLOSID", "ffff", "0", 1, 1, 0},
+		{"no ways beside the default group", "3", "0", 2, 16, 0},
+		{"shareable bits hold the default group", "7ff", "600", 1, 16, 9},
+		{"AMD, min_cbm_bits 0 counted as 1", "ffff", "0", 0, 16, 15},
+	} {
+		tree := sysfstest.New(t.TempDir())
+		tree.AddLLC(sysfstest.LLC{ID: 0, CPUs: []int{0, 1}, Size: "16M", Ways: 16})
+		tree.AddResctrlShareable(tc.cbm, tc.shareable, tc.minBits, tc.closids)
+		d := devices(build(t, tree, nodeconfig.Default()))["llc-0"]
+		if shareable := d.AllowMultipleAllocations != nil; shareable != (tc.wantWay > 0) {
+			t.Errorf("%s: shareable %t", tc.name, shareable)
+		}
+		w := d.Capacity[slices.CapWays]
+		if tc.wantWay > 0 && w.Value.Value() != int64(tc.wantWay) {
+			t.Errorf("%s: ways %s, want %d", tc.name, w.Value.String(), tc.wantWay)
+		}
 	}
 }

@@ -10,6 +10,8 @@
 //     "ingressBandwidth" in bits per second; they allow multiple allocations
 //     with a request policy only where this node can enforce the share;
 //   - LLCs have "cacheId" and "cpus", and capacities "ways" and "size";
-//     they are shareable only where resctrl is present;
-//   - FPGAs have "vendorID" and "deviceID".
+//     they are shareable only where resctrl offers L3 allocation, with
+//     "memoryBandwidth" too where it offers MBA;
+//   - FPGAs have "vendorID" and "deviceID", and "compatID" and "afuID"
+//     (32 lowercase hex digits) where sysfs shows what is loaded.
 package slices

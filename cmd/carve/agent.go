@@ -17,7 +17,8 @@ import (
 )
 
 type agentFlags struct {
-	kubeconfig, nodeName, root, cpuCacheRoot, configFile  string
+	kubeconfig, nodeName, root, cpuCacheRoot, fpgaRoot    string
+	configFile                                            string
 	registrarDir, pluginsDir, cdiDir, stateDir            string
 	metricsAddr, healthAddr, podUID, hostNetns, bpfPinDir string
 	nvidiaDriverRoot, nvidiaCDIHook, nvmlReplay           string
@@ -41,6 +42,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.nodeName, "node-name", defaultNodeName(), "this node's name: $NODE_NAME when set, else the hostname")
 	fs.StringVar(&f.root, "root", "/", "host root to read sysfs and procfs under")
 	fs.StringVar(&f.cpuCacheRoot, "cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root; for nodes whose sysfs lacks cpu*/cache, and tests")
+	fs.StringVar(&f.fpgaRoot, "fpga-root", "", "root to read FPGA cards (PCI functions of class 0x12, their sysfs trees and /dev nodes) under instead of --root; for tests")
 	fs.StringVar(&f.configFile, "config", "", "NodeConfig file (carve.dev/v1alpha1)")
 	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
 	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet plugins directory; the socket goes in <dir>/<driver name>")
@@ -81,7 +83,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		return fmt.Errorf("kube client: %w", err)
 	}
 	return agent.Run(ctx, agent.Options{
-		NodeName: f.nodeName, KubeClient: client, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, Config: cfg,
+		NodeName: f.nodeName, KubeClient: client, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Config: cfg,
 		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
 		MetricsAddr: f.metricsAddr, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,

@@ -18,9 +18,9 @@ import (
 )
 
 type discoverFlags struct {
-	root, cpuCacheRoot, nodeName, configFile, output string
-	nvml                                             nvmlFlags
-	from                                             string
+	root, cpuCacheRoot, fpgaRoot, nodeName, configFile, output string
+	nvml                                                       nvmlFlags
+	from                                                       string
 }
 
 func newDiscoverCommand() *cobra.Command {
@@ -35,6 +35,7 @@ func newDiscoverCommand() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&f.root, "root", "/", "host root to read sysfs and procfs under")
+	fs.StringVar(&f.fpgaRoot, "fpga-root", "", "root to read FPGA cards (PCI functions of class 0x12, their sysfs trees and /dev nodes) under instead of --root")
 	fs.StringVar(&f.cpuCacheRoot, "cpu-cache-root", "", "root to read the CPU cache tree (sys/devices/system/cpu, sys/fs/resctrl) under instead of --root")
 	fs.StringVar(&f.nodeName, "node-name", defaultNodeName(), "node the slices are for: $NODE_NAME when set, else the hostname")
 	fs.StringVar(&f.configFile, "config", "", "NodeConfig file (carve.dev/v1alpha1)")
@@ -90,7 +91,7 @@ func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
 	if session != nil {
 		defer session.Close(ctx)
 	}
-	inv, err := discovery.Discover(ctx, discovery.Options{Root: f.root, CPUCacheRoot: f.cpuCacheRoot, Net: netFilter(cfg),
+	inv, err := discovery.Discover(ctx, discovery.Options{Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Net: netFilter(cfg),
 		NVML: gpuopen.Inventory(session, reason)})
 	if err != nil {
 		return err

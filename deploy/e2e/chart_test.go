@@ -173,6 +173,9 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 		kinds := map[string]int{}
 		for _, u := range objs {
 			kinds[u.GetKind()]++
+			if u.GetKind() == "DeviceClass" {
+				checkExtendedResourceName(t, u.GetName(), u.Object)
+			}
 			if u.GetKind() == "Namespace" {
 				// Namespaced dry runs need the namespace to exist.
 				if err := a.apply(ctx, u, false); err != nil {
@@ -276,5 +279,21 @@ func TestPolicyConfinesAgentToItsNode(t *testing.T) {
 	// Someone else (the admin) is not confined by the policy.
 	if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice("policy-admin", "policy-node-b"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Errorf("admin writing node B's slice: %v", err)
+	}
+}
+
+// checkExtendedResourceName: the fpga, gpu and llc classes serve classic
+// requests for carve.dev/<kind>; the NIC class none (a NIC share is asked
+// for with its bandwidth, which a count cannot say).
+func checkExtendedResourceName(t *testing.T, class string, obj map[string]any) {
+	t.Helper()
+	kind, _, _ := strings.Cut(class, ".")
+	got, _, _ := unstructured.NestedString(obj, "spec", "extendedResourceName")
+	want := "carve.dev/" + kind
+	if kind == "nic" {
+		want = ""
+	}
+	if got != want {
+		t.Errorf("DeviceClass %s extendedResourceName %q, want %q", class, got, want)
 	}
 }

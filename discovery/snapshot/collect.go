@@ -17,6 +17,8 @@ var attributes = map[string]bool{
 	"local_cpulist": true,
 	// netdevs
 	"address": true, "operstate": true, "mtu": true, "carrier": true, "speed": true, "dev_port": true,
+	// FPGAs: what is loaded (DFL regions and ports)
+	"afu_id": true, "compat_id": true,
 	// CPU caches
 	"level": true, "type": true, "id": true, "size": true, "ways_of_associativity": true, "shared_cpu_list": true,
 }

@@ -3,9 +3,12 @@ package snapshot_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/carve-dra/carve/discovery"
@@ -62,7 +65,9 @@ func TestSnapshotReproducesNode(t *testing.T) {
 	}
 	want, got := build(t, tree.Root, nvml), build(t, u.Root, replayed)
 	if !reflect.DeepEqual(want.Resources, got.Resources) {
-		t.Errorf("snapshot publishes\n%+v\nwant\n%+v", got.Resources, want.Resources)
+		g, _ := json.MarshalIndent(got.Resources, "", " ")
+		w, _ := json.MarshalIndent(want.Resources, "", " ")
+		t.Errorf("the snapshot publishes something else:\n%s", lineDiff(string(w), string(g)))
 	}
 	if !reflect.DeepEqual(want.Notices, got.Notices) {
 		t.Errorf("notices\n%v\nwant\n%v", got.Notices, want.Notices)
@@ -78,4 +83,23 @@ func devicesOf(r slices.Result) []string {
 		out = append(out, name)
 	}
 	return out
+}
+
+// lineDiff lists the lines of want and got that differ, by line number.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var out []string
+	for i := 0; i < max(len(w), len(g)) && len(out) < 40; i++ {
+		var a, b string
+		if i < len(w) {
+			a = w[i]
+		}
+		if i < len(g) {
+			b = g[i]
+		}
+		if a != b {
+			out = append(out, fmt.Sprintf("line %d: want %s, got %s", i+1, strings.TrimSpace(a), strings.TrimSpace(b)))
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -20,9 +20,16 @@ const (
 	DeviceIntelN3000 = 0x0b30
 )
 
+// The ids of what the typical node's DFL card has loaded.
+const (
+	TypicalCompatID = "f3c99413524552c59ce3a6e29fa8c41e"
+	TypicalAFUID    = "d8424dc4a4a3c413f89e433683f9040b"
+)
+
 // Typical builds a small but varied node: a 25G PF with SR-IOV behind a
 // bridge, a second port whose link is down, a virtio NIC of unknown speed, a
-// veth, two L3 caches with resctrl, a Xilinx and an Intel DFL FPGA, and an
+// veth, two L3 caches with resctrl, an XRT and an Intel DFL FPGA (with the
+// /dev nodes udev would have made), and an
 // NVIDIA GPU, on a kernel that can enforce bandwidth shares.
 func Typical(dir string) *Tree {
 	t := New(dir)
@@ -39,12 +46,10 @@ func Typical(dir string) *Tree {
 	t.AddLLC(LLC{ID: 0, CPUs: cpus(0, 16), Size: "32768K", Ways: 16})
 	t.AddLLC(LLC{ID: 1, CPUs: cpus(16, 16), Size: "32768K", Ways: 16})
 	t.AddResctrl("ffff", 1, 16)
+	t.AddMBA(10, 10)
 
-	t.AddPCI("0000:3b:00.0", PCI{Vendor: VendorXilinx, Device: DeviceAlveoU250, Class: ClassProcAccel, NUMANode: 1, Driver: "xclmgmt"})
-	t.AddDevNode("0000:3b:00.0", "xclmgmt/xclmgmt15104", "xclmgmt15104")
-	t.AddPCI("0000:5e:00.0", PCI{Vendor: VendorIntel, Device: DeviceIntelN3000, Class: ClassProcAccel, NUMANode: 1, Driver: "dfl-pci"})
-	t.AddDevNode("0000:5e:00.0", "fpga_region/region0/dfl-fme.0", "dfl-fme.0")
-	t.AddDevNode("0000:5e:00.0", "fpga_region/region0/dfl-port.0", "dfl-port.0")
+	t.AddXRT(XRT{Mgmt: "0000:3b:00.0", User: "0000:3b:00.1", Instance: 15104, Render: 128, NUMANode: 1})
+	t.AddDFL(DFL{Address: "0000:5e:00.0", ID: 0, NUMANode: 1, CompatID: TypicalCompatID, AFUID: TypicalAFUID})
 
 	t.AddPCI("0000:c1:00.0", PCI{Vendor: VendorNVIDIA, Device: DeviceH100, Class: Class3DGPU, NUMANode: 1, Driver: "nvidia"})
 	t.SetKernelConfig(EnforcingKernel...)

@@ -18,6 +18,8 @@ import (
 // they only ever write below a test's temporary directory.
 type Tree struct {
 	Root string
+	// llcIDs are the caches added, the domains of a resctrl added after.
+	llcIDs []int
 }
 
 // New creates the skeleton of a root at dir.
@@ -140,6 +142,7 @@ type LLC struct {
 // AddLLC writes cache entries for every CPU of the cache: an L1d at index0
 // and the L3 at index3.
 func (t *Tree) AddLLC(l LLC) {
+	t.llcIDs = append(t.llcIDs, l.ID)
 	for _, cpu := range l.CPUs {
 		base := fmt.Sprintf("sys/devices/system/cpu/cpu%d/cache", cpu)
 		t.writeFiles(filepath.Join(base, "index0"), map[string]string{
@@ -155,13 +158,6 @@ func (t *Tree) AddLLC(l LLC) {
 		}
 		t.writeFiles(filepath.Join(base, "index3"), files)
 	}
-}
-
-// AddResctrl mounts a fake resctrl with L3 allocation.
-func (t *Tree) AddResctrl(cbmMask string, minBits, closids int) {
-	t.writeFiles("sys/fs/resctrl/info/L3", map[string]string{
-		"cbm_mask": cbmMask, "min_cbm_bits": fmt.Sprint(minBits), "num_closids": fmt.Sprint(closids), "shareable_bits": "0",
-	})
 }
 
 // AddDevNode makes a child device of a PCI function whose uevent names a

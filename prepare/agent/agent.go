@@ -37,7 +37,10 @@ type Options struct {
 	// CPUCacheRoot, when set, replaces Root for the CPU cache tree (see
 	// discovery.Options).
 	CPUCacheRoot string
-	Config       *nodeconfig.NodeConfig
+	// FPGARoot, when set, replaces Root for FPGA cards and their device
+	// nodes (see discovery.Options).
+	FPGARoot string
+	Config   *nodeconfig.NodeConfig
 	// RegistrarDir is the kubelet's plugin registration directory.
 	RegistrarDir string
 	// PluginsDir is the kubelet's plugins directory; the agent's socket
@@ -116,7 +119,7 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 
-	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
+	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, fpgaRoot: opts.FPGARoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
 		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason)}
 	if _, err := inv.rescan(ctx); err != nil {
 		return err

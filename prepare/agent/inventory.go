@@ -22,6 +22,7 @@ import (
 type inventory struct {
 	root         string
 	cpuCacheRoot string
+	fpgaRoot     string
 	cfg          *nodeconfig.NodeConfig
 	node         string
 	metrics      *prepare.Metrics
@@ -36,7 +37,7 @@ type inventory struct {
 // published changed.
 func (i *inventory) rescan(ctx context.Context) (bool, error) {
 	start := time.Now()
-	inv, err := discovery.Discover(ctx, discovery.Options{Root: i.root, CPUCacheRoot: i.cpuCacheRoot, Net: discovery.NetFilter{
+	inv, err := discovery.Discover(ctx, discovery.Options{Root: i.root, CPUCacheRoot: i.cpuCacheRoot, FPGARoot: i.fpgaRoot, Net: discovery.NetFilter{
 		Include: i.cfg.Netdev.Include, Exclude: i.cfg.Netdev.Exclude, IncludeVirtual: i.cfg.Netdev.IncludeVirtual,
 	}, NVML: i.nvml})
 	i.metrics.DiscoveryDuration.Observe(time.Since(start).Seconds())

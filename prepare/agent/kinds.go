@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
@@ -16,6 +17,7 @@ import (
 	"github.com/carve-dra/carve/prepare/atomicfile"
 	"github.com/carve-dra/carve/prepare/fpga"
 	"github.com/carve-dra/carve/prepare/llc"
+	"github.com/carve-dra/carve/prepare/llc/resctrl"
 	"github.com/carve-dra/carve/slices"
 )
 
@@ -76,12 +78,38 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 	k.collectors = []prometheus.Collector{nics}
 	k.preparers = map[string]prepare.Preparer{
 		slices.KindNIC:  nics,
-		slices.KindFPGA: fpga.Preparer{Root: opts.Root},
-		slices.KindLLC:  llc.Preparer{},
+		slices.KindFPGA: fpga.Preparer{Root: firstSet(opts.FPGARoot, opts.Root)},
+		slices.KindLLC:  llcPreparer(ctx, opts, hookPath),
 		slices.KindGPU:  k.gpus.prep,
 		slices.KindMIG:  k.gpus.prep,
 	}
 	return k, nil
+}
+
+// llcPreparer prepares LLC shares through resctrl under the root the
+// caches are read from, where it is mounted; the hook writes to the same
+// directory as the host sees it.
+func llcPreparer(ctx context.Context, opts Options, hookPath string) *llc.Preparer {
+	cacheRoot := firstSet(opts.CPUCacheRoot, opts.Root)
+	dir := resctrl.HostDir(cacheRoot)
+	if _, err := resctrl.ReadL3Info(dir); err != nil {
+		klog.FromContext(ctx).V(1).Info("No resctrl L3 allocation; LLCs are prepared whole only", "dir", dir, "reason", err)
+		return llc.New(llc.Options{HookPath: hookPath})
+	}
+	hostDir := string(dir)
+	if rel, err := filepath.Rel(firstSet(opts.Root), string(dir)); err == nil && !strings.HasPrefix(rel, "..") {
+		hostDir = filepath.Join("/", rel)
+	}
+	return llc.New(llc.Options{FS: dir, HostDir: hostDir, HookPath: hookPath})
+}
+
+func firstSet(paths ...string) string {
+	for _, p := range paths {
+		if p != "" {
+			return p
+		}
+	}
+	return "/"
 }
 
 // openHostNetns opens the node's network namespace: the one given, else
