@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -289,9 +290,11 @@ func checkExtendedResourceName(t *testing.T, class string, obj map[string]any) {
 	t.Helper()
 	kind, _, _ := strings.Cut(class, ".")
 	got, _, _ := unstructured.NestedString(obj, "spec", "extendedResourceName")
-	want := "carve.dev/" + kind
-	if kind == "nic" {
-		want = ""
+	// Whole devices only: a NIC is asked for by bandwidth and a MIG
+	// device by profile, which a count in resources.limits cannot say.
+	want := ""
+	if slices.Contains([]string{"fpga", "gpu", "llc"}, kind) {
+		want = "carve.dev/" + kind
 	}
 	if got != want {
 		t.Errorf("DeviceClass %s extendedResourceName %q, want %q", class, got, want)
