@@ -87,13 +87,28 @@ func (s *Shaper) attach(ifindex int, prog *ebpf.Program, name string) error {
 	if err != nil {
 		return err
 	}
-	if done, err := updatePinned(path, ifindex, prog); done || err != nil {
+	old, done, err := updatePinned(path, ifindex, prog)
+	if done || err != nil {
 		return err
 	}
+	if old != nil {
+		// Ours, but no longer first. The kernel takes a program once
+		// per hook, so the old link goes before the new one is made:
+		// frames sent in between take HTB's direct queue.
+		err := old.Unpin()
+		old.Close()
+		if err != nil {
+			return fmt.Errorf("unpin %s: %w", path, err)
+		}
+	}
+	// At the head: a program before ours that returns TCX_PASS (Cilium's
+	// does) would end the chain, and ours would never run. Ours returns
+	// TCX_NEXT, so whatever was there runs after it as before.
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
 		Program:   prog,
 		Attach:    ebpf.AttachTCXEgress,
+		Anchor:    link.Head(),
 	})
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		return s.attachLegacy(ifindex, prog, name)
@@ -117,28 +132,46 @@ func (s *Shaper) attach(ifindex int, prog *ebpf.Program, name string) error {
 }
 
 // updatePinned swaps prog into the link pinned at path if it is still
-// attached to ifindex. A defunct link (its device or netns gone, ifindex 0)
-// or one on another device is unpinned, and Attach makes a new one.
-func updatePinned(path string, ifindex int, prog *ebpf.Program) (bool, error) {
+// attached to ifindex at the head of its hook. A defunct link (its device
+// or netns gone, ifindex 0) or one on another device is unpinned, and
+// Attach makes a new one; a live one that is not first (a program was put
+// ahead of it, or an older carve attached it at the tail) is returned, for
+// Attach to replace with a new link at the head.
+func updatePinned(path string, ifindex int, prog *ebpf.Program) (old link.Link, done bool, err error) {
 	l, err := link.LoadPinnedLink(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
-	defer l.Close()
 	info, err := l.Info()
 	if err != nil {
-		return false, err
+		l.Close()
+		return nil, false, err
 	}
 	if tcx := info.TCX(); tcx != nil && tcx.Ifindex == uint32(ifindex) {
-		if err := l.Update(prog); err != nil {
-			return false, fmt.Errorf("update %s: %w", path, err)
+		if !atHead(ifindex, info.ID) {
+			return l, false, nil
 		}
-		return true, nil
+		defer l.Close()
+		if err := l.Update(prog); err != nil {
+			return nil, false, fmt.Errorf("update %s: %w", path, err)
+		}
+		return nil, true, nil
 	}
-	return false, l.Unpin()
+	defer l.Close()
+	return nil, false, l.Unpin()
+}
+
+// atHead reports whether link id is the first on ifindex's TCX egress.
+func atHead(ifindex int, id link.ID) bool {
+	r, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXEgress})
+	if err != nil || len(r.Programs) == 0 {
+		return true // cannot tell: keep the link we have
+	}
+	lid, ok := r.Programs[0].LinkID()
+	return ok && lid == id
 }
 
 // Detach removes the classifiers Attach put on ifindex (in the caller's
