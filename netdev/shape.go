@@ -61,6 +61,9 @@ func (p *NICPreparer) edtOn(parent netlink.Link) bool {
 	if noFQ {
 		return false
 	}
+	if _, err := checkRootReplaceable(p.h, parent); err != nil {
+		return false // HTB's ensureHTB refuses it, saying why
+	}
 	fq := &netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x8000, 0)}}
 	if err := p.h.QdiscReplace(fq); err != nil {
 		// No sch_fq in this kernel: HTB it is, from now on.

@@ -20,27 +20,53 @@ func htbBuffer(rateBits uint64) uint32 {
 	return uint32(min(max(rateBits/8*8/1000, 16*1024), 1<<30))
 }
 
-// ensureHTB makes sure link has carve's HTB root qdisc. Traffic of no share
-// is left unclassified and takes HTB's direct queue, unshaped: cheaper than
-// a default class (measured: about 4–16% below no qdisc at 20+ Gbit/s on a
-// veth, against 18% with a 100G default class). A root qdisc of another kind is replaced only if
-// it is the kernel's default (noqueue, pfifo_fast, mq, fq_codel...): carve
-// never silently removes an operator's shaping.
-func ensureHTB(h *netlink.Handle, link netlink.Link) error {
+// replaceableRoots are the root qdiscs carve may replace: the kernel's
+// defaults. Anything else (cake, mqprio, prio, fq, tbf, another HTB...) is
+// an operator's shaping, which carve refuses to overwrite.
+var replaceableRoots = []string{"pfifo_fast", "mq", "noqueue", "fq_codel"}
+
+// checkRootReplaceable fails unless link's root qdisc is one carve may
+// replace: a kernel default, or mq whose children all are. A root of carve's
+// own (its HTB, handle 1:) is reported as ours.
+func checkRootReplaceable(h *netlink.Handle, link netlink.Link) (ours bool, err error) {
 	qdiscs, err := h.QdiscList(link)
 	if err != nil {
-		return fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
+		return false, fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
 	}
 	for _, q := range qdiscs {
 		if q.Attrs().Parent != netlink.HANDLE_ROOT {
 			continue
 		}
 		if q.Type() == "htb" && q.Attrs().Handle == rootHandle {
-			return nil
+			return true, nil
 		}
-		if slices.Contains([]string{"htb", "tbf", "hfsc"}, q.Type()) {
-			return fmt.Errorf("%s already has a %s root qdisc not made by carve; remove it to share this NIC", link.Attrs().Name, q.Type())
+		if !slices.Contains(replaceableRoots, q.Type()) {
+			return false, fmt.Errorf("%s has a %s root qdisc that carve did not make and may not replace (only %v): remove it to share this NIC",
+				link.Attrs().Name, q.Type(), replaceableRoots)
 		}
+		if q.Type() != "mq" {
+			continue
+		}
+		for _, c := range qdiscs {
+			major, _ := netlink.MajorMinor(c.Attrs().Parent)
+			if c.Attrs().Parent != netlink.HANDLE_ROOT && major == uint16(q.Attrs().Handle>>16) && !slices.Contains(replaceableRoots, c.Type()) {
+				return false, fmt.Errorf("%s has an mq root qdisc with a %s child that carve did not make and may not replace: remove it to share this NIC",
+					link.Attrs().Name, c.Type())
+			}
+		}
+	}
+	return false, nil
+}
+
+// ensureHTB makes sure link has carve's HTB root qdisc. Traffic of no share
+// is left unclassified and takes HTB's direct queue, unshaped: cheaper than
+// a default class (measured: about 4–16% below no qdisc at 20+ Gbit/s on a
+// veth, against 18% with a 100G default class). A root qdisc of another
+// kind is replaced only if it is a kernel default (replaceableRoots): carve
+// never silently removes an operator's shaping.
+func ensureHTB(h *netlink.Handle, link netlink.Link) error {
+	if ours, err := checkRootReplaceable(h, link); err != nil || ours {
+		return err
 	}
 	q := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: rootHandle, Parent: netlink.HANDLE_ROOT})
 	q.Defcls = 0 // unclassified traffic takes the direct queue, unshaped
