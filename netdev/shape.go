@@ -26,6 +26,9 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	if err := setClass(p.h, dev, minor, rate); err != nil {
 		return 0, err
 	}
+	if err := p.setLeaf(dev, minor, rate); err != nil {
+		return 0, err
+	}
 	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
 		return 0, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
 	}
