@@ -123,7 +123,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 	if ingress > 0 {
-		ifb, err := ensureIngressIFB(p.h, parent)
+		ifb, err := p.ensureIngressIFB(parent)
 		if err != nil {
 			return prepare.Prepared{}, fmt.Errorf("ingress: %w", err)
 		}

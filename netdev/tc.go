@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -138,11 +137,14 @@ func removeHTBIfIdle(h *netlink.Handle, link netlink.Link) error {
 // ifbName is the IFB device that shapes a parent's ingress.
 func ifbName(parent netlink.Link) string { return "cvifb" + strconv.Itoa(parent.Attrs().Index) }
 
-// ensureIngressIFB redirects everything the parent receives through an IFB
-// device, whose egress HTB then holds each share to its ingress rate. Shaping
-// there (a queue) rather than policing (drops) lets TCP reach its rate
-// without the huge bursts a policer needs.
-func ensureIngressIFB(h *netlink.Handle, parent netlink.Link) (netlink.Link, error) {
+// ensureIngressIFB makes the IFB device whose egress HTB holds each share of
+// parent to its ingress rate, and sends it the frames towards shares:
+// shaping there (a queue) rather than policing (drops) lets TCP reach its
+// rate without the huge bursts a policer needs. Only share traffic takes the
+// IFB (the classifier's redirect_ingress on the parent picks it by
+// destination MAC); the node's own traffic stays off its single queue.
+func (p *NICPreparer) ensureIngressIFB(parent netlink.Link) (netlink.Link, error) {
+	h := p.h
 	name := ifbName(parent)
 	ifb, err := h.LinkByName(name)
 	if err != nil {
@@ -162,48 +164,46 @@ func ensureIngressIFB(h *netlink.Handle, parent netlink.Link) (netlink.Link, err
 	if err := ensureHTB(h, ifb); err != nil {
 		return nil, err
 	}
-	clsact := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index,
-		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
-	if err := h.QdiscReplace(clsact); err != nil {
-		return nil, fmt.Errorf("add clsact to %s: %w", parent.Attrs().Name, err)
+	if err := inNetns(p.opts.HostNS, func() error {
+		return p.opts.Shaper.AttachRedirect(parent.Attrs().Index, ifb.Attrs().Index)
+	}); err != nil {
+		return nil, fmt.Errorf("redirect %s's share traffic to %s: %w", parent.Attrs().Name, name, err)
 	}
-	filters, err := h.FilterList(parent, netlink.HANDLE_MIN_INGRESS)
-	if err != nil {
-		return nil, fmt.Errorf("list ingress filters of %s: %w", parent.Attrs().Name, err)
-	}
-	for _, f := range filters {
-		if f.Attrs().Priority == mirredPriority && f.Type() == "u32" {
-			return ifb, nil
-		}
-	}
-	mirred := netlink.NewMirredAction(ifb.Attrs().Index)
-	mirred.MirredAction = netlink.TCA_EGRESS_REDIR
-	filter := matchAllU32(parent)
-	filter.Actions = []netlink.Action{mirred}
-	if err := h.FilterReplace(filter); err != nil {
-		return nil, fmt.Errorf("redirect %s ingress to %s: %w", parent.Attrs().Name, name, err)
+	// An older carve redirected all of the parent's ingress with u32.
+	if err := removeMirred(h, parent); err != nil {
+		return nil, err
 	}
 	return ifb, nil
 }
 
-// mirredPriority marks carve's redirect filter among a parent's ingress
-// filters.
+// mirredPriority marks the redirect filter older carves put among a
+// parent's ingress filters (u32 matching every frame, with mirred).
 const mirredPriority = 0xca4
 
-// matchAllU32 is a u32 filter that matches every packet: u32 is in every
-// kernel that has tc classifiers, matchall and flower are not (this
-// machine's has neither).
-func matchAllU32(parent netlink.Link) *netlink.U32 {
-	return &netlink.U32{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
-			Protocol: unix.ETH_P_ALL, Priority: mirredPriority},
-		Sel: &netlink.TcU32Sel{Flags: nl.TC_U32_TERMINAL, Nkeys: 1, Keys: []netlink.TcU32Key{{Mask: 0, Val: 0, Off: 0}}},
+// removeMirred deletes that filter; clsact stays (others may use it).
+func removeMirred(h *netlink.Handle, parent netlink.Link) error {
+	filters, err := h.FilterList(parent, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // no clsact: nothing of ours there
+		}
+		return fmt.Errorf("list ingress filters of %s: %w", parent.Attrs().Name, err)
 	}
+	for _, f := range filters {
+		if f.Attrs().Priority == mirredPriority && f.Type() == "u32" {
+			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // removeIngressIFBIfIdle undoes ensureIngressIFB once no ingress share is
-// left on the parent.
-func removeIngressIFBIfIdle(h *netlink.Handle, parent netlink.Link) error {
+// left on the parent: the redirect first, so that no frame is sent to an
+// IFB that is going.
+func (p *NICPreparer) removeIngressIFBIfIdle(parent netlink.Link) error {
+	h := p.h
 	ifb, err := h.LinkByName(ifbName(parent))
 	if err != nil {
 		return nil
@@ -212,16 +212,13 @@ func removeIngressIFBIfIdle(h *netlink.Handle, parent netlink.Link) error {
 	if err != nil || len(left) > 0 {
 		return err
 	}
-	filters, err := h.FilterList(parent, netlink.HANDLE_MIN_INGRESS)
-	if err != nil {
-		return fmt.Errorf("list ingress filters of %s: %w", parent.Attrs().Name, err)
-	}
-	for _, f := range filters {
-		if f.Attrs().Priority == mirredPriority {
-			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)
-			}
+	if p.opts.Shaper != nil {
+		if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
+			return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)
 		}
+	}
+	if err := removeMirred(h, parent); err != nil {
+		return err
 	}
 	if err := h.LinkDel(ifb); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("remove %s: %w", ifb.Attrs().Name, err)

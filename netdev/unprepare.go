@@ -78,7 +78,7 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 			errs = append(errs, deleteClass(p.h, parent, u.EgressMinor), removeHTBIfIdle(p.h, parent))
 		}
 		if ifb, err := p.h.LinkByName(ifbName(parent)); err == nil && u.IngressMinor != 0 {
-			errs = append(errs, deleteClass(p.h, ifb, u.IngressMinor), removeIngressIFBIfIdle(p.h, parent))
+			errs = append(errs, deleteClass(p.h, ifb, u.IngressMinor), p.removeIngressIFBIfIdle(parent))
 		}
 	}
 	if link, err := p.h.LinkByName(u.Link); err == nil {
