@@ -135,6 +135,14 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	crash.Point("nic-shaped")
 	spec := AttachSpec{HostName: u.Link, Parent: dev.NIC.Name, PodName: cmp.Or(cfg.InterfaceName, "net1"), MTU: mtu, MAC: mac.String(),
 		Addresses: u.Addresses, Routes: cfg.Routes}
+	if p.opts.Shaper != nil && p.opts.PinDir != "" {
+		// Every share of a shaped parent, limited or not: a share
+		// without an egress class is then never charged to another.
+		spec.PodShare = &PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index}
+		if u.EgressMinor != 0 {
+			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
+		}
+	}
 	if err := writeAttachSpec(specPath, spec); err != nil {
 		return prepare.Prepared{}, err
 	}

@@ -129,6 +129,17 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 			}
 		}
 	}
+	pods, err := p.opts.Shaper.PodShares()
+	if err != nil {
+		return
+	}
+	for _, ps := range pods {
+		if !keep[ps.MAC] {
+			if mac, err := net.ParseMAC(ps.MAC); err == nil {
+				_ = p.opts.Shaper.DeletePodShares(mac)
+			}
+		}
+	}
 }
 
 // specPath is where the attach spec of the share whose link is link lives.

@@ -63,6 +63,10 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		if err := p.opts.Shaper.SetRate(mac, 0); err != nil {
 			errs = append(errs, err)
 		}
+		// The hook's pod entries, found by the share's MAC alone.
+		if err := p.opts.Shaper.DeletePodShares(mac); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if u.Parent == "" {
 		// Without a record: the attach spec names the parent, else the

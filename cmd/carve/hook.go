@@ -62,5 +62,8 @@ func netnsAttach(specFile, root string, ociState io.Reader) error {
 		return err
 	}
 	defer hostNS.Close()
-	return netdev.AttachToPod(hostNS, podNS, spec)
+	if err := netdev.AttachToPod(hostNS, podNS, spec); err != nil {
+		return err
+	}
+	return netdev.RecordPodNetns(hostNS, podNS, spec)
 }
