@@ -28,7 +28,10 @@ func (p *NICPreparer) ensureChild(lower netlink.Link, cfg v1alpha1.NetworkConfig
 		link = &netlink.IPVlan{LinkAttrs: la, Mode: mode}
 	default:
 		la.HardwareAddr = mac
-		mode := map[string]netlink.MacvlanMode{"": netlink.MACVLAN_MODE_BRIDGE, "bridge": netlink.MACVLAN_MODE_BRIDGE,
+		// vepa by default: every frame a share sends leaves through
+		// the parent, whose shaper it cannot bypass (bridge mode hands
+		// frames between children straight across; see prepare).
+		mode := map[string]netlink.MacvlanMode{"": netlink.MACVLAN_MODE_VEPA, "bridge": netlink.MACVLAN_MODE_BRIDGE,
 			"private": netlink.MACVLAN_MODE_PRIVATE, "vepa": netlink.MACVLAN_MODE_VEPA, "passthru": netlink.MACVLAN_MODE_PASSTHRU}[cfg.MacvlanMode]
 		link = &netlink.Macvlan{LinkAttrs: la, Mode: mode}
 	}

@@ -77,6 +77,12 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		// on MACs. Refused rather than left unenforced.
 		return prepare.Prepared{}, errors.New("bandwidth shares of ipvlan interfaces are not enforced yet; use mode macvlan")
 	}
+	if cfg.MacvlanMode == "bridge" && (egress > 0 || ingress > 0) {
+		// Bridge mode hands frames between children of the parent
+		// straight across, never through the parent's shaper (a 20M
+		// share sent 700 Mbit/s to its neighbour on this machine).
+		return prepare.Prepared{}, errors.New("macvlanMode bridge would let a bandwidth share bypass its limit towards other shares of the parent; use vepa (the default) or private")
+	}
 	// Recorded first: with it, Unprepare finds the parent of a share
 	// whose preparation was cut short and whose interface has moved.
 	specPath := p.specPath(u.Link)

@@ -20,7 +20,9 @@ type NetworkConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// Mode is the kind of child interface: macvlan (default) or ipvlan.
 	Mode string `json:"mode,omitempty"`
-	// MacvlanMode is bridge (default), private, vepa or passthru.
+	// MacvlanMode is vepa (default), private, bridge or passthru. bridge
+	// is refused for a share with a bandwidth limit: frames between
+	// children of one parent would bypass its shaper.
 	MacvlanMode string `json:"macvlanMode,omitempty"`
 	// IPVlanMode is l2 (default), l3 or l3s.
 	IPVlanMode string `json:"ipvlanMode,omitempty"`
