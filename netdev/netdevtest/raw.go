@@ -14,10 +14,15 @@ import (
 // RawFlood sends, from ns, raw Ethernet frames out of ifName for d, as a
 // pod with CAP_NET_RAW can: IPv4/UDP to dstIP:9 at dstMAC, with srcMAC as
 // the frame's source, whatever the interface's own MAC is. size is the
-// frame's length. It returns the frames sent.
+// frame's length; ns closed (netns.None()) means the caller's own. It
+// returns the frames sent.
 func RawFlood(ns netns.NsHandle, ifName string, srcMAC, dstMAC net.HardwareAddr, srcIP, dstIP net.IP, size int, d time.Duration) (int, error) {
 	var sent int
-	err := In(ns, func() error {
+	in := In
+	if !ns.IsOpen() {
+		in = func(_ netns.NsHandle, fn func() error) error { return fn() }
+	}
+	err := in(ns, func() error {
 		ifi, err := net.InterfaceByName(ifName)
 		if err != nil {
 			return err
