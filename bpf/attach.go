@@ -76,27 +76,85 @@ func (s *Shaper) AttachEDT(ifindex int) error {
 	return s.attach(ifindex, s.objs.EdtEgress, shaperProgEdtEgress)
 }
 
+// AttachRedirect sends the frames that parent receives for an ingress share
+// (by destination MAC) to ifb's egress, where the IFB's HTB and the ingress
+// classifier shape them; the host's own traffic, broadcast and multicast
+// stay on the parent, unshaped and off the IFB. Like Attach it is pinned,
+// idempotent, at the head of the parent's TCX ingress, and falls back to
+// cls_bpf on clsact where the kernel has no TCX.
+func (s *Shaper) AttachRedirect(parent, ifb int) error {
+	if parent <= 0 || ifb <= 0 {
+		return fmt.Errorf("bad ifindex: parent %d, IFB %d", parent, ifb)
+	}
+	if err := s.objs.IfbOf.Put(uint32(parent), uint32(ifb)); err != nil {
+		return fmt.Errorf("record IFB %d of ifindex %d: %w", ifb, parent, err)
+	}
+	return s.attachAt(parent, s.objs.RedirectIngress, shaperProgRedirectIngress, ebpf.AttachTCXIngress)
+}
+
+// DetachRedirect undoes AttachRedirect (in the caller's netns); detaching
+// what is not attached is not an error.
+func (s *Shaper) DetachRedirect(parent int) error {
+	if err := s.detachTCX(parent, shaperProgRedirectIngress); err != nil {
+		return err
+	}
+	if err := detachLegacy(parent, netlink.HANDLE_MIN_INGRESS); err != nil {
+		return err
+	}
+	if err := s.objs.IfbOf.Delete(uint32(parent)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("forget the IFB of ifindex %d: %w", parent, err)
+	}
+	return nil
+}
+
 func (s *Shaper) attach(ifindex int, prog *ebpf.Program, name string) error {
+	return s.attachAt(ifindex, prog, name, ebpf.AttachTCXEgress)
+}
+
+// hookParent is the clsact hook that stands in for a TCX attach type.
+func hookParent(at ebpf.AttachType) uint32 {
+	if at == ebpf.AttachTCXIngress {
+		return netlink.HANDLE_MIN_INGRESS
+	}
+	return netlink.HANDLE_MIN_EGRESS
+}
+
+func (s *Shaper) attachAt(ifindex int, prog *ebpf.Program, name string, at ebpf.AttachType) error {
 	if ifindex <= 0 {
 		return fmt.Errorf("bad ifindex %d", ifindex)
 	}
 	if forceLegacy {
-		return s.attachLegacy(ifindex, prog, name)
+		return s.attachLegacy(ifindex, prog, name, hookParent(at))
 	}
 	path, err := s.pinPath(name, ifindex)
 	if err != nil {
 		return err
 	}
-	if done, err := updatePinned(path, ifindex, prog); done || err != nil {
+	old, done, err := updatePinned(path, ifindex, prog, at)
+	if done || err != nil {
 		return err
 	}
+	if old != nil {
+		// Ours, but no longer first. The kernel takes a program once
+		// per hook, so the old link goes before the new one is made:
+		// frames sent in between take HTB's direct queue.
+		err := old.Unpin()
+		old.Close()
+		if err != nil {
+			return fmt.Errorf("unpin %s: %w", path, err)
+		}
+	}
+	// At the head: a program before ours that returns TCX_PASS (Cilium's
+	// does) would end the chain, and ours would never run. Ours returns
+	// TCX_NEXT, so whatever was there runs after it as before.
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
 		Program:   prog,
-		Attach:    ebpf.AttachTCXEgress,
+		Attach:    at,
+		Anchor:    link.Head(),
 	})
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		return s.attachLegacy(ifindex, prog, name)
+		return s.attachLegacy(ifindex, prog, name, hookParent(at))
 	}
 	if err != nil {
 		return fmt.Errorf("attach %s to ifindex %d: %w", name, ifindex, err)
@@ -104,6 +162,9 @@ func (s *Shaper) attach(ifindex int, prog *ebpf.Program, name string) error {
 	defer l.Close() // the pin keeps it; without the pin, closing detaches
 	if err := l.Pin(path); err != nil {
 		return fmt.Errorf("pin %s: %w", path, err)
+	}
+	if at != ebpf.AttachTCXEgress {
+		return detachLegacy(ifindex, hookParent(at))
 	}
 	// Ours return TCX_NEXT, so two would both run, counting frames twice.
 	for _, other := range progNames {
@@ -113,32 +174,50 @@ func (s *Shaper) attach(ifindex int, prog *ebpf.Program, name string) error {
 			}
 		}
 	}
-	return detachLegacy(ifindex)
+	return detachLegacy(ifindex, netlink.HANDLE_MIN_EGRESS)
 }
 
 // updatePinned swaps prog into the link pinned at path if it is still
-// attached to ifindex. A defunct link (its device or netns gone, ifindex 0)
-// or one on another device is unpinned, and Attach makes a new one.
-func updatePinned(path string, ifindex int, prog *ebpf.Program) (bool, error) {
+// attached to ifindex at the head of its hook. A defunct link (its device
+// or netns gone, ifindex 0) or one on another device is unpinned, and
+// Attach makes a new one; a live one that is not first (a program was put
+// ahead of it, or an older carve attached it at the tail) is returned, for
+// Attach to replace with a new link at the head.
+func updatePinned(path string, ifindex int, prog *ebpf.Program, at ebpf.AttachType) (old link.Link, done bool, err error) {
 	l, err := link.LoadPinnedLink(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
-	defer l.Close()
 	info, err := l.Info()
 	if err != nil {
-		return false, err
+		l.Close()
+		return nil, false, err
 	}
 	if tcx := info.TCX(); tcx != nil && tcx.Ifindex == uint32(ifindex) {
-		if err := l.Update(prog); err != nil {
-			return false, fmt.Errorf("update %s: %w", path, err)
+		if !atHead(ifindex, info.ID, at) {
+			return l, false, nil
 		}
-		return true, nil
+		defer l.Close()
+		if err := l.Update(prog); err != nil {
+			return nil, false, fmt.Errorf("update %s: %w", path, err)
+		}
+		return nil, true, nil
 	}
-	return false, l.Unpin()
+	defer l.Close()
+	return nil, false, l.Unpin()
+}
+
+// atHead reports whether link id is the first on ifindex's TCX hook at.
+func atHead(ifindex int, id link.ID, at ebpf.AttachType) bool {
+	r, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+	if err != nil || len(r.Programs) == 0 {
+		return true // cannot tell: keep the link we have
+	}
+	lid, ok := r.Programs[0].LinkID()
+	return ok && lid == id
 }
 
 // Detach removes the classifiers Attach put on ifindex (in the caller's
@@ -151,7 +230,7 @@ func (s *Shaper) Detach(ifindex int) error {
 			return err
 		}
 	}
-	return detachLegacy(ifindex)
+	return detachLegacy(ifindex, netlink.HANDLE_MIN_EGRESS)
 }
 
 func (s *Shaper) detachTCX(ifindex int, name string) error {
@@ -203,9 +282,9 @@ func CleanupDefunct(pinDir string) (removed []string, err error) {
 }
 
 // attachLegacy adds (or atomically replaces) a direct-action cls_bpf filter
-// on the clsact egress hook. The filter holds the program, so it too
+// on the clsact hook (egress or ingress). The filter holds the program, so it too
 // outlives this process; a fixed priority and handle make it replaceable.
-func (s *Shaper) attachLegacy(ifindex int, prog *ebpf.Program, name string) error {
+func (s *Shaper) attachLegacy(ifindex int, prog *ebpf.Program, name string, hook uint32) error {
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{
 			LinkIndex: ifindex,
@@ -221,7 +300,7 @@ func (s *Shaper) attachLegacy(ifindex int, prog *ebpf.Program, name string) erro
 	filter := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: ifindex,
-			Parent:    netlink.HANDLE_MIN_EGRESS,
+			Parent:    hook,
 			Handle:    legacyHandle,
 			Priority:  legacyPrio,
 			Protocol:  unix.ETH_P_ALL,
@@ -238,9 +317,9 @@ func (s *Shaper) attachLegacy(ifindex int, prog *ebpf.Program, name string) erro
 
 // detachLegacy deletes our cls_bpf filter, leaving clsact (others may use
 // it; empty, it costs nothing).
-func detachLegacy(ifindex int) error {
+func detachLegacy(ifindex int, hook uint32) error {
 	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
-	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_EGRESS)
+	filters, err := netlink.FilterList(dev, hook)
 	if err != nil {
 		if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
 			return nil // device gone, or no clsact: nothing of ours there

@@ -59,6 +59,41 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } share_stats SEC(".maps");
 
+// Egress shares by the sending socket's network namespace: a pod cannot
+// change the netns of its own sockets, whereas it can forge a frame's source
+// MAC (CAP_NET_RAW) or change its interface's (CAP_NET_ADMIN). Every frame
+// a pod sends through its macvlan, raw AF_PACKET frames included, reaches
+// the parent with the pod's socket. Keyed by the parent's ifindex too, as a
+// pod may hold shares of several parents.
+struct netns_key {
+	__u64 cookie; // bpf_get_netns_cookie of the sending socket
+	__u32 ifindex; // the parent's
+	__u32 pad;     // always zero
+};
+
+struct netns_val {
+	__u32 classid;      // 0: the pod's share has no egress limit
+	__u8 mac[ETH_ALEN]; // the share's, naming its counters
+	__u8 pad[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct netns_key);
+	__type(value, struct netns_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} share_netns SEC(".maps");
+
+// The IFB that shapes each parent's ingress: parent ifindex -> IFB ifindex.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ifb_of SEC(".maps");
+
 // EDT pacing, an alternative to HTB for kernels with sch_fq: the program
 // stamps each frame with the earliest time it may leave and fq on the
 // device holds it until then. Without fq nothing honours the stamp.
@@ -99,11 +134,35 @@ static __always_inline void count(struct share_key *key, __u32 len)
 	c->packets += 1;
 }
 
+// netns_share finds the share of the pod whose socket sent skb out of the
+// parent, or NULL: the host's own frames and frames with no socket (the
+// host's cookie) are in no pod's entry.
+static __always_inline struct netns_val *netns_share(struct __sk_buff *skb)
+{
+	struct netns_key nk = {
+		.cookie = bpf_get_netns_cookie(skb),
+		.ifindex = skb->ifindex,
+	};
+	return bpf_map_lookup_elem(&share_netns, &nk);
+}
+
 static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 {
 	struct share_key key = { .dir = dir };
-	// Egress shares are found by source MAC (bytes 6..11 of the frame),
-	// ingress shares by destination MAC (bytes 0..5).
+
+	if (dir == DIR_EGRESS) {
+		struct netns_val *n = netns_share(skb);
+		if (n) {
+			// A pod's frame: its own share, whatever its MAC says.
+			__builtin_memcpy(key.mac, n->mac, ETH_ALEN);
+			skb->priority = n->classid;
+			if (n->classid)
+				count(&key, skb->len);
+			return CARVE_TCX_NEXT;
+		}
+	}
+	// Egress shares are otherwise found by source MAC (bytes 6..11 of
+	// the frame), ingress shares by destination MAC (bytes 0..5).
 	__u32 off = dir == DIR_EGRESS ? ETH_ALEN : 0;
 
 	if (bpf_skb_load_bytes(skb, off, key.mac, ETH_ALEN) < 0)
@@ -125,20 +184,43 @@ int classify_egress(struct __sk_buff *skb)
 }
 
 // Attached to the egress of the IFB device that the parent's ingress is
-// mirrored to, so the IFB's HTB shapes traffic towards each share.
+// redirected to, so the IFB's HTB shapes traffic towards each share.
 SEC("tc")
 int classify_ingress(struct __sk_buff *skb)
 {
 	return classify(skb, DIR_INGRESS);
 }
 
-// Egress only: keyed by source MAC, like classify_egress.
+// On the parent's ingress: frames towards a share (by destination MAC) go
+// to the parent's IFB to be shaped; everything else, the host's traffic,
+// broadcast and multicast included, goes on untouched.
+SEC("tc")
+int redirect_ingress(struct __sk_buff *skb)
+{
+	struct share_key key = { .dir = DIR_INGRESS };
+	__u32 ifindex = skb->ifindex;
+
+	if (bpf_skb_load_bytes(skb, 0, key.mac, ETH_ALEN) < 0)
+		return CARVE_TCX_NEXT;
+	if (!bpf_map_lookup_elem(&shares, &key))
+		return CARVE_TCX_NEXT;
+	__u32 *ifb = bpf_map_lookup_elem(&ifb_of, &ifindex);
+	if (!ifb)
+		return CARVE_TCX_NEXT;
+	return bpf_redirect(*ifb, 0); // to the IFB's egress, its HTB
+}
+
+// Egress only: keyed by the sending pod's netns, else by source MAC, like
+// classify_egress.
 SEC("tc")
 int edt_egress(struct __sk_buff *skb)
 {
 	struct share_key key = { .dir = DIR_EGRESS };
+	struct netns_val *n = netns_share(skb);
 
-	if (bpf_skb_load_bytes(skb, ETH_ALEN, key.mac, ETH_ALEN) < 0)
+	if (n)
+		__builtin_memcpy(key.mac, n->mac, ETH_ALEN);
+	else if (bpf_skb_load_bytes(skb, ETH_ALEN, key.mac, ETH_ALEN) < 0)
 		return CARVE_TCX_NEXT;
 	struct share_rate *r = bpf_map_lookup_elem(&share_rates, &key);
 	if (!r || r->bytes_per_sec == 0)

@@ -13,6 +13,20 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type shaperNetnsKey struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	Ifindex uint32
+	Pad     uint32
+}
+
+type shaperNetnsVal struct {
+	_       structs.HostLayout
+	Classid uint32
+	Mac     [6]uint8
+	Pad     [2]uint8
+}
+
 type shaperShareCounters struct {
 	_       structs.HostLayout
 	Bytes   uint64
@@ -42,12 +56,15 @@ type shaperShareVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	shaperMapIfbOf            = "ifb_of"
+	shaperMapShareNetns       = "share_netns"
 	shaperMapShareRates       = "share_rates"
 	shaperMapShareStats       = "share_stats"
 	shaperMapShares           = "shares"
 	shaperProgClassifyEgress  = "classify_egress"
 	shaperProgClassifyIngress = "classify_ingress"
 	shaperProgEdtEgress       = "edt_egress"
+	shaperProgRedirectIngress = "redirect_ingress"
 )
 
 // loadShaper returns the embedded CollectionSpec for shaper.
@@ -95,12 +112,15 @@ type shaperProgramSpecs struct {
 	ClassifyEgress  *ebpf.ProgramSpec `ebpf:"classify_egress"`
 	ClassifyIngress *ebpf.ProgramSpec `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.ProgramSpec `ebpf:"edt_egress"`
+	RedirectIngress *ebpf.ProgramSpec `ebpf:"redirect_ingress"`
 }
 
 // shaperMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperMapSpecs struct {
+	IfbOf      *ebpf.MapSpec `ebpf:"ifb_of"`
+	ShareNetns *ebpf.MapSpec `ebpf:"share_netns"`
 	ShareRates *ebpf.MapSpec `ebpf:"share_rates"`
 	ShareStats *ebpf.MapSpec `ebpf:"share_stats"`
 	Shares     *ebpf.MapSpec `ebpf:"shares"`
@@ -132,6 +152,8 @@ func (o *shaperObjects) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperMaps struct {
+	IfbOf      *ebpf.Map `ebpf:"ifb_of"`
+	ShareNetns *ebpf.Map `ebpf:"share_netns"`
 	ShareRates *ebpf.Map `ebpf:"share_rates"`
 	ShareStats *ebpf.Map `ebpf:"share_stats"`
 	Shares     *ebpf.Map `ebpf:"shares"`
@@ -139,6 +161,8 @@ type shaperMaps struct {
 
 func (m *shaperMaps) Close() error {
 	return _ShaperClose(
+		m.IfbOf,
+		m.ShareNetns,
 		m.ShareRates,
 		m.ShareStats,
 		m.Shares,
@@ -158,6 +182,7 @@ type shaperPrograms struct {
 	ClassifyEgress  *ebpf.Program `ebpf:"classify_egress"`
 	ClassifyIngress *ebpf.Program `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.Program `ebpf:"edt_egress"`
+	RedirectIngress *ebpf.Program `ebpf:"redirect_ingress"`
 }
 
 func (p *shaperPrograms) Close() error {
@@ -165,6 +190,7 @@ func (p *shaperPrograms) Close() error {
 		p.ClassifyEgress,
 		p.ClassifyIngress,
 		p.EdtEgress,
+		p.RedirectIngress,
 	)
 }
 

@@ -3,12 +3,15 @@ package netdev_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // BenchmarkConformance measures how well shares are held to their
@@ -102,4 +105,71 @@ func BenchmarkPrepareNetworkClaim(b *testing.B) {
 		b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, name+"-p50-ms")
 		b.ReportMetric(float64(d[len(d)*99/100].Microseconds())/1000, name+"-p99-ms")
 	}
+}
+
+// BenchmarkLatencyUnderLoad measures the round trip of small UDP probes
+// through a share that a TCP flow or a UDP flood saturates, egress (the probes queue in
+// the share's class on the parent) and ingress (on the IFB): the delay a
+// share's own queue adds. It reports the median and p99 in ms and the
+// number of probes lost.
+func BenchmarkLatencyUnderLoad(b *testing.B) {
+	for _, proto := range []string{"tcp", "udp"} {
+		for _, limit := range []string{"10M", "100M"} {
+			for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+				b.Run(fmt.Sprintf("%s/%s/%s", proto, dir, limit), func(b *testing.B) { latencyUnderLoad(b, proto, dir, limit) })
+			}
+		}
+	}
+}
+
+func latencyUnderLoad(b *testing.B, proto string, dir bpf.Direction, limit string) {
+	env := newBench(b)
+	s := env.add("lat", limit, limit, nil)
+	var p50, p99, lost float64
+	for b.Loop() {
+		load := netdevtest.Flow{From: s.pod, To: env.tp.Server, ToAddr: env.tp.ServerIP + ":5301"}
+		from, to, echo := s.pod, env.tp.Server, env.tp.ServerIP+":5302"
+		if dir == bpf.Ingress {
+			load = netdevtest.Flow{From: env.tp.Server, To: s.pod, ToAddr: s.ip + ":5301"}
+			// Probes from the pod; it is their replies that queue.
+		}
+		loaded := make(chan error, 1)
+		go func() {
+			run := netdevtest.RunFlows
+			if proto == "udp" {
+				run = func(f []netdevtest.Flow, warmup, d time.Duration, mark func()) ([]netdevtest.Result, error) {
+					return netdevtest.RunUDP(f, 1400, warmup, d, mark)
+				}
+			}
+			flows := []netdevtest.Flow{load}
+			if proto == "udp" {
+				// A local sender's socket buffer holds some 90
+				// datagrams; a remote sender's is no limit. Twelve
+				// sockets fill the queue as one remote sender would.
+				host, port, _ := net.SplitHostPort(load.ToAddr)
+				for i := 1; i < 12; i++ {
+					f := load
+					f.ToAddr = net.JoinHostPort(host, port[:2]+strconv.Itoa(10+i))
+					flows = append(flows, f)
+				}
+			}
+			_, err := run(flows, 0, 6*time.Second, nil)
+			loaded <- err
+		}()
+		time.Sleep(time.Second) // the flow fills the share's queue
+		rtts, l, err := netdevtest.EchoRTT(from, to, echo, 20*time.Millisecond, 3*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := <-loaded; err != nil {
+			b.Fatal(err)
+		}
+		p50 += float64(netdevtest.Quantile(rtts, 0.5)) / 1e6
+		p99 += float64(netdevtest.Quantile(rtts, 0.99)) / 1e6
+		lost += float64(l)
+	}
+	n := float64(b.N)
+	b.ReportMetric(p50/n, "rtt-p50-ms")
+	b.ReportMetric(p99/n, "rtt-p99-ms")
+	b.ReportMetric(lost/n, "probes-lost")
 }

@@ -29,7 +29,9 @@ func net1Mode(cfg v1alpha1.NetworkConfig) string {
 		return "ipvlan-" + cfg.IPVlanMode
 	}
 	if cfg.MacvlanMode == "" {
-		return "macvlan-bridge"
+		// As the API defaults it: nothing a share sends can bypass the
+		// parent's shaper (see prepare).
+		return "macvlan-vepa"
 	}
 	return "macvlan-" + cfg.MacvlanMode
 }

@@ -31,6 +31,7 @@ type bench struct {
 	t      testing.TB
 	tp     *netdevtest.Topology
 	shaper *bpf.Shaper
+	pinDir string
 	p      *netdev.NICPreparer
 	state  string
 	dev    slices.Entry
@@ -51,7 +52,7 @@ func newBench(t testing.TB) *bench {
 		shaper.Close()
 		os.RemoveAll(pinDir)
 	})
-	b := &bench{t: t, tp: tp, shaper: shaper, state: t.TempDir(),
+	b := &bench{t: t, tp: tp, shaper: shaper, pinDir: pinDir, state: t.TempDir(),
 		dev: slices.Entry{Kind: "nic", NIC: &discovery.NIC{Name: tp.Parent, MTU: 1500}}}
 	b.p = b.newPreparer("test", tp.Subnet, tp.ServerIP)
 	return b
@@ -80,7 +81,7 @@ func (b *bench) preparer(pool, cidr, gateway, bootID string) *netdev.NICPreparer
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	p, err := netdev.NewNICPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper, BootID: bootID})
+	p, err := netdev.NewNICPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper, PinDir: b.pinDir, BootID: bootID})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -128,6 +129,9 @@ func (b *bench) add(name, egress, ingress string, cfg *v1alpha1.NetworkConfig) *
 	for i := 0; i < 2; i++ {
 		if err := netdev.AttachToPod(b.tp.Node, pod, spec); err != nil {
 			b.t.Fatalf("attach %s (run %d): %v", name, i, err)
+		}
+		if err := netdev.RecordPodNetns(b.tp.Node, pod, spec); err != nil {
+			b.t.Fatalf("record %s's netns (run %d): %v", name, i, err)
 		}
 	}
 	s := &share{alloc: a, spec: spec, pod: pod, mac: spec.MAC}

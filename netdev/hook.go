@@ -51,6 +51,9 @@ type AttachSpec struct {
 	MAC       string           `json:"mac"`
 	Addresses []string         `json:"addresses,omitempty"`
 	Routes    []v1alpha1.Route `json:"routes,omitempty"`
+	// PodShare, where set, is recorded by the hook once the pod's
+	// network namespace exists (RecordPodNetns).
+	PodShare *PodShareSpec `json:"podShare,omitempty"`
 }
 
 func writeAttachSpec(path string, spec AttachSpec) error {

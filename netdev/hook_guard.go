@@ -48,7 +48,10 @@ func attachPID(root string, pid int, spec AttachSpec) error {
 		return err
 	}
 	defer hostNS.Close()
-	return AttachToPod(hostNS, podNS, spec)
+	if err := AttachToPod(hostNS, podNS, spec); err != nil {
+		return err
+	}
+	return RecordPodNetns(hostNS, podNS, spec)
 }
 
 // sameNetns reports whether two handles are one namespace.

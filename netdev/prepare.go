@@ -83,6 +83,12 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		// on MACs. Refused rather than left unenforced.
 		return prepare.Prepared{}, errors.New("bandwidth shares of ipvlan interfaces are not enforced yet; use mode macvlan")
 	}
+	if cfg.MacvlanMode == "bridge" && (egress > 0 || ingress > 0) {
+		// Bridge mode hands frames between children of the parent
+		// straight across, never through the parent's shaper (a 20M
+		// share sent 700 Mbit/s to its neighbour on this machine).
+		return prepare.Prepared{}, errors.New("macvlanMode bridge would let a bandwidth share bypass its limit towards other shares of the parent; use vepa (the default) or private")
+	}
 	// Recorded first: with it, Unprepare finds the parent of a share
 	// whose preparation was cut short and whose interface has moved.
 	specPath := p.specPath(u.Link)
@@ -136,7 +142,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 	if ingress > 0 {
-		ifb, err := ensureIngressIFB(p.h, parent)
+		ifb, err := p.ensureIngressIFB(parent)
 		if err != nil {
 			return prepare.Prepared{}, fmt.Errorf("ingress: %w", err)
 		}
@@ -150,6 +156,14 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	spec.Kind, spec.Mode, spec.VLAN = childKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
 	spec.Addresses, spec.Routes = u.Addresses, cfg.Routes
+	if p.opts.Shaper != nil && p.opts.PinDir != "" {
+		// Every share of a shaped parent, limited or not: a share
+		// without an egress class is then never charged to another.
+		spec.PodShare = &PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index}
+		if u.EgressMinor != 0 {
+			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
+		}
+	}
 	if err := writeAttachSpec(specPath, spec); err != nil {
 		return prepare.Prepared{}, err
 	}

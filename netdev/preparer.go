@@ -56,6 +56,8 @@ type NICPreparer struct {
 	labels map[string]shareLabels
 	// noFQ is set once adding fq failed: the kernel has no sch_fq.
 	noFQ bool
+	// noFQCodel is set once adding fq_codel failed: leaves are bfifos.
+	noFQCodel bool
 	// tcMu orders the changes of parents' qdiscs: two shares of one
 	// parent unprepared at once would each see the other's class and
 	// both leave the parent's HTB and IFB behind, and a prepare could

@@ -26,6 +26,9 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	if err := setClass(p.h, dev, minor, rate, own); err != nil {
 		return 0, err
 	}
+	if err := p.setLeaf(dev, minor, rate); err != nil {
+		return 0, err
+	}
 	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
 		return 0, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
 	}
@@ -60,6 +63,9 @@ func (p *NICPreparer) edtOn(parent netlink.Link) bool {
 	p.mu.Unlock()
 	if noFQ {
 		return false
+	}
+	if _, err := checkRootReplaceable(p.h, parent); err != nil {
+		return false // HTB's ensureHTB refuses it, saying why
 	}
 	fq := &netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x8000, 0)}}
 	if err := p.h.QdiscReplace(fq); err != nil {

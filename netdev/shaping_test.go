@@ -12,7 +12,8 @@ import (
 )
 
 // Two shares of one parent at once, each held to its own rate in both
-// directions: the L2 rate within ±10% of the allocation at 50M, 200M and 1G.
+// directions: goodput within ±10% of 0.956 of the allocation at 50M, 200M
+// and 1G.
 func TestSharesHoldTheirRates(t *testing.T) {
 	b := newBench(t)
 	for r, round := range [][2]string{{"50M", "200M"}, {"1G", "200M"}} {
@@ -23,8 +24,12 @@ func TestSharesHoldTheirRates(t *testing.T) {
 				l2Ratio, gpRatio := l2[i]/rate(limit), goodput[i]/rate(limit)
 				t.Logf("%s %s share of %s: L2 %.1f Mbit/s (ratio %.3f), goodput %.1f Mbit/s (ratio %.3f)",
 					dir, []string{"first", "second"}[i], limit, l2[i]/1e6, l2Ratio, goodput[i]/1e6, gpRatio)
-				if l2Ratio < 0.9 || l2Ratio > 1.1 {
-					t.Errorf("%s share of %s: L2 ratio %.3f is outside ±10%%", dir, limit, l2Ratio)
+				// The classifier counts frames before the share's
+				// queue, so L2 includes what its bounded leaf dropped
+				// and TCP resent; goodput is what the share delivered
+				// (0.956 of the rate is the limit met to within 1%).
+				if gpRatio < 0.956*0.9 || gpRatio > 0.956*1.1 || l2Ratio < 0.9 {
+					t.Errorf("%s share of %s: goodput ratio %.3f is outside 0.956 ± 10%%, or L2 ratio %.3f under 0.9", dir, limit, gpRatio, l2Ratio)
 				}
 			}
 		}

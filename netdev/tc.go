@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,27 +19,53 @@ func htbBuffer(rateBits uint64) uint32 {
 	return uint32(min(max(rateBits/8*8/1000, 16*1024), 1<<30))
 }
 
-// ensureHTB makes sure link has carve's HTB root qdisc. Traffic of no share
-// is left unclassified and takes HTB's direct queue, unshaped: cheaper than
-// a default class (measured: about 4–16% below no qdisc at 20+ Gbit/s on a
-// veth, against 18% with a 100G default class). A root qdisc of another kind is replaced only if
-// it is the kernel's default (noqueue, pfifo_fast, mq, fq_codel...): carve
-// never silently removes an operator's shaping.
-func ensureHTB(h *netlink.Handle, link netlink.Link) error {
+// replaceableRoots are the root qdiscs carve may replace: the kernel's
+// defaults. Anything else (cake, mqprio, prio, fq, tbf, another HTB...) is
+// an operator's shaping, which carve refuses to overwrite.
+var replaceableRoots = []string{"pfifo_fast", "mq", "noqueue", "fq_codel"}
+
+// checkRootReplaceable fails unless link's root qdisc is one carve may
+// replace: a kernel default, or mq whose children all are. A root of carve's
+// own (its HTB, handle 1:) is reported as ours.
+func checkRootReplaceable(h *netlink.Handle, link netlink.Link) (ours bool, err error) {
 	qdiscs, err := h.QdiscList(link)
 	if err != nil {
-		return fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
+		return false, fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
 	}
 	for _, q := range qdiscs {
 		if q.Attrs().Parent != netlink.HANDLE_ROOT {
 			continue
 		}
 		if q.Type() == "htb" && q.Attrs().Handle == rootHandle {
-			return nil
+			return true, nil
 		}
-		if slices.Contains([]string{"htb", "tbf", "hfsc"}, q.Type()) {
-			return fmt.Errorf("%s already has a %s root qdisc not made by carve; remove it to share this NIC", link.Attrs().Name, q.Type())
+		if !slices.Contains(replaceableRoots, q.Type()) {
+			return false, fmt.Errorf("%s has a %s root qdisc that carve did not make and may not replace (only %v): remove it to share this NIC",
+				link.Attrs().Name, q.Type(), replaceableRoots)
 		}
+		if q.Type() != "mq" {
+			continue
+		}
+		for _, c := range qdiscs {
+			major, _ := netlink.MajorMinor(c.Attrs().Parent)
+			if c.Attrs().Parent != netlink.HANDLE_ROOT && major == uint16(q.Attrs().Handle>>16) && !slices.Contains(replaceableRoots, c.Type()) {
+				return false, fmt.Errorf("%s has an mq root qdisc with a %s child that carve did not make and may not replace: remove it to share this NIC",
+					link.Attrs().Name, c.Type())
+			}
+		}
+	}
+	return false, nil
+}
+
+// ensureHTB makes sure link has carve's HTB root qdisc. Traffic of no share
+// is left unclassified and takes HTB's direct queue, unshaped: cheaper than
+// a default class (measured: about 4–16% below no qdisc at 20+ Gbit/s on a
+// veth, against 18% with a 100G default class). A root qdisc of another
+// kind is replaced only if it is a kernel default (replaceableRoots): carve
+// never silently removes an operator's shaping.
+func ensureHTB(h *netlink.Handle, link netlink.Link) error {
+	if ours, err := checkRootReplaceable(h, link); err != nil || ours {
+		return err
 	}
 	q := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: rootHandle, Parent: netlink.HANDLE_ROOT})
 	q.Defcls = 0 // unclassified traffic takes the direct queue, unshaped
@@ -122,11 +147,14 @@ func removeHTBIfIdle(h *netlink.Handle, link netlink.Link) error {
 // ifbName is the IFB device that shapes a parent's ingress.
 func ifbName(parent netlink.Link) string { return "cvifb" + strconv.Itoa(parent.Attrs().Index) }
 
-// ensureIngressIFB redirects everything the parent receives through an IFB
-// device, whose egress HTB then holds each share to its ingress rate. Shaping
-// there (a queue) rather than policing (drops) lets TCP reach its rate
-// without the huge bursts a policer needs.
-func ensureIngressIFB(h *netlink.Handle, parent netlink.Link) (netlink.Link, error) {
+// ensureIngressIFB makes the IFB device whose egress HTB holds each share of
+// parent to its ingress rate, and sends it the frames towards shares:
+// shaping there (a queue) rather than policing (drops) lets TCP reach its
+// rate without the huge bursts a policer needs. Only share traffic takes the
+// IFB (the classifier's redirect_ingress on the parent picks it by
+// destination MAC); the node's own traffic stays off its single queue.
+func (p *NICPreparer) ensureIngressIFB(parent netlink.Link) (netlink.Link, error) {
+	h := p.h
 	name := ifbName(parent)
 	ifb, err := h.LinkByName(name)
 	if err != nil {
@@ -146,48 +174,46 @@ func ensureIngressIFB(h *netlink.Handle, parent netlink.Link) (netlink.Link, err
 	if err := ensureHTB(h, ifb); err != nil {
 		return nil, err
 	}
-	clsact := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index,
-		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
-	if err := h.QdiscReplace(clsact); err != nil {
-		return nil, fmt.Errorf("add clsact to %s: %w", parent.Attrs().Name, err)
+	if err := inNetns(p.opts.HostNS, func() error {
+		return p.opts.Shaper.AttachRedirect(parent.Attrs().Index, ifb.Attrs().Index)
+	}); err != nil {
+		return nil, fmt.Errorf("redirect %s's share traffic to %s: %w", parent.Attrs().Name, name, err)
 	}
-	filters, err := h.FilterList(parent, netlink.HANDLE_MIN_INGRESS)
-	if err != nil {
-		return nil, fmt.Errorf("list ingress filters of %s: %w", parent.Attrs().Name, err)
-	}
-	for _, f := range filters {
-		if f.Attrs().Priority == mirredPriority && f.Type() == "u32" {
-			return ifb, nil
-		}
-	}
-	mirred := netlink.NewMirredAction(ifb.Attrs().Index)
-	mirred.MirredAction = netlink.TCA_EGRESS_REDIR
-	filter := matchAllU32(parent)
-	filter.Actions = []netlink.Action{mirred}
-	if err := h.FilterReplace(filter); err != nil {
-		return nil, fmt.Errorf("redirect %s ingress to %s: %w", parent.Attrs().Name, name, err)
+	// An older carve redirected all of the parent's ingress with u32.
+	if err := removeMirred(h, parent); err != nil {
+		return nil, err
 	}
 	return ifb, nil
 }
 
-// mirredPriority marks carve's redirect filter among a parent's ingress
-// filters.
+// mirredPriority marks the redirect filter older carves put among a
+// parent's ingress filters (u32 matching every frame, with mirred).
 const mirredPriority = 0xca4
 
-// matchAllU32 is a u32 filter that matches every packet: u32 is in every
-// kernel that has tc classifiers, matchall and flower are not (this
-// machine's has neither).
-func matchAllU32(parent netlink.Link) *netlink.U32 {
-	return &netlink.U32{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
-			Protocol: unix.ETH_P_ALL, Priority: mirredPriority},
-		Sel: &netlink.TcU32Sel{Flags: nl.TC_U32_TERMINAL, Nkeys: 1, Keys: []netlink.TcU32Key{{Mask: 0, Val: 0, Off: 0}}},
+// removeMirred deletes that filter; clsact stays (others may use it).
+func removeMirred(h *netlink.Handle, parent netlink.Link) error {
+	filters, err := h.FilterList(parent, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // no clsact: nothing of ours there
+		}
+		return fmt.Errorf("list ingress filters of %s: %w", parent.Attrs().Name, err)
 	}
+	for _, f := range filters {
+		if f.Attrs().Priority == mirredPriority && f.Type() == "u32" {
+			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // removeIngressIFBIfIdle undoes ensureIngressIFB once no ingress share is
-// left on the parent.
-func removeIngressIFBIfIdle(h *netlink.Handle, parent netlink.Link) error {
+// left on the parent: the redirect first, so that no frame is sent to an
+// IFB that is going.
+func (p *NICPreparer) removeIngressIFBIfIdle(parent netlink.Link) error {
+	h := p.h
 	ifb, err := h.LinkByName(ifbName(parent))
 	if err != nil {
 		return nil
@@ -196,16 +222,13 @@ func removeIngressIFBIfIdle(h *netlink.Handle, parent netlink.Link) error {
 	if err != nil || len(left) > 0 {
 		return err
 	}
-	filters, err := h.FilterList(parent, netlink.HANDLE_MIN_INGRESS)
-	if err != nil {
-		return fmt.Errorf("list ingress filters of %s: %w", parent.Attrs().Name, err)
-	}
-	for _, f := range filters {
-		if f.Attrs().Priority == mirredPriority {
-			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)
-			}
+	if p.opts.Shaper != nil {
+		if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
+			return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)
 		}
+	}
+	if err := removeMirred(h, parent); err != nil {
+		return err
 	}
 	if err := h.LinkDel(ifb); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("remove %s: %w", ifb.Attrs().Name, err)

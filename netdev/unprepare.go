@@ -68,6 +68,10 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		if err := p.opts.Shaper.SetRate(mac, 0); err != nil {
 			errs = append(errs, err)
 		}
+		// The hook's pod entries, found by the share's MAC alone.
+		if err := p.opts.Shaper.DeletePodShares(mac); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if u.Parent == "" {
 		// Without a record: the attach spec names the parent, else the
@@ -83,7 +87,7 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 			errs = append(errs, deleteClass(p.h, parent, u.EgressMinor), removeHTBIfIdle(p.h, parent))
 		}
 		if ifb, err := p.h.LinkByName(ifbName(parent)); err == nil && u.IngressMinor != 0 {
-			errs = append(errs, deleteClass(p.h, ifb, u.IngressMinor), removeIngressIFBIfIdle(p.h, parent))
+			errs = append(errs, deleteClass(p.h, ifb, u.IngressMinor), p.removeIngressIFBIfIdle(parent))
 		}
 	}
 	if link, err := p.h.LinkByName(u.Link); err == nil {

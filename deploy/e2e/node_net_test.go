@@ -225,9 +225,14 @@ type iperfResult struct {
 // startIperf runs iperf3 inside a pod against the server namespace, in the
 // background; reverse measures the pod's ingress.
 func startIperf(t *testing.T, env map[string]string, pod, port string, seconds int, reverse bool) chan iperfResult {
+	return startIperfTo(t, env, pod, serverIP, port, seconds, reverse)
+}
+
+// startIperfTo is startIperf against the iperf3 server at server.
+func startIperfTo(t *testing.T, env map[string]string, pod, server, port string, seconds int, reverse bool) chan iperfResult {
 	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
 	args := []string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--",
-		"iperf3", "-c", serverIP, "-p", port, "-t", fmt.Sprint(seconds), "-O", "1", "-J"}
+		"iperf3", "-c", server, "-p", port, "-t", fmt.Sprint(seconds), "-O", "1", "-J"}
 	if reverse {
 		args = append(args, "-R")
 	}

@@ -20,7 +20,7 @@ func TestDecodeAppliesDefaults(t *testing.T) {
 	if !ok {
 		t.Fatalf("decoded a %T, want *NetworkConfig", obj)
 	}
-	if n.Mode != "macvlan" || n.MacvlanMode != "bridge" || n.IPVlanMode != "" || n.InterfaceName != "net1" || n.Kind != "NetworkConfig" {
+	if n.Mode != "macvlan" || n.MacvlanMode != "vepa" || n.IPVlanMode != "" || n.InterfaceName != "net1" || n.Kind != "NetworkConfig" {
 		t.Errorf("defaults: %+v", n)
 	}
 	obj, err = v1alpha1.Decode([]byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mode":"ipvlan","interfaceName":"data0"}`), path)

@@ -17,7 +17,7 @@ func SetDefaultsNetworkConfig(c *NetworkConfig) {
 	switch c.Mode {
 	case "macvlan":
 		if c.MacvlanMode == "" {
-			c.MacvlanMode = "bridge"
+			c.MacvlanMode = "vepa" // a share cannot bypass the parent's shaper (netdev)
 		}
 	case "ipvlan":
 		if c.IPVlanMode == "" {

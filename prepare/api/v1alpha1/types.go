@@ -20,8 +20,10 @@ type NetworkConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// Mode is the kind of child interface: macvlan (default) or ipvlan.
 	Mode string `json:"mode,omitempty"`
-	// MacvlanMode is bridge (default), private or vepa. (passthru, which
-	// gives one pod the whole NIC, is never used for a share.)
+	// MacvlanMode is vepa (default), private or bridge. bridge is refused
+	// for a share with a bandwidth limit: frames between children of one
+	// parent would bypass its shaper. (passthru, which gives one pod the
+	// whole NIC, is never used for a share.)
 	MacvlanMode string `json:"macvlanMode,omitempty"`
 	// IPVlanMode is l2 (default), l3 or l3s.
 	IPVlanMode string `json:"ipvlanMode,omitempty"`

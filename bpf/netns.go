@@ -1,0 +1,135 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// PodShare is one pod's share of one parent for egress: frames its sockets
+// send out of the parent are the share's, whatever their source MAC.
+type PodShare struct {
+	// NetnsCookie is the pod's network namespace (SO_NETNS_COOKIE).
+	NetnsCookie uint64
+	// Parent is the parent's ifindex in the node's namespace.
+	Parent int
+	// MAC names the share (its counters and its MAC-keyed entries).
+	MAC string
+	// ClassID is the share's HTB class; 0 for a share with no egress
+	// limit, whose frames are then never charged to another share.
+	ClassID uint32
+}
+
+// NetnsMap is the pinned pod-netns map alone, for the runtime hook, which
+// records a pod's namespace once the pod exists without loading programs.
+type NetnsMap struct{ m *ebpf.Map }
+
+// OpenNetnsMap opens the map the agent pinned under pinDir.
+func OpenNetnsMap(pinDir string) (*NetnsMap, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, shaperMapShareNetns), nil)
+	if err != nil {
+		return nil, fmt.Errorf("open the classifier's pod map under %s: %w", pinDir, err)
+	}
+	return &NetnsMap{m: m}, nil
+}
+
+// Close releases the map; its pin and entries stay.
+func (n *NetnsMap) Close() error { return n.m.Close() }
+
+// ErrNetnsTaken is returned when the pod's namespace already holds another
+// share of the same parent: the classifier could not tell their frames
+// apart.
+var ErrNetnsTaken = errors.New("the pod already holds another share of this parent")
+
+// Set records s; recording the same share again is a no-op.
+func (n *NetnsMap) Set(s PodShare) error { return setPodShare(n.m, s) }
+
+func podKey(cookie uint64, parent int) (shaperNetnsKey, error) {
+	if cookie == 0 || parent <= 0 {
+		return shaperNetnsKey{}, fmt.Errorf("bad pod share key: netns cookie %d, parent ifindex %d", cookie, parent)
+	}
+	return shaperNetnsKey{Cookie: cookie, Ifindex: uint32(parent)}, nil
+}
+
+func setPodShare(m *ebpf.Map, s PodShare) error {
+	k, err := podKey(s.NetnsCookie, s.Parent)
+	if err != nil {
+		return err
+	}
+	mac, err := net.ParseMAC(s.MAC)
+	if err != nil || len(mac) != 6 {
+		return fmt.Errorf("pod share MAC %q: %v", s.MAC, err)
+	}
+	v := shaperNetnsVal{Classid: s.ClassID}
+	copy(v.Mac[:], mac)
+	var old shaperNetnsVal
+	if err := m.Lookup(&k, &old); err == nil && old.Mac != v.Mac {
+		return fmt.Errorf("%w (%s, not %s)", ErrNetnsTaken, net.HardwareAddr(old.Mac[:]), mac)
+	}
+	// NOEXIST first: two hooks of one pod racing both succeed, and a
+	// share of the same pod on another parent is another key.
+	if err := m.Update(&k, &v, ebpf.UpdateNoExist); err == nil || !errors.Is(err, ebpf.ErrKeyExist) {
+		return err
+	}
+	if err := m.Lookup(&k, &old); err == nil && old.Mac != v.Mac {
+		return fmt.Errorf("%w (%s, not %s)", ErrNetnsTaken, net.HardwareAddr(old.Mac[:]), mac)
+	}
+	return m.Update(&k, &v, ebpf.UpdateExist)
+}
+
+// PodShares lists every recorded pod share.
+func (s *Shaper) PodShares() ([]PodShare, error) {
+	var out []PodShare
+	var k shaperNetnsKey
+	var v shaperNetnsVal
+	it := s.objs.ShareNetns.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, PodShare{NetnsCookie: k.Cookie, Parent: int(k.Ifindex), MAC: net.HardwareAddr(v.Mac[:]).String(), ClassID: v.Classid})
+	}
+	return out, it.Err()
+}
+
+// SetPodShare records s (see NetnsMap.Set).
+func (s *Shaper) SetPodShare(p PodShare) error { return setPodShare(s.objs.ShareNetns, p) }
+
+// DeletePodShares removes every pod entry of the share named by mac, in
+// whatever pod namespace the hook recorded it: unprepare needs nothing but
+// the share's MAC, even after a crash. Deleting none is not an error.
+func (s *Shaper) DeletePodShares(mac net.HardwareAddr) error {
+	all, err := s.PodShares()
+	if err != nil {
+		return err
+	}
+	for _, p := range all {
+		if p.MAC != mac.String() {
+			continue
+		}
+		k, _ := podKey(p.NetnsCookie, p.Parent)
+		if err := s.objs.ShareNetns.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete the pod entry of share %s: %w", mac, err)
+		}
+	}
+	return nil
+}
+
+// NetnsCookie returns the cookie of the network namespace the calling
+// thread is in, as bpf_get_netns_cookie sees it for sockets made there.
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("socket for the netns cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("SO_NETNS_COOKIE: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,58 @@
+package netdev_test
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Every share's class has a bounded queue of its own: fq_codel where the
+// kernel has it, else a bfifo of about 50 ms of the share's rate (never
+// under one 64 KiB super-packet and a frame), not HTB's default 1000-frame
+// FIFO (1.2 s at 10M).
+func TestShareClassesHaveBoundedLeaves(t *testing.T) {
+	b := newBench(t)
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	for _, c := range []struct {
+		rate  string
+		bytes int
+	}{{"10M", 65536 + 1514}, {"400M", 400e6 / 8 * 50 / 1000}} {
+		b.add("leaf"+c.rate, c.rate, c.rate, nil)
+		parent, _ := node.LinkByName(b.tp.Parent)
+		ifb, err := node.LinkByName(fmt.Sprintf("cvifb%d", parent.Attrs().Index))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dev := range []string{parent.Attrs().Name, ifb.Attrs().Name} {
+			out, err := b.tp.Exec("node", "tc", "qdisc", "show", "dev", dev).CombinedOutput()
+			if err != nil {
+				t.Fatalf("tc: %v: %s", err, out)
+			}
+			classes := len(regexp.MustCompile(`(?m)^qdisc \S+ \S+ parent 1:`).FindAll(out, -1))
+			leaves := regexp.MustCompile(`(?m)^qdisc (fq_codel|bfifo) \S+ parent 1:\S+ (?:limit (\d+)b)?`).FindAllSubmatch(out, -1)
+			if len(leaves) == 0 || len(leaves) != classes {
+				t.Fatalf("%s: want a bounded leaf under every class:\n%s", dev, out)
+			}
+			found := false
+			for _, l := range leaves {
+				if string(l[1]) == "fq_codel" {
+					found = true
+					continue
+				}
+				if n, _ := strconv.Atoi(string(l[2])); n == c.bytes {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("%s: no leaf for the %s share with a limit of %d bytes:\n%s", dev, c.rate, c.bytes, out)
+			}
+		}
+	}
+}

@@ -1,0 +1,56 @@
+package netdev
+
+import (
+	"fmt"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/bpf"
+)
+
+// PodShareSpec is what the hook needs to tie the pod's network namespace to
+// its share for egress classification: a frame a pod sends is then its
+// share's whatever source MAC it carries (a pod with CAP_NET_RAW can forge
+// one, with CAP_NET_ADMIN change its interface's).
+type PodShareSpec struct {
+	// PinDir is where the agent pinned the classifier's maps.
+	PinDir string `json:"pinDir"`
+	// ParentIndex is the parent's ifindex in the node's namespace.
+	ParentIndex int `json:"parentIndex"`
+	// ClassID is the share's egress HTB class, 0 where it has none.
+	ClassID uint32 `json:"classID,omitempty"`
+}
+
+// RecordPodNetns records, in the classifier's pinned map, that frames sent
+// out of the parent by sockets of podNS are the share's. It is idempotent
+// (every container of the pod runs the hook). It refuses the node's own
+// namespace (all of the node's traffic would become the share's) and a pod
+// that already holds another share of the same parent (their frames could
+// not be told apart). unprepare removes the entry by the share's MAC, so
+// nothing else need be kept.
+func RecordPodNetns(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
+	ps := spec.PodShare
+	if ps == nil {
+		return nil
+	}
+	var host, pod uint64
+	if err := inNetns(hostNS, func() (err error) { host, err = bpf.NetnsCookie(); return err }); err != nil {
+		return fmt.Errorf("the node's netns cookie: %w", err)
+	}
+	if err := inNetns(podNS, func() (err error) { pod, err = bpf.NetnsCookie(); return err }); err != nil {
+		return fmt.Errorf("the pod's netns cookie: %w", err)
+	}
+	if pod == host {
+		return fmt.Errorf("share %s: the pod runs in the node's network namespace; its share cannot be told from the node's traffic", spec.HostName)
+	}
+	m, err := bpf.OpenNetnsMap(ps.PinDir)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	err = m.Set(bpf.PodShare{NetnsCookie: pod, Parent: ps.ParentIndex, MAC: spec.MAC, ClassID: ps.ClassID})
+	if err != nil {
+		return fmt.Errorf("share %s of %s: %w", spec.HostName, spec.Parent, err)
+	}
+	return nil
+}

@@ -1,0 +1,46 @@
+package netdev
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
+)
+
+// mq, the root of multi-queue NICs, may be replaced while its children are
+// kernel defaults, not once an operator put their own under it.
+func TestMQRootReplaceableOnlyWithDefaultChildren(t *testing.T) {
+	tp := netdevtest.New(t)
+	h, err := netlink.NewHandleAt(tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	la := netlink.NewLinkAttrs()
+	la.Name, la.NumTxQueues = "mq0", 4
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "mq1", PeerTxQLen: -1}); err != nil {
+		t.Fatal(err)
+	}
+	link, _ := h.LinkByName("mq0")
+	mq := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.HANDLE_ROOT,
+		Handle: netlink.MakeHandle(0x70, 0)}, QdiscType: "mq"}
+	if err := h.QdiscReplace(mq); err != nil {
+		t.Fatalf("mq on a 4-queue veth: %v", err)
+	}
+	if _, err := checkRootReplaceable(h, link); err != nil {
+		t.Errorf("mq with default children refused: %v", err)
+	}
+	child := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index,
+		Parent: netlink.MakeHandle(0x70, 2), Handle: netlink.MakeHandle(0x71, 0)}, QdiscType: "bfifo"}
+	if err := h.QdiscReplace(child); err != nil {
+		t.Fatalf("bfifo under mq: %v", err)
+	}
+	if _, err := checkRootReplaceable(h, link); err == nil || !strings.Contains(err.Error(), "bfifo child") {
+		t.Errorf("mq with an operator's bfifo child: %v, want refused", err)
+	}
+	if err := ensureHTB(h, link); err == nil {
+		t.Errorf("ensureHTB replaced an mq holding an operator's bfifo")
+	}
+}
