@@ -11,6 +11,7 @@
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
@@ -85,6 +86,27 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } share_netns SEC(".maps");
 
+// A pod with CAP_NET_ADMIN may change its interface's MAC; traffic towards
+// the new MAC would miss `shares` and arrive unshaped. Such a pod still
+// sends from its own namespace (it must, if only to answer ARP for the new
+// MAC), so the egress classifier learns: a source MAC seen on a frame of a
+// pod's share, and not its own, is mapped to the share's MAC here, and
+// ingress classification follows it. A MAC that is already a share's is
+// never learned (a forged neighbour's MAC cannot move the neighbour's
+// ingress), and an LRU bounds what a pod forging many MACs can fill.
+struct learned_key {
+	__u8 mac[ETH_ALEN];
+	__u8 pad[2]; // always zero
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct learned_key);
+	__type(value, struct learned_key); // the share's own MAC
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} learned_macs SEC(".maps");
+
 // The IFB that shapes each parent's ingress: parent ifindex -> IFB ifindex.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -146,6 +168,52 @@ static __always_inline struct netns_val *netns_share(struct __sk_buff *skb)
 	return bpf_map_lookup_elem(&share_netns, &nk);
 }
 
+// mac_eq compares two MACs (clang has no memcmp for BPF).
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
+}
+
+// learn maps the source MAC of a pod's frame to the pod's share, where it
+// is not the share's own MAC nor another share's (see learned_macs).
+static __always_inline void learn(struct __sk_buff *skb, struct netns_val *n)
+{
+	struct learned_key src = {};
+	if (bpf_skb_load_bytes(skb, ETH_ALEN, src.mac, ETH_ALEN) < 0)
+		return;
+	if (mac_eq(src.mac, n->mac))
+		return;
+	struct share_key k = { .dir = DIR_INGRESS };
+	__builtin_memcpy(k.mac, src.mac, ETH_ALEN);
+	if (bpf_map_lookup_elem(&shares, &k))
+		return;
+	struct learned_key *known = bpf_map_lookup_elem(&learned_macs, &src);
+	if (known && mac_eq(known->mac, n->mac))
+		return;
+	struct learned_key owner = {};
+	__builtin_memcpy(owner.mac, n->mac, ETH_ALEN);
+	bpf_map_update_elem(&learned_macs, &src, &owner, BPF_ANY);
+}
+
+// ingress_share finds the ingress entry of the share a frame is for: by
+// its destination MAC, else by the share that MAC was learned for. key is
+// set to the share's own MAC, which names its counters.
+static __always_inline struct share_val *ingress_share(struct __sk_buff *skb, struct share_key *key)
+{
+	if (bpf_skb_load_bytes(skb, 0, key->mac, ETH_ALEN) < 0)
+		return NULL;
+	struct share_val *v = bpf_map_lookup_elem(&shares, key);
+	if (v)
+		return v;
+	struct learned_key dst = {};
+	__builtin_memcpy(dst.mac, key->mac, ETH_ALEN);
+	struct learned_key *owner = bpf_map_lookup_elem(&learned_macs, &dst);
+	if (!owner)
+		return NULL;
+	__builtin_memcpy(key->mac, owner->mac, ETH_ALEN);
+	return bpf_map_lookup_elem(&shares, key);
+}
+
 static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 {
 	struct share_key key = { .dir = dir };
@@ -154,12 +222,20 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 		struct netns_val *n = netns_share(skb);
 		if (n) {
 			// A pod's frame: its own share, whatever its MAC says.
+			learn(skb, n);
 			__builtin_memcpy(key.mac, n->mac, ETH_ALEN);
 			skb->priority = n->classid;
 			if (n->classid)
 				count(&key, skb->len);
 			return CARVE_TCX_NEXT;
 		}
+	} else {
+		struct share_val *v = ingress_share(skb, &key);
+		if (!v)
+			return CARVE_TCX_NEXT;
+		skb->priority = v->classid;
+		count(&key, skb->len);
+		return CARVE_TCX_NEXT;
 	}
 	// Egress shares are otherwise found by source MAC (bytes 6..11 of
 	// the frame), ingress shares by destination MAC (bytes 0..5).
@@ -200,9 +276,11 @@ int redirect_ingress(struct __sk_buff *skb)
 	struct share_key key = { .dir = DIR_INGRESS };
 	__u32 ifindex = skb->ifindex;
 
-	if (bpf_skb_load_bytes(skb, 0, key.mac, ETH_ALEN) < 0)
+	// Frames for the node itself (its own MAC) are never a share's, even
+	// if a pod forged that MAC as a source and it was learned.
+	if (skb->pkt_type != PACKET_OTHERHOST)
 		return CARVE_TCX_NEXT;
-	if (!bpf_map_lookup_elem(&shares, &key))
+	if (!ingress_share(skb, &key))
 		return CARVE_TCX_NEXT;
 	__u32 *ifb = bpf_map_lookup_elem(&ifb_of, &ifindex);
 	if (!ifb)

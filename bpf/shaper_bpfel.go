@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type shaperLearnedKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad [2]uint8
+}
+
 type shaperNetnsKey struct {
 	_       structs.HostLayout
 	Cookie  uint64
@@ -57,6 +63,7 @@ type shaperShareVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	shaperMapIfbOf            = "ifb_of"
+	shaperMapLearnedMacs      = "learned_macs"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareRates       = "share_rates"
 	shaperMapShareStats       = "share_stats"
@@ -119,11 +126,12 @@ type shaperProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperMapSpecs struct {
-	IfbOf      *ebpf.MapSpec `ebpf:"ifb_of"`
-	ShareNetns *ebpf.MapSpec `ebpf:"share_netns"`
-	ShareRates *ebpf.MapSpec `ebpf:"share_rates"`
-	ShareStats *ebpf.MapSpec `ebpf:"share_stats"`
-	Shares     *ebpf.MapSpec `ebpf:"shares"`
+	IfbOf       *ebpf.MapSpec `ebpf:"ifb_of"`
+	LearnedMacs *ebpf.MapSpec `ebpf:"learned_macs"`
+	ShareNetns  *ebpf.MapSpec `ebpf:"share_netns"`
+	ShareRates  *ebpf.MapSpec `ebpf:"share_rates"`
+	ShareStats  *ebpf.MapSpec `ebpf:"share_stats"`
+	Shares      *ebpf.MapSpec `ebpf:"shares"`
 }
 
 // shaperVariableSpecs contains global variables before they are loaded into the kernel.
@@ -152,16 +160,18 @@ func (o *shaperObjects) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperMaps struct {
-	IfbOf      *ebpf.Map `ebpf:"ifb_of"`
-	ShareNetns *ebpf.Map `ebpf:"share_netns"`
-	ShareRates *ebpf.Map `ebpf:"share_rates"`
-	ShareStats *ebpf.Map `ebpf:"share_stats"`
-	Shares     *ebpf.Map `ebpf:"shares"`
+	IfbOf       *ebpf.Map `ebpf:"ifb_of"`
+	LearnedMacs *ebpf.Map `ebpf:"learned_macs"`
+	ShareNetns  *ebpf.Map `ebpf:"share_netns"`
+	ShareRates  *ebpf.Map `ebpf:"share_rates"`
+	ShareStats  *ebpf.Map `ebpf:"share_stats"`
+	Shares      *ebpf.Map `ebpf:"shares"`
 }
 
 func (m *shaperMaps) Close() error {
 	return _ShaperClose(
 		m.IfbOf,
+		m.LearnedMacs,
 		m.ShareNetns,
 		m.ShareRates,
 		m.ShareStats,

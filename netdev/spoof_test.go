@@ -18,7 +18,7 @@ import (
 // MAC was forged.
 func TestSpoofedSourceStaysInItsShare(t *testing.T) {
 	b := newBench(t)
-	a := b.add("spoofer", "20M", "", nil)
+	a := b.add("spoofer", "20M", "20M", nil)
 	n := b.add("neighbour", "500M", "", nil)
 	srv, err := netlink.NewHandleAt(b.tp.Server)
 	if err != nil {
@@ -83,6 +83,19 @@ func TestSpoofedSourceStaysInItsShare(t *testing.T) {
 	t.Logf("after changing its MAC: %.1f Mbit/s of TCP (share 20M)", goodput[0]/1e6)
 	if goodput[0] > 1.1*limit {
 		t.Errorf("after changing its MAC the pod sent %.1f Mbit/s, over its 20M share", goodput[0]/1e6)
+	}
+	// Towards it too: the server learns the new MAC by ARP, the pod's
+	// answer teaches the classifier, and its ingress class holds.
+	if err := b.tp.Exec("srv", "ip", "neigh", "flush", "all").Run(); err != nil {
+		t.Fatal(err)
+	}
+	goodput, _ = b.measure(bpf.Ingress, []*share{a}, 2*time.Second)
+	t.Logf("towards it after changing its MAC: %.1f Mbit/s of TCP (share 20M)", goodput[0]/1e6)
+	if goodput[0] > 1.1*limit {
+		t.Errorf("after changing its MAC the pod received %.1f Mbit/s, over its 20M share", goodput[0]/1e6)
+	}
+	if learned, _ := b.shaper.Learned(); learned["02:ba:d0:00:00:02"] != a.mac {
+		t.Errorf("learned MACs %v: want 02:ba:d0:00:00:02 for the share %s", learned, a.mac)
 	}
 }
 
