@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+const hookParent = "carve-e2h0"
+
+// TestNodeHookGuards: on the real node, carve's hook refuses a pod in the
+// node's network namespace (hostNetwork), whose share's routes would land on
+// the node, and a pod whose sandbox is recreated (its old namespace, and the
+// share's interface with it, gone) gets the interface again, with the
+// share's MAC, instead of failing every container start from then on.
+func TestNodeHookGuards(t *testing.T) {
+	cs := client(t)
+	env := clusterEnv(t)
+	ctx := context.Background()
+	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
+	run(t, "ip", "link", "add", hookParent, "type", "veth", "peer", "name", "carve-e2h1")
+	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", hookParent) })
+	run(t, "ip", "link", "set", hookParent, "up")
+	run(t, "ip", "link", "set", "carve-e2h1", "up")
+	buildAgentImage(t, "carve:e2e")
+	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: ["%s"]
+  includeVirtual: true
+  bandwidth:
+  - interface: "%s"
+    egress: 10G
+    ingress: 10G
+`, hookParent, hookParent))
+	claim := func(name string) {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+			Spec: shareClaimSpec(hookParent, map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse("10M")},
+				`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"net1"}`)}
+		if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	}
+
+	// hostNetwork: the container never starts, and says why.
+	claim("hook-hostnet")
+	hostPod := podWithImage("hook-hostnet", "carve-test:latest", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("hook-hostnet")})
+	hostPod.Spec.HostNetwork = true
+	routesBefore := run(t, "ip", "route", "show")
+	startPod(t, cs, hostPod)
+	waitFor(t, "the hostNetwork pod refused by the hook", 90*time.Second, func() (bool, error) {
+		p, err := cs.CoreV1().Pods(testNS).Get(ctx, "hook-hostnet", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		why := podWhy(p)
+		if p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].Ready {
+			t.Fatalf("a hostNetwork pod with a share started")
+		}
+		return strings.Contains(why, "hostNetwork"), fmt.Errorf("pod not refused yet: %s", why)
+	})
+	if after := run(t, "ip", "route", "show"); after != routesBefore {
+		t.Errorf("the node's routes changed:\n%s\nthen\n%s", routesBefore, after)
+	}
+
+	// A recreated sandbox: kill the pod's sandbox; the kubelet makes a new
+	// one in a new namespace, and the hook makes the interface again.
+	claim("hook-resandbox")
+	startPod(t, cs, podWithImage("hook-resandbox", "carve-test:latest", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("hook-resandbox")}))
+	waitFor(t, "pod hook-resandbox", 90*time.Second, podRunning(cs, testNS, "hook-resandbox"))
+	mac := envValue(podExec(t, env, testNS, "hook-resandbox", "main", "env"), "CARVE_NET_MAC")
+	if mac == "" {
+		t.Fatal("the pod has no CARVE_NET_MAC")
+	}
+	p, _ := cs.CoreV1().Pods(testNS).Get(ctx, "hook-resandbox", metav1.GetOptions{})
+	killSandbox(t, env, string(p.UID))
+	waitFor(t, "the pod's containers restarted in a new sandbox", 120*time.Second, restartedAndReady(cs, "hook-resandbox"))
+	link := podExec(t, env, testNS, "hook-resandbox", "main", "ip", "link", "show", "net1")
+	if !strings.Contains(strings.ToLower(link), strings.ToLower(mac)) {
+		t.Errorf("after the sandbox was recreated, net1 is not the share's (MAC %s):\n%s", mac, link)
+	}
+}
+
+// killSandbox kills a pod's sandbox (pause) task through the node's
+// containerd, as a crash of the sandbox would.
+func killSandbox(t *testing.T, env map[string]string, podUID string) {
+	t.Helper()
+	ctr := filepath.Join(env["CARVE_CONTAINERD_BIN_DIR"], "ctr")
+	out := run(t, ctr, "--address", env["CARVE_CONTAINERD_ADDRESS"], "-n", "k8s.io", "containers", "ls", "-q",
+		`labels."io.kubernetes.pod.uid"==`+podUID+`,labels."io.cri-containerd.kind"==sandbox`)
+	ids := strings.Fields(out)
+	if len(ids) != 1 {
+		t.Fatalf("sandboxes of pod %s: %q", podUID, out)
+	}
+	cmd := exec.Command(ctr, "--address", env["CARVE_CONTAINERD_ADDRESS"], "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", ids[0])
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kill sandbox %s: %v\n%s", ids[0], err, b)
+	}
+}
+
+func restartedAndReady(cs kubernetes.Interface, name string) func() (bool, error) {
+	return func() (bool, error) {
+		p, err := cs.CoreV1().Pods(testNS).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].RestartCount == 0 {
+			return false, fmt.Errorf("not restarted yet: %s", podWhy(p))
+		}
+		return podRunning(cs, testNS, name)()
+	}
+}
