@@ -52,7 +52,9 @@ netdev:
 		if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
 	}
 
 	// hostNetwork: the container never starts, and says why.
