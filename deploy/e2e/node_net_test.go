@@ -97,9 +97,19 @@ netdev:
 		if !strings.Contains(addr, macs[name]) && !strings.Contains(podExec(t, env, testNS, name, "main", "ip", "link", "show", "net1"), macs[name]) {
 			t.Errorf("pod %s: net1 does not have the share's MAC %s", name, macs[name])
 		}
-		claim, err := cs.ResourceV1().ResourceClaims(testNS).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
+		// The status is written after the kubelet's answer, off the
+		// pod's path, and lands shortly after.
+		var claim *resourceapi.ResourceClaim
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var err error
+			if claim, err = cs.ResourceV1().ResourceClaims(testNS).Get(ctx, name, metav1.GetOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if len(claim.Status.Devices) > 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 		if len(claim.Status.Devices) != 1 || claim.Status.Devices[0].NetworkData == nil || claim.Status.Devices[0].NetworkData.InterfaceName != "net1" ||
 			len(claim.Status.Devices[0].NetworkData.IPs) != 1 || claim.Status.Devices[0].ShareID == nil {

@@ -128,7 +128,7 @@ func Run(ctx context.Context, opts Options) error {
 	driver, err := prepare.NewDriver(prepare.Options{
 		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: records, CDI: cdiWriter,
 		Preparers: k.preparers, Devices: inv.devices, Metrics: metrics, Health: inv.watchHealth,
-		StatusClient: status.ClaimStatusWriter{Client: opts.KubeClient},
+		StatusClient: status.NewAsync(ctx, status.ClaimStatusWriter{Client: opts.KubeClient}),
 		Fatal:        func(err error) { cancel(err) },
 	})
 	if err != nil {
