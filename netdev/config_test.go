@@ -8,6 +8,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-dra/carve/netdev/netdevtest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
@@ -46,9 +47,7 @@ func TestIPVlanShare(t *testing.T) {
 	defer node.Close()
 	parent, _ := node.LinkByName(b.tp.Parent)
 	probe := &netlink.IPVlan{LinkAttrs: netlink.LinkAttrs{Name: "ipvprobe", ParentIndex: parent.Attrs().Index}, Mode: netlink.IPVLAN_MODE_L2}
-	if err := node.LinkAdd(probe); err != nil {
-		t.Skipf("this kernel has no ipvlan (%v); ipvlan shares cannot be tested here", err)
-	}
+	netdevtest.SkipIfLacks(t, node.LinkAdd(probe), netdevtest.LinkKind("ipvlan"))
 	_ = node.LinkDel(probe)
 	s := b.add("ipv", "", "", &v1alpha1.NetworkConfig{Mode: "ipvlan", IPVlanMode: "l2", Pools: []string{"test"}})
 	pod, _ := netlink.NewHandleAt(s.pod)
