@@ -110,7 +110,7 @@ netdev:
 		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
 		envs := podExec(t, env, testNS, name, "main", "env")
 		ips[name] = strings.Split(envValue(envs, "CARVE_NET_ADDRESSES"), "/")[0]
-		macs[name] = envValue(envs, "CARVE_NET_MAC")
+		macs[name] = shareMAC(t, env, name)
 	}
 	shaper, err := bpf.OpenShaper(e2ePins)
 	if err != nil {
