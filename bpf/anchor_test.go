@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // passProg is what a CNI's TCX program ending in TCX_PASS looks like (Cilium
@@ -45,9 +47,7 @@ func TestAttachAheadOfPassingProgram(t *testing.T) {
 		cni, err = link.AttachTCX(link.TCXOptions{Interface: n.a.Attrs().Index, Program: pass, Attach: ebpf.AttachTCXEgress})
 		return err
 	})
-	if err != nil {
-		t.Skipf("kernel lacks TCX: %v", err)
-	}
+	netdevtest.SkipIfLacks(t, err, netdevtest.BPF("TCX"))
 	defer cni.Close()
 
 	s := openShaper(t, dir)

@@ -2,6 +2,8 @@ package bpf
 
 import (
 	"testing"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // BenchmarkClassify measures classify_egress per packet with BPF_PROG_RUN
@@ -26,9 +28,7 @@ func benchClassify(b *testing.B, src []byte) {
 	frame[12], frame[13] = 0x08, 0x00
 
 	ret, per, err := s.objs.ClassifyEgress.Benchmark(frame, b.N, b.ResetTimer)
-	if err != nil {
-		b.Skipf("BPF_PROG_RUN unavailable: %v", err)
-	}
+	netdevtest.SkipIfLacks(b, err, netdevtest.BPF("BPF_PROG_RUN"))
 	if int32(ret) != -1 {
 		b.Fatalf("returned %d, want TCX_NEXT (-1)", int32(ret))
 	}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // htbClass adds leaf class 1:minor with rate bits/s. netlink's
@@ -47,9 +49,7 @@ func TestClassifyHTB(t *testing.T) {
 		Parent:    netlink.HANDLE_ROOT,
 	})
 	htb.Defcls = 0 // unclassified (ARP) goes straight through
-	if err := n.hh.QdiscAdd(htb); err != nil {
-		t.Skipf("HTB unavailable: %v", err)
-	}
+	netdevtest.SkipIfLacks(t, n.hh.QdiscAdd(htb), netdevtest.Qdisc("htb"))
 	for i, r := range rates {
 		htbClass(t, n.hh, n.a, uint16(0x10*(i+1)), r)
 	}
@@ -116,9 +116,8 @@ func newShareNet(t testing.TB, shares int) *shareNet {
 		la.ParentIndex = n.a.Attrs().Index
 		la.Namespace = netlink.NsFd(ns)
 		// Created from the host netns, where "a" is, straight into the client's.
-		if err := n.hh.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
-			t.Skipf("macvlan unavailable: %v", err)
-		}
+		err := n.hh.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE})
+		netdevtest.SkipIfLacks(t, err, netdevtest.LinkKind("macvlan"))
 		m, err := hc.LinkByName("m")
 		if err != nil {
 			t.Fatal(err)

@@ -1,13 +1,14 @@
 package bpf
 
 import (
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 func monoNow(t testing.TB) uint64 {
@@ -34,9 +35,7 @@ func TestEDTStamps(t *testing.T) {
 	before := monoNow(t)
 	for range 10 {
 		ret, err := s.objs.EdtEgress.Run(&ebpf.RunOptions{Data: frame})
-		if err != nil {
-			t.Skipf("BPF_PROG_RUN unavailable: %v", err)
-		}
+		netdevtest.SkipIfLacks(t, err, netdevtest.BPF("BPF_PROG_RUN"))
 		if int32(ret) != -1 {
 			t.Fatalf("returned %d, want TCX_NEXT", int32(ret))
 		}
@@ -84,12 +83,7 @@ func TestEDTPacingFQ(t *testing.T) {
 		Handle:    netlink.MakeHandle(1, 0),
 		Parent:    netlink.HANDLE_ROOT,
 	}, Pacing: 1}
-	if err := n.hh.QdiscAdd(fq); err != nil {
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) {
-			t.Skipf("sch_fq not available: %v", err)
-		}
-		t.Fatalf("add fq: %v", err)
-	}
+	netdevtest.SkipIfLacks(t, n.hh.QdiscAdd(fq), netdevtest.Qdisc("fq"))
 	s := openShaper(t, dir)
 	defer s.Close()
 	for i, mac := range n.macs {

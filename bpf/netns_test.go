@@ -11,13 +11,16 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
-// needRoot skips tests that need CAP_NET_ADMIN, CAP_BPF and CAP_SYS_ADMIN.
+// needRoot skips tests that need CAP_NET_ADMIN, CAP_BPF and CAP_SYS_ADMIN
+// (fails them, where CARVE_NET_REQUIRED=1).
 func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates netns, loads BPF, mounts bpffs")
+		netdevtest.SkipUnlessRequired(t, "needs root: creates netns, loads BPF, mounts bpffs")
 	}
 	// Kernels since 5.11 account BPF memory to the cgroup; older ones need
 	// the memlock rlimit raised. Harmless where it is not needed.
@@ -27,9 +30,7 @@ func needRoot(t testing.TB) {
 // testPinDir is a fresh directory on bpffs, removed with its pins at the end.
 func testPinDir(t testing.TB) string {
 	t.Helper()
-	if err := MountBPFFS(""); err != nil {
-		t.Skipf("bpffs unavailable: %v", err)
-	}
+	netdevtest.NeedBPFFS(t, MountBPFFS(""))
 	dir := filepath.Join(DefaultBPFFS, "carve-test-"+filepath.Base(t.TempDir()))
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
@@ -100,9 +101,7 @@ func addVeth(t testing.TB, h *netlink.Handle, name, peer string, peerNS netns.Ns
 	if peerNS.IsOpen() {
 		v.PeerNamespace = netlink.NsFd(peerNS)
 	}
-	if err := h.LinkAdd(v); err != nil {
-		t.Skipf("veth unavailable: %v", err)
-	}
+	netdevtest.SkipIfLacks(t, h.LinkAdd(v), netdevtest.LinkKind("veth"))
 	l, err := h.LinkByName(name)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"errors"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 var (
@@ -151,8 +154,25 @@ func attach(t testing.TB, s *Shaper, ns netns.NsHandle, ifindex int, dir Directi
 	}
 	_, name, _ := s.prog(dir)
 	if paths, _ := filepath.Glob(filepath.Join(s.pinDir, name+"-*")); len(paths) == 0 {
+		prog, _, _ := s.prog(dir)
+		if !lacksTCX(t, prog) {
+			t.Fatal("Attach fell back to cls_bpf, but the kernel has TCX")
+		}
 		t.Skip("kernel lacks TCX: Attach fell back to cls_bpf")
 	}
+}
+
+// lacksTCX reports whether the kernel has no TCX: cilium/ebpf answers a
+// TCX attach that fails with ErrNotSupported only then (an ifindex that
+// does not exist gets ENODEV otherwise).
+func lacksTCX(t testing.TB, prog *ebpf.Program) bool {
+	t.Helper()
+	l, err := link.AttachTCX(link.TCXOptions{Interface: math.MaxInt32, Program: prog, Attach: ebpf.AttachTCXEgress})
+	if err == nil {
+		l.Close()
+		t.Fatal("TCX attach to ifindex MaxInt32 succeeded")
+	}
+	return netdevtest.KernelLacks(err, netdevtest.BPF("TCX"))
 }
 
 func TestLegacyFallback(t *testing.T) {
@@ -167,8 +187,12 @@ func TestLegacyFallback(t *testing.T) {
 	forceLegacy = true
 	defer func() { forceLegacy = false }()
 	for range 2 { // the second replaces the first
-		if err := inNS(ns, func() error { return s.Attach(a.Attrs().Index, Egress) }); err != nil {
-			t.Skipf("clsact/cls_bpf unavailable: %v", err)
+		err := inNS(ns, func() error { return s.Attach(a.Attrs().Index, Egress) })
+		if netdevtest.KernelLacks(err, netdevtest.Qdisc("clsact")) || netdevtest.KernelLacks(err, netdevtest.Filter("bpf")) {
+			t.Skipf("kernel lacks clsact or cls_bpf: %v", err)
+		}
+		if err != nil {
+			t.Fatalf("legacy attach: %v", err)
 		}
 	}
 	filters, err := h.FilterList(a, netlink.HANDLE_MIN_EGRESS)

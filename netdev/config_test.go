@@ -3,38 +3,62 @@ package netdev_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-dra/carve/netdev/netdevtest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
 
-// A pool hands out distinct addresses, keeps the gateway out, says clearly
-// when it is exhausted, and takes addresses back on unprepare.
+// A pool hands out distinct addresses, keeps the gateway (and the network
+// and broadcast addresses) out, says clearly when it is exhausted, and takes
+// addresses back on unprepare. The gateway is not the pool's first address,
+// so a pool that skipped the first address instead would hand it out.
 func TestAddressPool(t *testing.T) {
 	b := newBench(t)
-	p := b.newPreparer("tiny", "10.78.0.0/30", "")
+	const gateway = "10.78.0.2"
+	p := b.newPreparer("tiny", "10.78.0.0/29", gateway)
 	b.p = p
-	one := b.add("one", "", "", &v1alpha1.NetworkConfig{Pools: []string{"tiny"}})
-	two := b.add("two", "", "", &v1alpha1.NetworkConfig{Pools: []string{"tiny"}})
-	if one.ip == two.ip || one.ip == "" {
-		t.Errorf("addresses %s and %s", one.ip, two.ip)
+	prefix := netip.MustParsePrefix("10.78.0.0/29")
+	seen := map[string]bool{}
+	var one *share
+	for i := range 5 { // .1 and .3 to .6
+		s := b.add(fmt.Sprintf("s%d", i), "", "", &v1alpha1.NetworkConfig{Pools: []string{"tiny"}})
+		a, err := netip.ParseAddr(s.ip)
+		switch {
+		case err != nil || !prefix.Contains(a):
+			t.Errorf("share %d: address %q, want one in %s", i, s.ip, prefix)
+		case s.ip == gateway:
+			t.Errorf("share %d: handed out the gateway %s", i, gateway)
+		case s.ip == "10.78.0.0" || s.ip == "10.78.0.7":
+			t.Errorf("share %d: handed out the network or broadcast address %s", i, s.ip)
+		case seen[s.ip]:
+			t.Errorf("share %d: address %s handed out twice", i, s.ip)
+		}
+		seen[s.ip] = true
+		if i == 0 {
+			one = s
+		}
 	}
 	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &v1alpha1.NetworkConfig{Pools: []string{"tiny"}}})
-	third := prepare.Allocation{ClaimUID: "third", Request: "net", Device: "nic0", Kind: "nic", Config: raw}
-	if _, err := p.Prepare(context.Background(), third, b.dev); err == nil || !strings.Contains(err.Error(), "exhausted") {
-		t.Errorf("third share from a /30: %v, want the pool exhausted", err)
+	sixth := prepare.Allocation{ClaimUID: "sixth", Request: "net", Device: "nic0", Kind: "nic", Config: raw}
+	if _, err := p.Prepare(context.Background(), sixth, b.dev); err == nil || !strings.Contains(err.Error(), "exhausted") {
+		t.Errorf("sixth share from a /29 with a gateway: %v, want the pool exhausted", err)
 	}
 	if err := p.Unprepare(context.Background(), one.alloc, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Prepare(context.Background(), third, b.dev); err != nil {
+	if _, err := p.Prepare(context.Background(), sixth, b.dev); err != nil {
 		t.Errorf("after one left: %v", err)
+	} else if got := b.specOf(sixth).Addresses; len(got) != 1 || got[0] != one.ip+"/29" {
+		t.Errorf("after one left: addresses %v, want the one it freed, %s/29", got, one.ip)
 	}
-	_ = p.Unprepare(context.Background(), third, nil)
+	_ = p.Unprepare(context.Background(), sixth, nil)
 }
 
 // ipvlan shares where the kernel has ipvlan: the interface reaches the pod
@@ -46,9 +70,7 @@ func TestIPVlanShare(t *testing.T) {
 	defer node.Close()
 	parent, _ := node.LinkByName(b.tp.Parent)
 	probe := &netlink.IPVlan{LinkAttrs: netlink.LinkAttrs{Name: "ipvprobe", ParentIndex: parent.Attrs().Index}, Mode: netlink.IPVLAN_MODE_L2}
-	if err := node.LinkAdd(probe); err != nil {
-		t.Skipf("this kernel has no ipvlan (%v); ipvlan shares cannot be tested here", err)
-	}
+	netdevtest.SkipIfLacks(t, node.LinkAdd(probe), netdevtest.LinkKind("ipvlan"))
 	_ = node.LinkDel(probe)
 	s := b.add("ipv", "", "", &v1alpha1.NetworkConfig{Mode: "ipvlan", IPVlanMode: "l2", Pools: []string{"test"}})
 	pod, _ := netlink.NewHandleAt(s.pod)

@@ -40,9 +40,7 @@ type bench struct {
 func newBench(t testing.TB) *bench {
 	t.Helper()
 	tp := netdevtest.New(t)
-	if err := bpf.MountBPFFS(bpf.DefaultBPFFS); err != nil {
-		t.Skipf("no bpffs: %v", err)
-	}
+	netdevtest.NeedBPFFS(t, bpf.MountBPFFS(bpf.DefaultBPFFS))
 	pinDir := filepath.Join(bpf.DefaultBPFFS, "carve-test-"+string(uuid.NewUUID())[:8])
 	shaper, err := bpf.OpenShaper(pinDir)
 	if err != nil {

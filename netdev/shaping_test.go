@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // Two shares of one parent at once, each held to its own rate in both
@@ -54,9 +55,7 @@ func TestEDTShare(t *testing.T) {
 	probe, _ := node.LinkByName("fqprobe")
 	err := node.QdiscReplace(&netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: probe.Attrs().Index, Parent: netlink.HANDLE_ROOT}})
 	_ = node.LinkDel(probe)
-	if err != nil {
-		t.Skipf("sch_fq not available (%v): EDT pacing cannot be tested here; HTB is used instead", err)
-	}
+	netdevtest.SkipIfLacks(t, err, netdevtest.Qdisc("fq")) // then HTB is used instead
 	s := b.add("edt", "200M", "", nil)
 	parent, _ := node.LinkByName(b.tp.Parent)
 	if q, _ := node.QdiscList(parent); !hasKind(q, "fq") || hasKind(q, "htb") {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,7 +111,10 @@ netdev:
 		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
 		envs := podExec(t, env, testNS, name, "main", "env")
 		ips[name] = strings.Split(envValue(envs, "CARVE_NET_ADDRESSES"), "/")[0]
-		macs[name] = envValue(envs, "CARVE_NET_MAC")
+		if net.ParseIP(ips[name]) == nil {
+			t.Fatalf("pod %s: CARVE_NET_ADDRESSES holds no address:\n%s", name, envs)
+		}
+		macs[name] = shareMAC(t, env, name)
 	}
 	shaper, err := bpf.OpenShaper(e2ePins)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,10 +93,9 @@ netdev:
 		if !strings.Contains(addr, "10.79.0.") {
 			t.Errorf("pod %s: net1 has no pool address:\n%s", name, addr)
 		}
-		envs := podExec(t, env, testNS, name, "main", "env")
-		macs[name] = envValue(envs, "CARVE_NET_MAC")
-		if !strings.Contains(addr, macs[name]) && !strings.Contains(podExec(t, env, testNS, name, "main", "ip", "link", "show", "net1"), macs[name]) {
-			t.Errorf("pod %s: net1 does not have the share's MAC %s", name, macs[name])
+		macs[name] = shareMAC(t, env, name)
+		if link := podExec(t, env, testNS, name, "main", "ip", "link", "show", "net1"); !strings.Contains(link, "link/ether "+macs[name]+" ") {
+			t.Errorf("pod %s: net1 does not have the share's MAC %s:\n%s", name, macs[name], link)
 		}
 		// The status is written after the kubelet's answer, off the
 		// pod's path, and lands shortly after.
@@ -112,8 +112,9 @@ netdev:
 			time.Sleep(100 * time.Millisecond)
 		}
 		if len(claim.Status.Devices) != 1 || claim.Status.Devices[0].NetworkData == nil || claim.Status.Devices[0].NetworkData.InterfaceName != "net1" ||
-			len(claim.Status.Devices[0].NetworkData.IPs) != 1 || claim.Status.Devices[0].ShareID == nil {
-			t.Errorf("claim %s status.devices = %+v, want net1 with its address and share\nagent logs:\n%s", name, claim.Status.Devices, agentLogs())
+			len(claim.Status.Devices[0].NetworkData.IPs) != 1 || claim.Status.Devices[0].ShareID == nil ||
+			claim.Status.Devices[0].NetworkData.HardwareAddress != macs[name] {
+			t.Errorf("claim %s status.devices = %+v, want net1 with its address, MAC %s and share\nagent logs:\n%s", name, claim.Status.Devices, macs[name], agentLogs())
 		}
 	}
 
@@ -182,6 +183,18 @@ netdev:
 		return !bLeft && !strings.Contains(string(out), "htb") && ifbErr != nil,
 			fmt.Errorf("qdiscs %s, shares %v, IFB classes %s\nagent:\n%s", out, shares, ifbClasses, agentLogs())
 	})
+}
+
+// shareMAC is the MAC the share's CDI edits gave pod (CARVE_NET_MAC), in
+// the canonical form; the test fails where it is missing or not a MAC.
+func shareMAC(t *testing.T, env map[string]string, pod string) string {
+	t.Helper()
+	envs := podExec(t, env, testNS, pod, "main", "env")
+	mac, err := net.ParseMAC(envValue(envs, "CARVE_NET_MAC"))
+	if err != nil || len(mac) != 6 {
+		t.Fatalf("pod %s: CARVE_NET_MAC is not the share's MAC (%v):\n%s", pod, err, envs)
+	}
+	return mac.String()
 }
 
 // agentLogs is the current agent pod's log, for failure messages.

@@ -31,11 +31,12 @@ type Topology struct {
 	names    []string
 }
 
-// RequireRoot skips where the test cannot create namespaces.
+// RequireRoot skips where the test cannot create namespaces (fails, where
+// Required).
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
+		SkipUnlessRequired(t, "needs root to create network namespaces")
 	}
 }
 
