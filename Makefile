@@ -87,13 +87,14 @@ verify: ## gofmt, vet, go mod tidy diff, generated-code diff
 generate: ## regenerate generated code (go generate: bpf2go)
 	$(GO) generate ./...
 
-# The prepare benchmarks need an API server (every prepare reads its claims):
-# a control plane without a node is started for them, unless CARVE_KUBECONFIG
-# points at one.
-bench: ## benchmarks, printed as a table
-	@if [ -z "$${CARVE_KUBECONFIG:-}" ]; then \
+# The prepare benchmarks need an API server (every prepare reads its claims)
+# and the pod-start benchmark the real node: the local cluster is started for
+# them, unless CARVE_KUBECONFIG points at one.
+bench: build ## benchmarks, printed as a table
+	@export CARVE_HELM=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \
+	if [ -z "$${CARVE_KUBECONFIG:-}" ]; then \
 	  trap 'deploy/cluster/down.sh >/dev/null' EXIT; \
-	  export CARVE_KUBECONFIG=$$(CARVE_CLUSTER_NODE=0 deploy/cluster/up.sh | tail -n1); \
+	  export CARVE_KUBECONFIG=$$(deploy/cluster/up.sh | tail -n1); \
 	fi; \
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./... | tee /dev/stderr | deploy/bench-table.sh
 

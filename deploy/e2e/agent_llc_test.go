@@ -193,7 +193,7 @@ func (h *agentHost) groupMask(t *testing.T, group string) uint64 {
 
 // schedulable gives a node without a kubelet what the scheduler needs to
 // bind pods to it: room for pods, and Ready.
-func schedulable(t *testing.T, cs kubernetes.Interface, node string) {
+func schedulable(t testing.TB, cs kubernetes.Interface, node string) {
 	t.Helper()
 	ctx := context.Background()
 	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -210,7 +210,7 @@ func schedulable(t *testing.T, cs kubernetes.Interface, node string) {
 	}
 }
 
-func deviceClass(t *testing.T, cs kubernetes.Interface, name, kind string) {
+func deviceClass(t testing.TB, cs kubernetes.Interface, name, kind string) {
 	t.Helper()
 	dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.DeviceClassSpec{
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
@@ -225,7 +225,7 @@ func deviceClass(t *testing.T, cs kubernetes.Interface, name, kind string) {
 // scheduledClaim creates a claim of one request and a pod using it, bound
 // by the scheduler to the node (and tolerating the taints of a node without
 // a kubelet), and waits for the scheduler's allocation.
-func scheduledClaim(t *testing.T, cs kubernetes.Interface, node, name, class, selector string, capacity map[resourceapi.QualifiedName]resource.Quantity) kubeletstub.Claim {
+func scheduledClaim(t testing.TB, cs kubernetes.Interface, node, name, class, selector string, capacity map[resourceapi.QualifiedName]resource.Quantity) kubeletstub.Claim {
 	t.Helper()
 	ctx := context.Background()
 	req := &resourceapi.ExactDeviceRequest{DeviceClassName: class,

@@ -40,7 +40,7 @@ func repoRoot() string {
 }
 
 // renderChart runs `helm template` on the chart with extra --set values.
-func renderChart(t *testing.T, sets ...string) []byte {
+func renderChart(t testing.TB, sets ...string) []byte {
 	t.Helper()
 	helm := os.Getenv("CARVE_HELM")
 	if helm == "" {
@@ -66,7 +66,7 @@ func renderChart(t *testing.T, sets ...string) []byte {
 	return out
 }
 
-func decodeObjects(t *testing.T, manifest []byte) []*unstructured.Unstructured {
+func decodeObjects(t testing.TB, manifest []byte) []*unstructured.Unstructured {
 	t.Helper()
 	dec := yamlutil.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
 	var objs []*unstructured.Unstructured
@@ -91,7 +91,7 @@ type applier struct {
 	mapper meta.RESTMapper
 }
 
-func newApplier(t *testing.T, cfg *rest.Config) *applier {
+func newApplier(t testing.TB, cfg *rest.Config) *applier {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -138,7 +138,7 @@ func (a *applier) delete(ctx context.Context, u *unstructured.Unstructured) erro
 	return ri.Delete(ctx, u.GetName(), metav1.DeleteOptions{})
 }
 
-func restConfigFromEnv(t *testing.T) *rest.Config {
+func restConfigFromEnv(t testing.TB) *rest.Config {
 	t.Helper()
 	client(t) // skips without a cluster
 	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("CARVE_KUBECONFIG"))
@@ -286,7 +286,7 @@ func TestPolicyConfinesAgentToItsNode(t *testing.T) {
 // checkExtendedResourceName: the fpga, gpu and llc classes serve classic
 // requests for carve.dev/<kind>; the NIC class none (a NIC share is asked
 // for with its bandwidth, which a count cannot say).
-func checkExtendedResourceName(t *testing.T, class string, obj map[string]any) {
+func checkExtendedResourceName(t testing.TB, class string, obj map[string]any) {
 	t.Helper()
 	kind, _, _ := strings.Cut(class, ".")
 	got, _, _ := unstructured.NestedString(obj, "spec", "extendedResourceName")

@@ -10,7 +10,7 @@ import (
 
 // client connects to the local control plane, or skips (fails, where one is
 // required) when there is none.
-func client(t *testing.T) kubernetes.Interface {
+func client(t testing.TB) kubernetes.Interface {
 	t.Helper()
 	path := os.Getenv("CARVE_KUBECONFIG")
 	if path == "" {

@@ -34,7 +34,7 @@ type llcSource struct {
 	hostLLCs  []string
 }
 
-func chooseLLCSource(t *testing.T, clusterDir string) llcSource {
+func chooseLLCSource(t testing.TB, clusterDir string) llcSource {
 	t.Helper()
 	inv, err := discovery.Discover(context.Background(), discovery.Options{Root: "/"})
 	if err != nil {

@@ -165,7 +165,7 @@ netdev:
 }
 
 // buildEscapeImage is the net-test image with rawflood, built static here.
-func buildEscapeImage(t *testing.T) {
+func buildEscapeImage(t testing.TB) {
 	t.Helper()
 	root := repoRoot()
 	bin := filepath.Join(t.TempDir(), "rawflood")

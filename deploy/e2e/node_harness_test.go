@@ -19,7 +19,7 @@ import (
 
 // clusterEnv reads the cluster.env that up.sh writes beside the kubeconfig,
 // and skips (fails, where required) when the cluster has no real node.
-func clusterEnv(t *testing.T) map[string]string {
+func clusterEnv(t testing.TB) map[string]string {
 	t.Helper()
 	path := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "cluster.env")
 	f, err := os.Open(path)
@@ -43,7 +43,7 @@ func clusterEnv(t *testing.T) map[string]string {
 	return env
 }
 
-func run(t *testing.T, name string, args ...string) string {
+func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	var out, stderr bytes.Buffer
 	cmd := exec.Command(name, args...)
@@ -56,11 +56,19 @@ func run(t *testing.T, name string, args ...string) string {
 
 // buildAgentImage builds carve into an image and imports it into the node's
 // containerd, as a user without a registry would.
-func buildAgentImage(t *testing.T, tag string) {
+func buildAgentImage(t testing.TB, tag string) {
 	t.Helper()
 	root := repoRoot()
 	bin := carveBinary(t)
-	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", filepath.Join(filepath.Dir(bin), "carve-hook") + ":/carve-hook", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar")}
+	if other := os.Getenv("CARVE_E2E_AGENT_BINARY"); other != "" {
+		// Another build of the agent (an earlier version, to measure
+		// against), with its carve-hook beside it where it has one.
+		bin = other
+	}
+	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar")}
+	if hook := filepath.Join(filepath.Dir(bin), "carve-hook"); fileExists(hook) {
+		args = append(args, "--file", hook+":/carve-hook")
+	}
 	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), append(args, nvmlDeps()...)...)))
 	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
 }
@@ -93,14 +101,14 @@ func lastLine(s string) string {
 
 // exec runs a command in a pod's container through the API server and the
 // kubelet, as kubectl exec does.
-func podExec(t *testing.T, env map[string]string, ns, pod, container string, cmd ...string) string {
+func podExec(t testing.TB, env map[string]string, ns, pod, container string, cmd ...string) string {
 	t.Helper()
 	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
 	args := append([]string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", ns, pod, "-c", container, "--"}, cmd...)
 	return run(t, kubectl, args...)
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var lastErr error
@@ -147,7 +155,7 @@ func podWhy(p *corev1.Pod) string {
 
 // restartKubelet stops the node's kubelet and starts it again with the same
 // command line, log and pid file, as a node reboot of the kubelet alone.
-func restartKubelet(t *testing.T, env map[string]string) {
+func restartKubelet(t testing.TB, env map[string]string) {
 	t.Helper()
 	dir := filepath.Dir(os.Getenv("CARVE_KUBECONFIG"))
 	pidFile := filepath.Join(dir, "pids", "kubelet.pid")
@@ -175,3 +183,12 @@ func restartKubelet(t *testing.T, env map[string]string) {
 }
 
 func execCommand(name string, args ...string) *exec.Cmd { return exec.Command(name, args...) }
+
+// chartDir is the chart the node tests install: this tree's, or the one
+// CARVE_E2E_CHART names (an earlier version's, to measure against).
+func chartDir() string {
+	if dir := os.Getenv("CARVE_E2E_CHART"); dir != "" {
+		return dir
+	}
+	return filepath.Join(repoRoot(), "deploy/chart/carve")
+}

@@ -26,13 +26,13 @@ import (
 // removed when a test ends, so no test sees another's entries.
 const e2ePins = "/sys/fs/bpf/carve-e2e"
 
-func installChart(t *testing.T, env map[string]string, stateDir, nodeConfig string) {
+func installChart(t testing.TB, env map[string]string, stateDir, nodeConfig string) {
 	t.Helper()
 	installChartWith(t, env, stateDir, nil, nodeConfig)
 }
 
 // installChartWith installs the chart with more helm arguments (values).
-func installChartWith(t *testing.T, env map[string]string, stateDir string, values []string, nodeConfig string) {
+func installChartWith(t testing.TB, env map[string]string, stateDir string, values []string, nodeConfig string) {
 	t.Helper()
 	helm := os.Getenv("CARVE_HELM")
 	if helm == "" {
@@ -60,7 +60,7 @@ func installChartWith(t *testing.T, env map[string]string, stateDir string, valu
 			t.Logf("agent logs:\n%s", out)
 		}
 	})
-	args := []string{"install", "carve", filepath.Join(repoRoot(), "deploy/chart/carve"), "--kubeconfig", kc,
+	args := []string{"install", "carve", chartDir(), "--kubeconfig", kc,
 		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
 		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
 		"--set", "kubeletDir=" + env["KUBELET_ROOT_DIR"], "--set", "cdiDir=" + env["CARVE_CDI_DIR"], "--set", "stateDir=" + stateDir,
@@ -71,7 +71,7 @@ func installChartWith(t *testing.T, env map[string]string, stateDir string, valu
 	run(t, helm, append(args, values...)...)
 }
 
-func createTemplate(t *testing.T, cs kubernetes.Interface, name, egress string) {
+func createTemplate(t testing.TB, cs kubernetes.Interface, name, egress string) {
 	t.Helper()
 	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: netClaimSpec(egress)}}
@@ -83,7 +83,7 @@ func createTemplate(t *testing.T, cs kubernetes.Interface, name, egress string) 
 	})
 }
 
-func createClaim(t *testing.T, cs kubernetes.Interface, name, egress string) {
+func createClaim(t testing.TB, cs kubernetes.Interface, name, egress string) {
 	t.Helper()
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS}, Spec: netClaimSpec(egress)}
 	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
@@ -134,7 +134,7 @@ func podWithImage(name, image string, claims ...*corev1.PodResourceClaim) *corev
 	return p
 }
 
-func createLLCClaim(t *testing.T, cs kubernetes.Interface, name string) {
+func createLLCClaim(t testing.TB, cs kubernetes.Interface, name string) {
 	t.Helper()
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
@@ -147,7 +147,7 @@ func createLLCClaim(t *testing.T, cs kubernetes.Interface, name string) {
 	})
 }
 
-func startPod(t *testing.T, cs kubernetes.Interface, p *corev1.Pod) {
+func startPod(t testing.TB, cs kubernetes.Interface, p *corev1.Pod) {
 	t.Helper()
 	if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func nodeReady(cs kubernetes.Interface, node string) func() (bool, error) {
 }
 
 // restartAgent deletes the agent's pod; the DaemonSet starts a new one.
-func restartAgent(t *testing.T, cs kubernetes.Interface) {
+func restartAgent(t testing.TB, cs kubernetes.Interface) {
 	t.Helper()
 	ctx := context.Background()
 	l, err := cs.CoreV1().Pods(chartNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=carve"})
@@ -199,7 +199,7 @@ func restartAgent(t *testing.T, cs kubernetes.Interface) {
 }
 
 // checkpointRecords maps each recorded claim to when its record was written.
-func checkpointRecords(t *testing.T, stateDir string) map[string]string {
+func checkpointRecords(t testing.TB, stateDir string) map[string]string {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(stateDir, "checkpoint.json"))
 	if os.IsNotExist(err) {
@@ -226,7 +226,7 @@ func checkpointRecords(t *testing.T, stateDir string) map[string]string {
 	return out
 }
 
-func scrapeAgent(t *testing.T) string {
+func scrapeAgent(t testing.TB) string {
 	t.Helper()
 	resp, err := http.Get("http://127.0.0.1:" + agentMetrics + "/metrics")
 	if err != nil {

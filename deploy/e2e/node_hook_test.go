@@ -98,7 +98,7 @@ netdev:
 
 // killSandbox kills a pod's sandbox (pause) task through the node's
 // containerd, as a crash of the sandbox would.
-func killSandbox(t *testing.T, env map[string]string, podUID string) {
+func killSandbox(t testing.TB, env map[string]string, podUID string) {
 	t.Helper()
 	ctr := filepath.Join(env["CARVE_CONTAINERD_BIN_DIR"], "ctr")
 	out := run(t, ctr, "--address", env["CARVE_CONTAINERD_ADDRESS"], "-n", "k8s.io", "containers", "ls", "-q",

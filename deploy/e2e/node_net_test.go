@@ -187,7 +187,7 @@ netdev:
 
 // shareMAC is the MAC the share's CDI edits gave pod (CARVE_NET_MAC), in
 // the canonical form; the test fails where it is missing or not a MAC.
-func shareMAC(t *testing.T, env map[string]string, pod string) string {
+func shareMAC(t testing.TB, env map[string]string, pod string) string {
 	t.Helper()
 	envs := podExec(t, env, testNS, pod, "main", "env")
 	mac, err := net.ParseMAC(envValue(envs, "CARVE_NET_MAC"))
@@ -205,7 +205,7 @@ func agentLogs() string {
 	return string(out)
 }
 
-func mustShares(t *testing.T, s *bpf.Shaper) map[bpf.Key]uint32 {
+func mustShares(t testing.TB, s *bpf.Shaper) map[bpf.Key]uint32 {
 	m, err := s.Shares()
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func mustShares(t *testing.T, s *bpf.Shaper) map[bpf.Key]uint32 {
 	return m
 }
 
-func ifindex(t *testing.T, dev string) string {
+func ifindex(t testing.TB, dev string) string {
 	b, err := os.ReadFile("/sys/class/net/" + dev + "/ifindex")
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func ifindex(t *testing.T, dev string) string {
 	return strings.TrimSpace(string(b))
 }
 
-func countClasses(t *testing.T, dev string) int {
+func countClasses(t testing.TB, dev string) int {
 	out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
 	return strings.Count(string(out), "class htb")
 }
@@ -247,12 +247,12 @@ type iperfResult struct {
 
 // startIperf runs iperf3 inside a pod against the server namespace, in the
 // background; reverse measures the pod's ingress.
-func startIperf(t *testing.T, env map[string]string, pod, port string, seconds int, reverse bool) chan iperfResult {
+func startIperf(t testing.TB, env map[string]string, pod, port string, seconds int, reverse bool) chan iperfResult {
 	return startIperfTo(t, env, pod, serverIP, port, seconds, reverse)
 }
 
 // startIperfTo is startIperf against the iperf3 server at server.
-func startIperfTo(t *testing.T, env map[string]string, pod, server, port string, seconds int, reverse bool) chan iperfResult {
+func startIperfTo(t testing.TB, env map[string]string, pod, server, port string, seconds int, reverse bool) chan iperfResult {
 	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
 	args := []string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--",
 		"iperf3", "-c", server, "-p", port, "-t", fmt.Sprint(seconds), "-O", "1", "-J"}
@@ -296,7 +296,7 @@ func startIperfTo(t *testing.T, env map[string]string, pod, server, port string,
 
 // buildNetTestImage builds the pods' image: busybox and iperf3 (with its
 // libraries) from this machine.
-func buildNetTestImage(t *testing.T) {
+func buildNetTestImage(t testing.TB) {
 	t.Helper()
 	root := repoRoot()
 	args := []string{"--name", "carve-net-test:e2e", "--file", "/bin/busybox:/bin/busybox", "--file", "/usr/bin/iperf3:/usr/bin/iperf3",

@@ -18,7 +18,7 @@ import (
 // status.devices on a claim allocated on node A, with a patch, and nothing
 // else: no whole-status update, no change of the allocation, no entries of
 // another driver, no claim of node B.
-func checkClaimStatusRights(t *testing.T, admin, agent kubernetes.Interface) {
+func checkClaimStatusRights(t testing.TB, admin, agent kubernetes.Interface) {
 	t.Helper()
 	ctx := context.Background()
 	claim := func(name, node string) *resourceapi.ResourceClaim {

@@ -21,7 +21,7 @@ import (
 // applySlices creates the slices carve builds for a root, reads each back and
 // checks the server kept every field: a field the server drops (for example
 // allowMultipleAllocations with consumable capacity off) is a failure too.
-func applySlices(t *testing.T, cs kubernetes.Interface, root, node string, cfg *nodeconfig.NodeConfig) []resourceapi.ResourceSlice {
+func applySlices(t testing.TB, cs kubernetes.Interface, root, node string, cfg *nodeconfig.NodeConfig) []resourceapi.ResourceSlice {
 	t.Helper()
 	ctx := context.Background()
 	inv, err := discovery.Discover(ctx, discovery.Options{Root: root, Net: discovery.NetFilter{
