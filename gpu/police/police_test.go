@@ -196,8 +196,9 @@ func TestKillWithin200ms(t *testing.T) {
 	p, _ := newPolice(t, n)
 	p.opts.Interval = DefaultInterval
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go p.Run(ctx)
+	stopped := make(chan struct{})
+	defer func() { cancel(); <-stopped }()
+	go func() { p.Run(ctx); close(stopped) }()
 	time.Sleep(30 * time.Millisecond)
 	n.run(t, 70, podA, 12*gib, 1)
 	over := time.Now()
