@@ -8,6 +8,7 @@ import (
 	"reflect"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/carve-dra/carve/prepare/atomicfile"
 )
@@ -17,6 +18,8 @@ type ShareUsage struct {
 	UsedBytes uint64 `json:"usedBytes"`
 	Processes int    `json:"processes"`
 	Kills     uint64 `json:"kills"`
+	// Pods are the pods the share's claim is reserved for.
+	Pods []types.UID `json:"pods,omitempty"`
 }
 
 // Usage is every share's, by share key.
@@ -28,7 +31,11 @@ func (p *Police) Usage() Usage {
 	defer p.mu.Unlock()
 	out := Usage{}
 	for k, st := range p.shares {
-		out[k] = ShareUsage{UsedBytes: st.used, Processes: st.procs, Kills: st.kills}
+		u := ShareUsage{UsedBytes: st.used, Processes: st.procs, Kills: st.kills}
+		for _, r := range st.pods {
+			u.Pods = append(u.Pods, r.UID)
+		}
+		out[k] = u
 	}
 	return out
 }
