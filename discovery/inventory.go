@@ -14,6 +14,18 @@ type Inventory struct {
 	// could not answer, and then NVMLError says why.
 	NVML      *nvmlinfo.Inventory
 	NVMLError string
+	// GPUMemory is how each GPU's memory slices can be enforced, by UUID
+	// (chosen by gpu/memslice at start); a GPU absent here is "none".
+	GPUMemory map[string]GPUMemory
+}
+
+// GPUMemory is a GPU's memory enforcement tier (the memoryEnforcement
+// attribute: dmem, mps-policed or none), why no stronger one, and its dmem
+// region where the tier is dmem.
+type GPUMemory struct {
+	Enforcement string
+	Reason      string
+	Region      string
 }
 
 // PCIFunction is one PCI function as sysfs shows it.

@@ -5,9 +5,11 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
 // KindMIG is the kind of a MIG partition of a GPU.
@@ -26,6 +28,9 @@ const (
 	AttrPlacementStart        resourceapi.QualifiedName = "placementStart"
 	AttrPlacementSize         resourceapi.QualifiedName = "placementSize"
 	AttrParentUUID            resourceapi.QualifiedName = "parentUUID"
+	// AttrMemoryEnforcement says how memory slices of a GPU are held:
+	// "dmem", "mps-policed" or "none" (whole-device only).
+	AttrMemoryEnforcement resourceapi.QualifiedName = "memoryEnforcement"
 
 	CapMemory          resourceapi.QualifiedName = "memory"
 	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
@@ -41,6 +46,8 @@ type GPU struct {
 	// CounterSet is the parent GPU's counter set (MIG devices only).
 	CounterSet    string
 	DriverVersion string
+	// Memory is how the GPU's memory slices are enforced (kind gpu).
+	Memory discovery.GPUMemory
 }
 
 // MIG is one GPU-instance placement.
@@ -70,7 +77,10 @@ func (b *builder) gpus(inv *discovery.Inventory) ([]Entry, []resourceapi.Counter
 	var sets []resourceapi.CounterSet
 	seen := map[string]bool{}
 	for _, d := range inv.NVML.Devices {
-		g := GPU{Device: d, DriverVersion: inv.NVML.DriverVersion}
+		g := GPU{Device: d, DriverVersion: inv.NVML.DriverVersion, Memory: inv.GPUMemory[d.UUID]}
+		if g.Memory.Enforcement == "" {
+			g.Memory = discovery.GPUMemory{Enforcement: "none", Reason: "no enforcement was detected for it"}
+		}
 		addr, err := nvmlinfo.NormalizeBusID(d.PCIBusID)
 		if err == nil {
 			g.PCI = byAddr[addr]
@@ -111,10 +121,31 @@ func (b *builder) wholeGPU(name string, g GPU, inv *nvmlinfo.Inventory) resource
 	setGPUAttributes(d, g, inv)
 	setString(d, AttrUUID, g.Device.UUID)
 	setBool(d, AttrMIGCapable, g.Device.MIGCapable)
+	setString(d, AttrMemoryEnforcement, g.Memory.Enforcement)
+	shareable := b.gpuShareable(name, g)
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		CapMemory: {Value: *resource.NewQuantity(int64(g.Device.MemoryTotalBytes), resource.BinarySI)},
+		CapMemory: b.capacity(KindGPU, CapMemory, *resource.NewQuantity(int64(g.Device.MemoryTotalBytes), resource.BinarySI), shareable, nodeconfig.Policy{}),
+	}
+	if shareable {
+		d.AllowMultipleAllocations = ptr.To(true)
 	}
 	return *d
+}
+
+// gpuShareable reports whether a GPU is offered in memory slices: its
+// slices can be enforced, and the node config gives a memory request
+// policy for GPUs. Otherwise it is whole-device only, and the notice says
+// why.
+func (b *builder) gpuShareable(name string, g GPU) bool {
+	if g.Memory.Enforcement == "none" {
+		b.notef("GPU %s (%s): memory slices cannot be enforced (%s); whole-device only", name, g.Device.UUID, g.Memory.Reason)
+		return false
+	}
+	if _, ok := b.cfg.Policy(KindGPU, string(CapMemory)); !ok {
+		b.notef("GPU %s (%s) could be shared in memory slices (%s) but the node config has no requestPolicies.gpu.memory; whole-device only", name, g.Device.UUID, g.Memory.Enforcement)
+		return false
+	}
+	return true
 }
 
 // setGPUAttributes sets what a GPU and its MIG devices share: the PCI

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
 )
@@ -13,13 +14,13 @@ import (
 func newHookCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "hook",
-		Short: "runtime hooks run from carve's CDI specs (netns-attach, resctrl-attach)",
+		Short: "runtime hooks run from carve's CDI specs (netns-attach, resctrl-attach, dmem-limit)",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			return errors.New("a hook is required: netns-attach or resctrl-attach")
+			return errors.New("a hook is required: netns-attach, resctrl-attach or dmem-limit")
 		},
 	}
-	cmd.AddCommand(newNetnsAttachCommand(), newResctrlAttachCommand())
+	cmd.AddCommand(newNetnsAttachCommand(), newResctrlAttachCommand(), newDmemLimitCommand())
 	return cmd
 }
 
@@ -68,4 +69,29 @@ func newNetnsAttachCommand() *cobra.Command {
 
 func netnsAttach(specFile, root string, ociState io.Reader) error {
 	return netdev.RunAttachHook(specFile, root, ociState)
+}
+
+// newDmemLimitCommand is run by the container runtime, from the CDI spec of
+// a GPU memory share on the dmem tier, as a createRuntime hook: it writes
+// the share's slice to dmem.max (and dmem.min) of the container's pod
+// cgroup, for the GPU's region. The pod cannot write its own limits.
+func newDmemLimitCommand() *cobra.Command {
+	var root, proc string
+	var l dmem.Limit
+	cmd := &cobra.Command{
+		Use:   "dmem-limit --region REGION --max BYTES [--min BYTES] < OCI state",
+		Short: "hold a pod to its GPU memory slice through the dmem cgroup controller (createRuntime hook)",
+		Args:  noArgs,
+		RunE: work(func(cmd *cobra.Command) error {
+			return dmem.RunHook(cmd.InOrStdin(), root, proc, l)
+		}),
+	}
+	cmd.Flags().StringVar(&root, "cgroup-root", dmem.DefaultRoot, "where cgroup v2 is mounted")
+	cmd.Flags().StringVar(&proc, "proc", "/proc", "where the container's process is found")
+	cmd.Flags().StringVar(&l.Region, "region", "", "the GPU's dmem region (nvidia/<pci>/vidmem)")
+	cmd.Flags().Uint64Var(&l.Max, "max", 0, "the slice in bytes (dmem.max)")
+	cmd.Flags().Uint64Var(&l.Min, "min", 0, "the guarantee in bytes (dmem.min); 0 leaves it")
+	must(cmd.MarkFlagRequired("region"))
+	must(cmd.MarkFlagRequired("max"))
+	return cmd
 }

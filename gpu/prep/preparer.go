@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
 )
@@ -33,7 +34,9 @@ type Options struct {
 	// has it; without it the hooks are off and carve mounts the libraries'
 	// soname links and sets LD_LIBRARY_PATH itself.
 	CDIHookPath string
-	Logger      logr.Logger
+	// Shares prepares GPU memory slices; nil where none are offered.
+	Shares *memslice.Manager
+	Logger logr.Logger
 }
 
 // Preparer prepares the kinds gpu and mig.
@@ -71,11 +74,11 @@ func (p *Preparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices
 	if dev.GPU == nil {
 		return prepare.Prepared{}, fmt.Errorf("device %s is not a GPU or MIG device", a.Device)
 	}
-	if a.ShareID != nil {
-		return prepare.Prepared{}, fmt.Errorf("GPU %s: shares are not offered; allocate it whole or as a MIG device", a.Device)
-	}
 	if p.opts.NVML == nil {
 		return prepare.Prepared{}, fmt.Errorf("GPU %s: %w", a.Device, errNoNVML)
+	}
+	if a.ShareID != nil {
+		return p.prepareShare(ctx, a, dev)
 	}
 	if dev.GPU.MIG != nil {
 		return p.prepareMIG(ctx, a, *dev.GPU)
@@ -88,9 +91,12 @@ func (p *Preparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices
 	return prepare.Prepared{Edits: edits}, nil
 }
 
-// Unprepare destroys the MIG partition an allocation made; a whole GPU has
-// nothing on the host to undo.
+// Unprepare destroys the MIG partition an allocation made, or takes a
+// memory share back; a whole GPU has nothing on the host to undo.
 func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo json.RawMessage) error {
+	if a.Kind == slices.KindGPU && a.ShareID != nil {
+		return p.unprepareShare(ctx, a, undo)
+	}
 	if a.Kind != slices.KindMIG {
 		return nil
 	}

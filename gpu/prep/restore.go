@@ -13,13 +13,17 @@ import (
 	"github.com/carve-dra/carve/slices"
 )
 
-// Restore runs at start with every checkpointed allocation: a MIG instance
+// Restore runs at start with every checkpointed allocation: GPU memory
+// shares are restored (and GPUs no share holds given back); a MIG instance
 // that none of them owns (made by hand, or by a claim the checkpoint lost)
 // is reported, never destroyed.
 func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) {
 	if p.opts.NVML == nil {
 		return
 	}
+	shareCtx, cancelShares := context.WithTimeout(context.Background(), time.Minute)
+	p.restoreShares(shareCtx, allocs, undo)
+	cancelShares()
 	owned := map[string]bool{}
 	for i, a := range allocs {
 		if a.Kind != slices.KindMIG {

@@ -120,7 +120,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, fpgaRoot: opts.FPGARoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
-		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason)}
+		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason), gpuMemory: k.gpus.memory.tiers}
 	if _, err := inv.rescan(ctx); err != nil {
 		return err
 	}

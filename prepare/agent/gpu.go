@@ -17,16 +17,18 @@ type gpus struct {
 	session *gpu.Session
 	reason  error
 	prep    *prep.Preparer
+	memory  *gpuMemory
 }
 
-func openGPUs(ctx context.Context, opts Options) (*gpus, error) {
+func openGPUs(ctx context.Context, opts Options, hookPath string) (*gpus, error) {
 	s, reason, err := gpuopen.Open(ctx, gpuopen.Options{Replay: opts.NVMLReplay, DriverRoot: driverRoot(opts), Timeout: opts.NVMLTimeout})
 	if err != nil {
 		return nil, err
 	}
-	return &gpus{session: s, reason: reason, prep: prep.New(prep.Options{
+	mem := openGPUMemory(ctx, opts, s, hookPath)
+	return &gpus{session: s, reason: reason, memory: mem, prep: prep.New(prep.Options{
 		NVML: s, Root: opts.Root, DriverRoot: opts.NVIDIADriverRoot, CDIHookPath: opts.NVIDIACDIHook,
-		Logger: klog.FromContext(ctx).WithName("gpu"),
+		Shares: mem.shares, Logger: klog.FromContext(ctx).WithName("gpu"),
 	})}, nil
 }
 

@@ -27,7 +27,9 @@ type inventory struct {
 	node         string
 	metrics      *prepare.Metrics
 	nvml         func(context.Context) (*nvmlinfo.Inventory, error)
-	current      atomic.Pointer[slices.Result]
+	// gpuMemory gives each GPU's memory enforcement tier.
+	gpuMemory func(context.Context, *nvmlinfo.Inventory) map[string]discovery.GPUMemory
+	current   atomic.Pointer[slices.Result]
 	// health subscribers are woken after each rescan.
 	mu      sync.Mutex
 	waiters []chan struct{}
@@ -43,6 +45,9 @@ func (i *inventory) rescan(ctx context.Context) (bool, error) {
 	i.metrics.DiscoveryDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return false, err
+	}
+	if i.gpuMemory != nil {
+		inv.GPUMemory = i.gpuMemory(ctx, inv.NVML)
 	}
 	res := slices.Build(inv, i.cfg, i.node)
 	old := i.current.Swap(&res)

@@ -70,12 +70,15 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 		k.close()
 		return nil, err
 	}
-	if k.gpus, err = openGPUs(ctx, opts); err != nil {
+	if k.gpus, err = openGPUs(ctx, opts, hookPath); err != nil {
 		k.close()
 		return nil, err
 	}
 	closers = append(closers, func() { k.gpus.close(ctx) })
 	k.collectors = []prometheus.Collector{nics}
+	if k.gpus.memory.police != nil {
+		k.collectors = append(k.collectors, k.gpus.memory.police)
+	}
 	k.preparers = map[string]prepare.Preparer{
 		slices.KindNIC:  nics,
 		slices.KindFPGA: fpga.Preparer{Root: firstSet(opts.FPGARoot, opts.Root)},

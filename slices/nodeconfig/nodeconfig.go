@@ -32,7 +32,7 @@ type NodeConfig struct {
 	DriverName string `json:"driverName,omitempty"`
 	Netdev     Netdev `json:"netdev,omitempty"`
 	// RequestPolicies set how shares of a device kind may be requested,
-	// by kind ("nic", "llc") and capacity name.
+	// by kind ("nic", "llc", "gpu") and capacity name.
 	RequestPolicies map[string]map[string]RequestPolicy `json:"requestPolicies,omitempty"`
 }
 
@@ -165,6 +165,8 @@ func Decode(data []byte) (*NodeConfig, error) {
 var policyCapacities = map[string][]string{
 	"nic": {"egressBandwidth", "ingressBandwidth"},
 	"llc": {"ways", "size"},
+	// gpu memory slices, where the GPU's memoryEnforcement is not none.
+	"gpu": {"memory"},
 }
 
 // Validate checks every field and returns all that are wrong, by path.
@@ -230,7 +232,7 @@ func (c *NodeConfig) Validate() field.ErrorList {
 	for kind, byCap := range c.RequestPolicies {
 		caps, ok := policyCapacities[kind]
 		if !ok {
-			errs = append(errs, field.NotSupported(rp.Key(kind), kind, []string{"nic", "llc"}))
+			errs = append(errs, field.NotSupported(rp.Key(kind), kind, []string{"nic", "llc", "gpu"}))
 			continue
 		}
 		for capName, pol := range byCap {

@@ -1,0 +1,199 @@
+//go:build acceptance
+
+package acceptance
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/dmem"
+	"github.com/carve-dra/carve/gpu/memslice"
+	"github.com/carve-dra/carve/gpu/mps"
+	"github.com/carve-dra/carve/gpu/police"
+	"github.com/carve-dra/carve/gpu/prep"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+var (
+	keepMode = flag.Bool("keep-compute-mode", false, "never change the GPU's compute mode (lent machines)")
+	dryRun   = flag.Bool("dry-run", false, "print the plan and touch nothing")
+	client   = flag.String("client", "client.py", "the client program")
+	python   = flag.String("python", "python3", "python with PyTorch")
+)
+
+type owners map[string][]police.PodRef
+
+func (o owners) ReservedPods(_ context.Context, ns, name string) ([]police.PodRef, error) {
+	return o[ns+"/"+name], nil
+}
+
+type logEvents struct{ t *testing.T }
+
+func (l logEvents) PodEvent(p police.PodRef, reason, msg string) {
+	l.t.Logf("event on %s: %s: %s", p.Name, reason, msg)
+}
+
+// pod is one share's stand-in pod: a cgroup named as the kubelet names
+// pods, and the share's environment from its CDI edits.
+type pod struct {
+	uid   types.UID
+	dir   string
+	env   []string
+	slice uint64
+}
+
+func TestAcceptance(t *testing.T) {
+	if *dryRun {
+		for i, step := range Plan(*keepMode) {
+			fmt.Printf("%d. %s\n", i+1, step)
+		}
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := gpu.Open(ctx, gpu.RealLibrary("/"), 10*time.Second)
+	if err != nil {
+		t.Fatalf("NVML: %v", err)
+	}
+	inv, err := s.Inventory(ctx)
+	if err != nil || len(inv.Devices) == 0 {
+		t.Fatalf("no GPU: %v", err)
+	}
+	dev0 := inv.Devices[0]
+	choice := memslice.Detect(inv, dmem.DefaultRoot, "/")[dev0.UUID]
+	t.Logf("GPU 0 %s (%s, driver %s): tier %s %s", dev0.UUID, dev0.Name, inv.DriverVersion, choice.Tier, choice.Reason)
+	if choice.Tier == memslice.TierNone {
+		t.Fatalf("GPU 0 cannot be sliced: %s", choice.Reason)
+	}
+	formerMode, err := s.ComputeMode(ctx, dev0.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	small, large := newPod(t, "aaaaaaaa-0000-4000-8000-000000000010", 10<<30), newPod(t, "bbbbbbbb-0000-4000-8000-000000000020", 20<<30)
+	pol := police.New(police.Options{Processes: s, Recorder: logEvents{t}, Logger: ktesting.NewLogger(t, ktesting.NewConfig()),
+		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.uid}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.uid}}}})
+	go pol.Run(ctx)
+	mgr := memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(state, "gpushare"), Police: pol, KeepComputeMode: *keepMode,
+		MPSControl: gpu.FindFile("/", []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: dmem.DefaultRoot})
+	cfg := nodeconfig.Default()
+	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
+	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
+	var entry slices.Entry
+	for _, e := range res.Index {
+		if e.GPU != nil && e.GPU.Device.UUID == dev0.UUID && e.GPU.MIG == nil {
+			entry = e
+		}
+	}
+	p := prep.New(prep.Options{NVML: s, Root: "/", DriverRoot: "/", Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	p.Devices = func() map[string]slices.Entry { return res.Index }
+
+	var rows []Row
+	start := time.Now()
+	allocs := []prepare.Allocation{share(entry, "small", "10Gi"), share(entry, "large", "20Gi")}
+	for i, pd := range []*pod{small, large} {
+		out, err := p.Prepare(ctx, allocs[i], entry)
+		if err != nil {
+			t.Fatalf("prepare %s: %v", allocs[i].ClaimName, err)
+		}
+		pd.env = shareEnv(out)
+		if choice.Tier == memslice.TierDMEM { // what the createRuntime hook does
+			if err := dmem.Apply(dmem.DefaultRoot, pd.dir, dmem.Limit{Region: choice.Region, Max: pd.slice, Min: pd.slice}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rows = append(rows, Row{Attack: "prepare 10 GiB + 20 GiB", Outcome: fmt.Sprintf("prepared in %s", time.Since(start).Round(time.Millisecond)), Passed: true})
+	torndown := false
+	defer func() {
+		if !torndown {
+			for _, a := range allocs {
+				_ = p.Unprepare(context.Background(), a, nil)
+			}
+		}
+	}()
+
+	worker := run(t, s, dev0.UUID, large, nil, 18.5, 3600, true)
+	worker.waitState(t, "computing", 60*time.Second)
+	rows = append(rows, attack(t, s, dev0.UUID, small, "one process, 8 GiB in 10 GiB", 1, 8, nil, true))
+	rows = append(rows, attack(t, s, dev0.UUID, small, "one process, 12 GiB in 10 GiB", 1, 12, nil, false))
+	rows = append(rows, attack(t, s, dev0.UUID, small, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=70G, 12 GiB", 1, 12, []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=70G"}, false))
+	rows = append(rows, attack(t, s, dev0.UUID, small, "two processes, 8 GiB each in 10 GiB", 2, 8, nil, false))
+	skip := attack(t, s, dev0.UUID, small, "a process skips MPS, 12 GiB", 1, 12, []string{"CUDA_MPS_PIPE_DIRECTORY=/nonexistent-carve-mps"}, false)
+	if *keepMode {
+		skip.Outcome, skip.Passed = "not enforced: compute mode Default", false
+	}
+	rows = append(rows, skip)
+	beats := worker.report(t)
+	largeHeld := podHeld(ctx, s, dev0.UUID, large)
+	worker.stop()
+	rows = append(rows, Row{Attack: "20 GiB share computes throughout", Outcome: fmt.Sprintf("%s after %v matrix products", beats["state"], beats["beats"]),
+		Passed: beats["state"] == "computing" || beats["state"] == "done", Most: largeHeld})
+
+	start = time.Now()
+	var terr error
+	for _, a := range allocs {
+		terr = errors.Join(terr, p.Unprepare(ctx, a, nil))
+	}
+	torndown = true
+	mode, merr := s.ComputeMode(ctx, dev0.UUID)
+	_, alive := mps.Daemon{Dir: filepath.Join(state, "gpushare", dev0.UUID, "mps"), UUID: dev0.UUID}.PID()
+	rows = append(rows, Row{Attack: "teardown", Outcome: fmt.Sprintf("%s: daemon left %v, compute mode %d (was %d), err %v",
+		time.Since(start).Round(time.Millisecond), alive, mode, formerMode, errors.Join(terr, merr)), Passed: terr == nil && merr == nil && !alive && mode == formerMode})
+	fmt.Println()
+	if !Table(os.Stdout, rows) {
+		t.Error("an attack was not held; see the table")
+	}
+}
+
+func share(e slices.Entry, name, size string) prepare.Allocation {
+	sid := types.UID("share-" + name)
+	return prepare.Allocation{ClaimUID: types.UID("acc-" + name), ClaimNamespace: "acc", ClaimName: name, Request: "gpu", Pool: "acceptance",
+		Device: e.Device.Name, Kind: slices.KindGPU, ShareID: &sid, Consumed: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(size)}}
+}
+
+// shareEnv is the share's MPS environment as a process on the host sees
+// it: the pipe directory's host path.
+func shareEnv(out prepare.Prepared) []string {
+	var env []string
+	for _, e := range out.Edits.Env {
+		if strings.HasPrefix(e, "CUDA_MPS_") && !strings.HasPrefix(e, "CUDA_MPS_PIPE_DIRECTORY=") {
+			env = append(env, e)
+		}
+	}
+	for _, m := range out.Edits.Mounts {
+		if m.ContainerPath == memslice.ContainerPipeDir {
+			env = append(env, "CUDA_MPS_PIPE_DIRECTORY="+m.HostPath)
+		}
+	}
+	return env
+}
+
+func newPod(t *testing.T, uid string, slice uint64) *pod {
+	base := dmem.DefaultRoot
+	if _, err := os.Stat(filepath.Join(base, "cgroup.controllers")); err != nil {
+		base = filepath.Join(base, "pids") // cgroup v1: any hierarchy names the pod
+	}
+	dir := filepath.Join(base, "carve-acceptance", "pod"+uid)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("pod cgroup: %v", err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir); _ = os.Remove(filepath.Dir(dir)) })
+	return &pod{uid: types.UID(uid), dir: dir, slice: slice}
+}

@@ -1,0 +1,149 @@
+//go:build acceptance
+
+package acceptance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/police"
+)
+
+// proc is one client process in a pod's cgroup.
+type proc struct {
+	cmd  *exec.Cmd
+	file string
+	done chan error
+}
+
+// run starts client.py in the pod's cgroup with the share's environment.
+func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib, hold float64, compute bool) *proc {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "report.json")
+	args := []string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, pd.dir, *python, *client, "--report", file,
+		"--alloc-gib", fmt.Sprint(gib), "--hold", fmt.Sprint(hold)}
+	if compute {
+		args = append(args, "--compute")
+	}
+	c := exec.Command("sh", args...)
+	c.Env = append(append(os.Environ(), pd.env...), extra...)
+	c.Stdout, c.Stderr = os.Stderr, os.Stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: c, file: file, done: make(chan error, 1)}
+	go func() { p.done <- c.Wait() }()
+	return p
+}
+
+func (p *proc) report(t *testing.T) map[string]any {
+	b, err := os.ReadFile(p.file)
+	if err != nil {
+		return map[string]any{"state": "none"}
+	}
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	return m
+}
+
+func (p *proc) waitState(t *testing.T, state string, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for p.report(t)["state"] != state {
+		if time.Now().After(deadline) {
+			t.Fatalf("client never reached %q: %v", state, p.report(t))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+	}
+}
+
+// attack runs n clients of a pod, one after another once each allocated
+// or failed, sampling what the pod holds on the GPU every 10 ms, and
+// judges the outcome.
+func attack(t *testing.T, s *gpu.Session, uuid string, pd *pod, name string, n int, gib float64, extra []string, allowed bool) Row {
+	ctx, cancel := context.WithCancel(context.Background())
+	var samples []Sample
+	var mu sync.Mutex
+	start := time.Now()
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for ctx.Err() == nil {
+			held := podHeld(ctx, s, uuid, pd)
+			mu.Lock()
+			samples = append(samples, Sample{At: time.Since(start), Held: held})
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	var procs []*proc
+	for i := 0; i < n; i++ {
+		p := run(t, s, uuid, pd, extra, gib, 4, false)
+		procs = append(procs, p)
+		deadline := time.Now().Add(60 * time.Second)
+		for st := p.report(t)["state"]; st == "none" && time.Now().Before(deadline); st = p.report(t)["state"] {
+			select {
+			case err := <-p.done:
+				p.done <- err
+				deadline = time.Now()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	refused, killed, allocated := false, false, true
+	for _, p := range procs {
+		err := <-p.done
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+				killed = true
+			}
+		}
+		if p.report(t)["state"] == "refused" {
+			refused, allocated = true, false
+		}
+		if st := p.report(t)["state"]; st != "done" && st != "allocated" {
+			allocated = false
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	<-sampled
+	if allowed {
+		return Allowed(name, pd.slice, samples, allocated)
+	}
+	return Held(name, pd.slice, samples, refused, killed)
+}
+
+// podHeld is what the pod's processes hold on the GPU, as NVML reports.
+func podHeld(ctx context.Context, s *gpu.Session, uuid string, pd *pod) uint64 {
+	procs, err := s.Processes(ctx, uuid)
+	if err != nil {
+		return 0
+	}
+	var held uint64
+	for _, p := range procs {
+		if uid, err := police.PodOf("/proc", int(p.PID)); err == nil && uid == pd.uid {
+			held += p.UsedBytes
+		}
+	}
+	return held
+}

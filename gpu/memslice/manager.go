@@ -1,0 +1,268 @@
+package memslice
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/mps"
+	"github.com/carve-dra/carve/gpu/police"
+	"github.com/carve-dra/carve/prepare/atomicfile"
+)
+
+// ContainerPipeDir is where a share's container sees its GPU's MPS pipe
+// directory.
+const ContainerPipeDir = "/run/nvidia-mps"
+
+// NVML is what the manager asks of the node's NVML (gpu.Session).
+type NVML interface {
+	Memory(ctx context.Context, uuid string) (nvml.Memory, error)
+	ComputeMode(ctx context.Context, uuid string) (gpu.ComputeMode, error)
+	SetComputeMode(ctx context.Context, uuid string, mode gpu.ComputeMode) error
+}
+
+// Options are what shares are made with.
+type Options struct {
+	NVML NVML
+	// Dir holds one directory per shared GPU (its MPS daemon's pipe and
+	// log directories and its gpu.json): <state-dir>/gpushare.
+	Dir string
+	// MPSControl is the nvidia-cuda-mps-control binary.
+	MPSControl string
+	// HookPath and HookArgs run `carve hook dmem-limit` (dmem tier).
+	HookPath string
+	HookArgs []string
+	// CgroupRoot is the host's cgroup v2 mount, as the hook sees it.
+	CgroupRoot string
+	// Police holds mps-policed shares to their slices; nil refuses them.
+	Police *police.Police
+	// KeepComputeMode leaves the GPU's compute mode alone (the
+	// acceptance run on a lent machine): a process that skips MPS is then
+	// not held.
+	KeepComputeMode bool
+	Logger          logr.Logger
+}
+
+// Request is one share to prepare.
+type Request struct {
+	// Key is the allocation's ShareKey.
+	Key       string
+	ClaimUID  types.UID
+	Namespace string
+	Name      string
+	ShareID   string
+	UUID      string
+	Slice     uint64
+	Choice    Choice
+	// EnvPrefix is the allocation's CARVE_<REQUEST>_.
+	EnvPrefix string
+}
+
+// Record is a share's undo record, kept in the checkpoint.
+type Record struct {
+	Tier      Tier   `json:"tier"`
+	UUID      string `json:"uuid"`
+	Slice     uint64 `json:"sliceBytes"`
+	Region    string `json:"region,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+}
+
+// gpuState is a shared GPU's file: written before its compute mode is
+// changed, so that the former mode is restored after any crash.
+type gpuState struct {
+	FormerComputeMode gpu.ComputeMode `json:"formerComputeMode"`
+	Tier              Tier            `json:"tier"`
+}
+
+// Manager prepares and undoes GPU memory shares.
+type Manager struct {
+	opts   Options
+	mu     sync.Mutex
+	shares map[string]Request
+}
+
+// New returns the manager; Restore brings back what the checkpoint holds.
+func New(opts Options) *Manager {
+	return &Manager{opts: opts, shares: map[string]Request{}}
+}
+
+func (m *Manager) gpuDir(uuid string) string { return filepath.Join(m.opts.Dir, uuid) }
+
+func (m *Manager) daemon(uuid string, tier Tier) mps.Daemon {
+	d := mps.Daemon{Path: m.opts.MPSControl, Dir: filepath.Join(m.gpuDir(uuid), "mps"), UUID: uuid}
+	if tier == TierDMEM {
+		d.Protocol = 3
+	}
+	return d
+}
+
+// onGPU lists the shares on a GPU other than key, with m.mu held.
+func (m *Manager) onGPU(uuid, key string) []Request {
+	var out []Request
+	for k, r := range m.shares {
+		if r.UUID == uuid && k != key {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Prepare makes a share real on its GPU's tier and returns its container
+// edits and undo record. On failure nothing of it is left, and a GPU with
+// no other share is given back as it was.
+func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdits, Record, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec := Record{Tier: r.Choice.Tier, UUID: r.UUID, Slice: r.Slice, Region: r.Choice.Region, Namespace: r.Namespace, Name: r.Name}
+	switch r.Choice.Tier {
+	case TierDMEM, TierMPSPoliced:
+	default:
+		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: memory slices are not enforced here (%s); allocate it whole", r.UUID, r.Choice.Reason)
+	}
+	if r.Choice.Tier == TierMPSPoliced && m.opts.Police == nil {
+		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: mps-policed shares need the policing loop, which is not running", r.UUID)
+	}
+	if r.Slice == 0 {
+		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: a share of 0 bytes of memory", r.UUID)
+	}
+	others := m.onGPU(r.UUID, r.Key)
+	if _, again := m.shares[r.Key]; !again {
+		if err := m.checkLeft(ctx, r, others); err != nil {
+			return cdispec.ContainerEdits{}, rec, err
+		}
+	}
+	if err := m.setUp(ctx, r, append(others, r)); err != nil {
+		if len(others) == 0 {
+			if terr := m.tearDown(ctx, r.UUID); terr != nil {
+				err = errors.Join(err, fmt.Errorf("giving GPU %s back: %w", r.UUID, terr))
+			}
+		}
+		return cdispec.ContainerEdits{}, rec, err
+	}
+	m.shares[r.Key] = r
+	if r.Choice.Tier == TierMPSPoliced {
+		m.opts.Police.Add(policeShare(r))
+	}
+	return m.edits(r), rec, nil
+}
+
+// checkLeft refuses a slice larger than the memory left on the GPU: what
+// the other shares' slices leave of its total, and no more than is free.
+func (m *Manager) checkLeft(ctx context.Context, r Request, others []Request) error {
+	mem, err := m.opts.NVML.Memory(ctx, r.UUID)
+	if err != nil {
+		return fmt.Errorf("GPU %s: memory left: %w", r.UUID, err)
+	}
+	var promised uint64
+	for _, o := range others {
+		promised += o.Slice
+	}
+	left := uint64(0)
+	if mem.Total > promised {
+		left = mem.Total - promised
+	}
+	left = min(left, mem.Free)
+	if r.Slice > left {
+		return fmt.Errorf("GPU %s: a slice of %d MiB is more than the %d MiB left (total %d MiB, %d MiB promised to %d other share(s), %d MiB free)",
+			r.UUID, r.Slice>>20, left>>20, mem.Total>>20, promised>>20, len(others), mem.Free>>20)
+	}
+	return nil
+}
+
+// setUp brings the GPU to serve shares: its state file, its compute mode,
+// its daemon and ceiling. Every step is idempotent.
+func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
+	if err := m.holdComputeMode(ctx, r.UUID, r.Choice.Tier); err != nil {
+		return err
+	}
+	d := m.daemon(r.UUID, r.Choice.Tier)
+	started, err := d.Ensure(ctx)
+	if err != nil {
+		return fmt.Errorf("GPU %s: %w", r.UUID, err)
+	}
+	if started {
+		m.opts.Logger.Info("Started the MPS control daemon of a shared GPU", "gpu", r.UUID, "tier", r.Choice.Tier, "dir", d.Dir)
+	}
+	if r.Choice.Tier == TierMPSPoliced {
+		return d.SetCeiling(ctx, ceiling(all))
+	}
+	return nil
+}
+
+// ceiling is the per-process MPS ceiling of a GPU: its largest slice.
+func ceiling(shares []Request) uint64 {
+	var c uint64
+	for _, s := range shares {
+		c = max(c, s.Slice)
+	}
+	return c
+}
+
+// holdComputeMode records the GPU's mode and sets EXCLUSIVE_PROCESS, so
+// that MPS is the only way onto it.
+func (m *Manager) holdComputeMode(ctx context.Context, uuid string, tier Tier) error {
+	path := filepath.Join(m.gpuDir(uuid), "gpu.json")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		st := gpuState{FormerComputeMode: gpu.ComputeModeDefault, Tier: tier}
+		if !m.opts.KeepComputeMode {
+			if st.FormerComputeMode, err = m.opts.NVML.ComputeMode(ctx, uuid); err != nil {
+				return fmt.Errorf("GPU %s: %w", uuid, err)
+			}
+		}
+		data, _ := json.Marshal(st)
+		if err := os.MkdirAll(m.gpuDir(uuid), 0o755); err != nil {
+			return fmt.Errorf("GPU %s: %w", uuid, err)
+		}
+		if err := atomicfile.Write(path, data, 0o644); err != nil {
+			return fmt.Errorf("GPU %s: record its compute mode: %w", uuid, err)
+		}
+	}
+	if m.opts.KeepComputeMode {
+		return nil
+	}
+	mode, err := m.opts.NVML.ComputeMode(ctx, uuid)
+	if err == nil && mode != gpu.ComputeModeExclusiveProcess {
+		err = m.opts.NVML.SetComputeMode(ctx, uuid, gpu.ComputeModeExclusiveProcess)
+	}
+	if err != nil {
+		return fmt.Errorf("GPU %s: EXCLUSIVE_PROCESS, without which a process could skip MPS: %w", uuid, err)
+	}
+	return nil
+}
+
+func (m *Manager) edits(r Request) cdispec.ContainerEdits {
+	d := m.daemon(r.UUID, r.Choice.Tier)
+	e := cdispec.ContainerEdits{
+		Env: []string{
+			"CUDA_MPS_PIPE_DIRECTORY=" + ContainerPipeDir,
+			r.EnvPrefix + "GPU_MEMORY_SLICE=" + strconv.FormatUint(r.Slice, 10),
+			r.EnvPrefix + "GPU_MEMORY_ENFORCEMENT=" + string(r.Choice.Tier),
+		},
+		Mounts: []*cdispec.Mount{{HostPath: d.PipeDir(), ContainerPath: ContainerPipeDir, Options: []string{"rbind", "rw", "nosuid", "nodev"}}},
+	}
+	switch r.Choice.Tier {
+	case TierMPSPoliced:
+		e.Env = append(e.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+mps.ClientLimit(r.Slice))
+	case TierDMEM:
+		args := append(append([]string(nil), m.opts.HookArgs...), "--cgroup-root", m.opts.CgroupRoot,
+			"--region", r.Choice.Region, "--max", strconv.FormatUint(r.Slice, 10), "--min", strconv.FormatUint(r.Slice, 10))
+		e.Hooks = []*cdispec.Hook{{HookName: "createRuntime", Path: m.opts.HookPath, Args: args}}
+	}
+	return e
+}
+
+func policeShare(r Request) police.Share {
+	return police.Share{Key: r.Key, ClaimUID: r.ClaimUID, Namespace: r.Namespace, Name: r.Name, ShareID: r.ShareID, UUID: r.UUID, Slice: r.Slice}
+}

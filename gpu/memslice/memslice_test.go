@@ -1,0 +1,238 @@
+package memslice
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/mps"
+	"github.com/carve-dra/carve/gpu/police"
+)
+
+const gib = uint64(1) << 30
+
+// fakeNVML is one 80 GiB GPU's memory and compute mode.
+type fakeNVML struct {
+	mu    sync.Mutex
+	free  uint64
+	mode  gpu.ComputeMode
+	modes []gpu.ComputeMode
+}
+
+func (f *fakeNVML) Memory(_ context.Context, uuid string) (nvml.Memory, error) {
+	if uuid != "GPU-1" {
+		return nvml.Memory{}, fmt.Errorf("no GPU %s", uuid)
+	}
+	return nvml.Memory{Total: 80 * gib, Free: f.free, Used: 80*gib - f.free}, nil
+}
+
+func (f *fakeNVML) ComputeMode(context.Context, string) (gpu.ComputeMode, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mode, nil
+}
+
+func (f *fakeNVML) SetComputeMode(_ context.Context, _ string, m gpu.ComputeMode) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mode = m
+	f.modes = append(f.modes, m)
+	return nil
+}
+
+type noProcs struct{}
+
+func (noProcs) Processes(context.Context, string) ([]gpu.Process, error) { return nil, nil }
+
+type env struct {
+	nv   *fakeNVML
+	dir  string
+	log  string
+	pol  *police.Police
+	opts Options
+}
+
+// newEnv puts the fake nvidia-cuda-mps-control on PATH (it records every
+// command in a log) and makes a manager's options over a fake NVML.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	bin, err := filepath.Abs("../mps/testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	e := &env{nv: &fakeNVML{free: 79 * gib}, dir: filepath.Join(t.TempDir(), "gpushare"), log: filepath.Join(t.TempDir(), "commands")}
+	t.Setenv("FAKE_MPS_LOG", e.log)
+	e.pol = police.New(police.Options{Processes: noProcs{}})
+	e.opts = Options{NVML: e.nv, Dir: e.dir, MPSControl: mps.Binary, HookPath: "/var/lib/carve/bin/carve",
+		HookArgs: []string{"carve", "hook", "dmem-limit"}, CgroupRoot: "/sys/fs/cgroup", Police: e.pol}
+	t.Cleanup(func() {
+		for _, tier := range []Tier{TierMPSPoliced, TierDMEM} {
+			if pid, alive := New(e.opts).daemon("GPU-1", tier).PID(); alive {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return e
+}
+
+func (e *env) commands(t *testing.T) string {
+	b, err := os.ReadFile(e.log)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if l != "get_server_list" && l != "" {
+			out = append(out, strings.SplitN(l, " visible=", 2)[0])
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func share(key string, slice uint64, tier Tier) Request {
+	return Request{Key: key, ClaimUID: types.UID("uid-" + key), Namespace: "ns", Name: "claim-" + key, ShareID: "s-" + key,
+		UUID: "GPU-1", Slice: slice, Choice: Choice{Tier: tier, Region: "nvidia/0000:19:00.0/vidmem"}, EnvPrefix: "CARVE_GPU_"}
+}
+
+func TestMPSPolicedLifecycle(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	m := New(e.opts)
+	edits, rec, err := m.Prepare(ctx, share("a", 10*gib, TierMPSPoliced))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Tier != TierMPSPoliced || rec.Slice != 10*gib || rec.UUID != "GPU-1" {
+		t.Errorf("record %+v", rec)
+	}
+	envs := strings.Join(edits.Env, " ")
+	for _, want := range []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=" + ContainerPipeDir, "CARVE_GPU_GPU_MEMORY_ENFORCEMENT=mps-policed"} {
+		if !strings.Contains(envs, want) {
+			t.Errorf("env %q lacks %s", envs, want)
+		}
+	}
+	if len(edits.Mounts) != 1 || edits.Mounts[0].HostPath != filepath.Join(e.dir, "GPU-1", "mps", "pipe") {
+		t.Errorf("mounts %+v", edits.Mounts)
+	}
+	if _, _, err := m.Prepare(ctx, share("b", 20*gib, TierMPSPoliced)); err != nil {
+		t.Fatal(err)
+	}
+	// Prepare is idempotent: the same share again changes nothing.
+	if _, _, err := m.Prepare(ctx, share("b", 20*gib, TierMPSPoliced)); err != nil {
+		t.Fatal(err)
+	}
+	if e.nv.mode != gpu.ComputeModeExclusiveProcess || len(e.nv.modes) != 1 {
+		t.Errorf("compute modes set %v", e.nv.modes)
+	}
+	if len(e.pol.Usage()) != 2 {
+		t.Errorf("policed shares %v", e.pol.Usage())
+	}
+	if err := m.Unprepare(ctx, "b", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unprepare(ctx, "a", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unprepare(ctx, "a", "GPU-1"); err != nil {
+		t.Errorf("unprepare again: %v", err)
+	}
+	want := strings.Join([]string{
+		"start -d",
+		"set_default_device_pinned_mem_limit 0 10240M",
+		"set_default_device_pinned_mem_limit 0 20480M",
+		"set_default_device_pinned_mem_limit 0 20480M",
+		"set_default_device_pinned_mem_limit 0 10240M", // b gone: the ceiling comes down
+		"quit",
+	}, "\n")
+	if got := e.commands(t); got != want {
+		t.Errorf("daemon commands:\n%s\nwant:\n%s", got, want)
+	}
+	if e.nv.mode != gpu.ComputeModeDefault {
+		t.Errorf("compute mode %d after the last share, want Default back", e.nv.mode)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "GPU-1")); !os.IsNotExist(err) {
+		t.Errorf("GPU directory left: %v", err)
+	}
+	if len(e.pol.Usage()) != 0 {
+		t.Errorf("still policed: %v", e.pol.Usage())
+	}
+}
+
+func TestSliceLargerThanWhatIsLeftIsRefused(t *testing.T) {
+	ctx := context.Background()
+	for _, tier := range []Tier{TierMPSPoliced, TierDMEM} {
+		e := newEnv(t)
+		m := New(e.opts)
+		if _, _, err := m.Prepare(ctx, share("a", 60*gib, tier)); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := m.Prepare(ctx, share("b", 25*gib, tier))
+		if err == nil || !strings.Contains(err.Error(), "more than the 20480 MiB left") {
+			t.Errorf("%s: 25 GiB beside 60 GiB of 80: %v", tier, err)
+		}
+		e.nv.free = 5 * gib // something outside carve holds the card
+		if _, _, err := m.Prepare(ctx, share("c", 10*gib, tier)); err == nil || !strings.Contains(err.Error(), "5120 MiB free") {
+			t.Errorf("%s: 10 GiB with 5 GiB free: %v", tier, err)
+		}
+		if err := m.Unprepare(ctx, "a", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Refused on a GPU with no share: nothing was set up.
+	e := newEnv(t)
+	e.nv.free = 4 * gib
+	if _, _, err := New(e.opts).Prepare(ctx, share("a", 10*gib, TierMPSPoliced)); err == nil {
+		t.Fatal("10 GiB with 4 GiB free was prepared")
+	}
+	if e.commands(t) != "" || len(e.nv.modes) != 0 {
+		t.Errorf("a refused share changed the GPU: %q, modes %v", e.commands(t), e.nv.modes)
+	}
+}
+
+func TestDMEMAndNone(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	m := New(e.opts)
+	edits, rec, err := m.Prepare(ctx, share("a", 10*gib, TierDMEM))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Region != "nvidia/0000:19:00.0/vidmem" || len(edits.Hooks) != 1 {
+		t.Fatalf("record %+v, hooks %+v", rec, edits.Hooks)
+	}
+	h := edits.Hooks[0]
+	if h.HookName != "createRuntime" || strings.Join(h.Args, " ") != "carve hook dmem-limit --cgroup-root /sys/fs/cgroup --region nvidia/0000:19:00.0/vidmem --max 10737418240 --min 10737418240" {
+		t.Errorf("hook %+v", h)
+	}
+	if strings.Contains(strings.Join(edits.Env, " "), "PINNED_DEVICE_MEM_LIMIT") {
+		t.Errorf("dmem share carries the MPS v2 limit: %v", edits.Env)
+	}
+	if got := e.commands(t); got != "start -d -p 3" {
+		t.Errorf("commands %q, want an MPS v3 daemon", got)
+	}
+	if len(e.pol.Usage()) != 0 {
+		t.Error("a dmem share is policed")
+	}
+	if err := m.Unprepare(ctx, "a", ""); err != nil {
+		t.Fatal(err)
+	}
+	none := share("n", gib, TierNone)
+	none.Choice.Reason = "no nvidia-cuda-mps-control below the driver root"
+	if _, _, err := m.Prepare(ctx, none); err == nil || !strings.Contains(err.Error(), none.Choice.Reason) {
+		t.Errorf("none tier: %v", err)
+	}
+	e.opts.Police = nil
+	if _, _, err := New(e.opts).Prepare(ctx, share("p", gib, TierMPSPoliced)); err == nil {
+		t.Error("an mps-policed share was prepared without policing")
+	}
+}

@@ -1,0 +1,177 @@
+package memslice
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/police"
+	"github.com/carve-dra/carve/prepare"
+	kinds "github.com/carve-dra/carve/slices"
+)
+
+// A crash after the daemon started and before the claim was recorded as
+// prepared: the next agent finds no share in the checkpoint, gives the GPU
+// back at Restore (daemon stopped, mode restored), and the driver's
+// rollback of the started claim then finds nothing left to do.
+func TestCrashAfterDaemonBeforeCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	if _, _, err := New(e.opts).Prepare(ctx, share("a", 10*gib, TierMPSPoliced)); err != nil {
+		t.Fatal(err)
+	}
+	// The agent dies here; the daemon and EXCLUSIVE_PROCESS remain.
+	d := New(e.opts).daemon("GPU-1", TierMPSPoliced)
+	if _, alive := d.PID(); !alive || e.nv.mode != gpu.ComputeModeExclusiveProcess {
+		t.Fatal("set-up did not happen")
+	}
+	next := New(e.opts)
+	if err := next.Restore(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := d.PID(); alive {
+		t.Error("the daemon no share owns was left running")
+	}
+	if e.nv.mode != gpu.ComputeModeDefault {
+		t.Errorf("compute mode %d, want Default back", e.nv.mode)
+	}
+	if err := next.Unprepare(ctx, "a", "GPU-1"); err != nil {
+		t.Errorf("rollback: %v", err)
+	}
+	// And the claim is prepared again from scratch.
+	if _, _, err := next.Prepare(ctx, share("a", 10*gib, TierMPSPoliced)); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Unprepare(ctx, "a", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The reverse: the checkpoint holds the share, but the daemon is gone (it
+// died with the node agent's container, or was killed) and the GPU's mode
+// was reset. Restore starts it again with the ceiling, sets the mode and
+// polices the share; a daemon still running is adopted, not restarted.
+func TestCheckpointWithoutDaemon(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	r := share("a", 10*gib, TierMPSPoliced)
+	if _, _, err := New(e.opts).Prepare(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	d := New(e.opts).daemon("GPU-1", TierMPSPoliced)
+	pid, _ := d.PID()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for _, alive := d.PID(); alive; _, alive = d.PID() {
+	}
+	e.nv.mode = gpu.ComputeModeDefault
+	before := e.commands(t)
+	pol := police.New(police.Options{Processes: noProcs{}})
+	e.opts.Police = pol
+	m := New(e.opts)
+	if err := m.Restore(ctx, []Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimPrefix(e.commands(t), before+"\n"); got != "start -d\nset_default_device_pinned_mem_limit 0 10240M" {
+		t.Errorf("restore commands %q", got)
+	}
+	if e.nv.mode != gpu.ComputeModeExclusiveProcess || len(pol.Usage()) != 1 {
+		t.Errorf("mode %d, policed %v", e.nv.mode, pol.Usage())
+	}
+	// Restarted again with the daemon up: adopted.
+	before = e.commands(t)
+	if err := New(e.opts).Restore(ctx, []Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimPrefix(e.commands(t), before+"\n"); strings.Contains(got, "start") {
+		t.Errorf("a running daemon was restarted: %q", got)
+	}
+	if err := m.Unprepare(ctx, "a", ""); err != nil {
+		t.Fatal(err)
+	}
+	// The former mode recorded by the first agent is the one restored.
+	if e.nv.mode != gpu.ComputeModeDefault {
+		t.Errorf("mode %d after the last share", e.nv.mode)
+	}
+}
+
+func TestChoose(t *testing.T) {
+	capacity := map[string]uint64{"nvidia/0000:19:00.0/vidmem": 80 * gib}
+	for _, c := range []struct {
+		name string
+		f    Facts
+		tier Tier
+		why  string
+	}{
+		{"r615 with dmem", Facts{DriverVersion: "615.10", CUDADriverVersion: 13040, PCIAddress: "0000:19:00.0", Dmem: capacity, MPSControl: "/usr/bin/x"}, TierDMEM, ""},
+		{"the lent H100", Facts{DriverVersion: "580.159.04", CUDADriverVersion: 13000, PCIAddress: "0000:19:00.0", DmemErr: errors.New("absent"), MPSControl: "/usr/bin/x"}, TierMPSPoliced, "driver 580.159.04 is older than r615; CUDA 13.0 is older than 13.4; no dmem cgroup controller"},
+		{"r615 without the region", Facts{DriverVersion: "615.10", CUDADriverVersion: 13040, PCIAddress: "0000:1a:00.0", Dmem: capacity, MPSControl: "/usr/bin/x"}, TierMPSPoliced, "no nvidia/0000:1a:00.0/vidmem region"},
+		{"no MPS", Facts{DriverVersion: "615.10", CUDADriverVersion: 13040, PCIAddress: "0000:19:00.0", Dmem: capacity}, TierNone, "no nvidia-cuda-mps-control"},
+		{"MIG", Facts{MIGEnabled: true, MPSControl: "/usr/bin/x"}, TierNone, "MIG is on"},
+	} {
+		got := Choose(c.f)
+		if got.Tier != c.tier || !strings.Contains(got.Reason, c.why) {
+			t.Errorf("%s: %+v, want %s with %q", c.name, got, c.tier, c.why)
+		}
+	}
+}
+
+type oneProc struct{ pid uint32 }
+
+func (o oneProc) Processes(context.Context, string) ([]gpu.Process, error) {
+	return []gpu.Process{{PID: o.pid, UsedBytes: 3 * gib}, {PID: 99999, UsedBytes: gib}}, nil
+}
+
+func TestListShares(t *testing.T) {
+	state := t.TempDir()
+	cp, err := prepare.OpenCheckpoint(state, "boot-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := types.UID("share-1")
+	rec, _ := json.Marshal(Record{Tier: TierMPSPoliced, UUID: "GPU-1", Slice: 10 * gib})
+	alloc := prepare.Allocation{ClaimUID: "c1", ClaimNamespace: "ns", ClaimName: "small", Request: "gpu", Device: "gpu-0000-19-00-0", Kind: kinds.KindGPU, ShareID: &sid}
+	nic := prepare.Allocation{ClaimUID: "c1", Request: "net", Device: "nic-x", Kind: kinds.KindNIC, ShareID: &sid}
+	err = cp.Update(func(claims map[types.UID]prepare.ClaimRecord) error {
+		claims["c1"] = prepare.ClaimRecord{UID: "c1", Namespace: "ns", Name: "small", State: prepare.ClaimCompleted,
+			Allocations: []prepare.Allocation{nic, alloc}, Undo: []json.RawMessage{json.RawMessage(`{}`), rec}}
+		claims["c2"] = prepare.ClaimRecord{UID: "c2", Namespace: "ns", Name: "started", State: prepare.ClaimStarted, Allocations: []prepare.Allocation{alloc}}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := t.TempDir()
+	pod := types.UID("aaaaaaaa-0000-0000-0000-000000000001")
+	_ = os.MkdirAll(filepath.Join(proc, "4242"), 0o755)
+	_ = os.WriteFile(filepath.Join(proc, "4242", "cgroup"), []byte("0::/kubepods/pod"+string(pod)+"/c\n"), 0o644)
+	usage, _ := json.Marshal(police.Usage{alloc.ShareKey(): {UsedBytes: 2 * gib, Processes: 1, Kills: 3, Pods: []types.UID{pod}}})
+	_ = os.MkdirAll(filepath.Join(state, "gpushare"), 0o755)
+	if err := os.WriteFile(filepath.Join(state, UsageFile), usage, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ListShares(context.Background(), ListOptions{StateDir: state, BootID: "boot-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Share{Claim: "ns/small", ClaimUID: "c1", ShareID: "share-1", UUID: "GPU-1", Slice: 10 * gib, Used: 2 * gib, Processes: 1, Tier: TierMPSPoliced, Kills: 3}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("shares %+v, want [%+v]", got, want)
+	}
+	got, err = ListShares(context.Background(), ListOptions{StateDir: state, BootID: "boot-1", Live: oneProc{pid: 4242}, ProcRoot: proc})
+	if err != nil || len(got) != 1 || got[0].Used != 3*gib || got[0].Processes != 1 {
+		t.Errorf("live: %+v, %v", got, err)
+	}
+	if got, _ := ListShares(context.Background(), ListOptions{StateDir: state, BootID: "boot-2"}); len(got) != 0 {
+		t.Errorf("another boot's shares listed: %+v", got)
+	}
+}

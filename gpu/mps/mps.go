@@ -1,0 +1,239 @@
+// Package mps runs one NVIDIA MPS control daemon per shared GPU, with its
+// pipe and log directories under carve's state directory, through the
+// nvidia-cuda-mps-control binary: starting or adopting it, setting the
+// pinned device memory ceiling of its servers, and stopping it. Tests put a
+// fake binary on PATH.
+package mps
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Binary is the control daemon's executable name.
+const Binary = "nvidia-cuda-mps-control"
+
+// pidFile is what the control daemon writes in its pipe directory.
+const pidFile = "nvidia-cuda-mps-control.pid"
+
+// Daemon is the control daemon of one GPU.
+type Daemon struct {
+	// Path is the control binary: an absolute path, or a name looked up
+	// on PATH.
+	Path string
+	// Dir holds the daemon's pipe and log directories (Dir/pipe, Dir/log).
+	Dir string
+	// UUID is the GPU the daemon serves (its CUDA_VISIBLE_DEVICES).
+	UUID string
+	// Protocol 3 starts an MPS v3 daemon (`-p 3`); 0 the default (v2).
+	Protocol int
+	// Timeout bounds each command; 10 s when 0.
+	Timeout time.Duration
+	// ProcRoot is where the daemon's /proc entry is read; /proc when
+	// empty.
+	ProcRoot string
+}
+
+// PipeDir is the daemon's CUDA_MPS_PIPE_DIRECTORY.
+func (d Daemon) PipeDir() string { return filepath.Join(d.Dir, "pipe") }
+
+// LogDir is the daemon's CUDA_MPS_LOG_DIRECTORY.
+func (d Daemon) LogDir() string { return filepath.Join(d.Dir, "log") }
+
+func (d Daemon) env() []string {
+	return append(os.Environ(),
+		"CUDA_VISIBLE_DEVICES="+d.UUID,
+		"CUDA_MPS_PIPE_DIRECTORY="+d.PipeDir(),
+		"CUDA_MPS_LOG_DIRECTORY="+d.LogDir(),
+	)
+}
+
+func (d Daemon) timeout() time.Duration {
+	if d.Timeout > 0 {
+		return d.Timeout
+	}
+	return 10 * time.Second
+}
+
+// PID is the running control daemon's PID, from its pid file, and whether
+// that process is alive. A stale pid file gives false.
+func (d Daemon) PID() (int, bool) {
+	b, err := os.ReadFile(filepath.Join(d.PipeDir(), pidFile))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return pid, false
+	}
+	// A PID reused by another process is not the daemon: the daemon (and
+	// what it forks) carries this pipe directory in its environment.
+	env, err := os.ReadFile(filepath.Join(d.procRoot(), strconv.Itoa(pid), "environ"))
+	if err != nil || !bytes.Contains(env, []byte("CUDA_MPS_PIPE_DIRECTORY="+d.PipeDir()+"\x00")) {
+		return pid, false
+	}
+	return pid, true
+}
+
+func (d Daemon) procRoot() string {
+	if d.ProcRoot != "" {
+		return d.ProcRoot
+	}
+	return "/proc"
+}
+
+// Ensure starts the daemon unless one is running in its pipe directory and
+// answers; a running one (left by an earlier agent) is adopted. It reports
+// whether a daemon was started.
+func (d Daemon) Ensure(ctx context.Context) (bool, error) {
+	if _, alive := d.PID(); alive {
+		if _, err := d.Command(ctx, "get_server_list"); err == nil {
+			return false, nil
+		}
+		// Alive but deaf: stop it, a fresh one takes its place.
+		if err := d.Stop(ctx); err != nil {
+			return false, fmt.Errorf("MPS daemon of %s does not answer and cannot be stopped: %w", d.UUID, err)
+		}
+	}
+	for _, dir := range []string{d.PipeDir(), d.LogDir()} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return false, fmt.Errorf("MPS daemon of %s: %w", d.UUID, err)
+		}
+	}
+	_ = os.Remove(filepath.Join(d.PipeDir(), pidFile))
+	args := []string{"-d"}
+	if d.Protocol != 0 {
+		args = append(args, "-p", strconv.Itoa(d.Protocol))
+	}
+	if _, err := d.run(ctx, "", args...); err != nil {
+		return false, fmt.Errorf("start MPS daemon of %s: %w", d.UUID, err)
+	}
+	// -d returns once it has forked; wait for the daemon to answer.
+	deadline := time.Now().Add(d.timeout())
+	for {
+		if _, alive := d.PID(); alive {
+			if _, err := d.Command(ctx, "get_server_list"); err == nil {
+				return true, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return true, fmt.Errorf("MPS daemon of %s started but did not answer within %s (log: %s)", d.UUID, d.timeout(), d.LogDir())
+		}
+		select {
+		case <-ctx.Done():
+			return true, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Command sends one command to the daemon and returns its answer.
+func (d Daemon) Command(ctx context.Context, cmd string) (string, error) {
+	return d.run(ctx, cmd+"\n")
+}
+
+func (d Daemon) run(ctx context.Context, stdin string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.timeout())
+	defer cancel()
+	path := d.Path
+	if path == "" {
+		path = Binary
+	}
+	c := exec.CommandContext(ctx, path, args...)
+	c.Env = d.env()
+	c.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	if err := c.Run(); err != nil {
+		return "", fmt.Errorf("%s %s%s: %w: %s", path, strings.Join(args, " "), strings.TrimSpace(stdin), err, strings.TrimSpace(errb.String()+out.String()))
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// Servers lists the PIDs of the daemon's running MPS servers.
+func (d Daemon) Servers(ctx context.Context) ([]int, error) {
+	out, err := d.Command(ctx, "get_server_list")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(out) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("MPS daemon of %s: server list %q: %w", d.UUID, out, err)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// SetCeiling sets the pinned device memory limit, the most any one client
+// process may allocate: the default for servers to come and the limit of
+// those running (which applies to their next clients). Device 0 is the
+// daemon's only GPU.
+func (d Daemon) SetCeiling(ctx context.Context, bytes uint64) error {
+	limit := limitString(bytes)
+	if _, err := d.Command(ctx, "set_default_device_pinned_mem_limit 0 "+limit); err != nil {
+		return fmt.Errorf("MPS ceiling %s on %s: %w", limit, d.UUID, err)
+	}
+	servers, err := d.Servers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, pid := range servers {
+		if _, err := d.Command(ctx, fmt.Sprintf("set_device_pinned_mem_limit %d 0 %s", pid, limit)); err != nil {
+			return fmt.Errorf("MPS ceiling %s on %s, server %d: %w", limit, d.UUID, pid, err)
+		}
+	}
+	return nil
+}
+
+// limitString writes a byte count in MPS's units, whole MiB rounded down,
+// so that a limit never exceeds the slice.
+func limitString(bytes uint64) string { return fmt.Sprintf("%dM", bytes>>20) }
+
+// ClientLimit is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for a client of one GPU
+// (device 0 of those it sees).
+func ClientLimit(bytes uint64) string { return "0=" + limitString(bytes) }
+
+// Stop quits the daemon (and its servers) and waits for it to exit; no
+// daemon is success. The pipe and log directories are removed.
+func (d Daemon) Stop(ctx context.Context) error {
+	pid, alive := d.PID()
+	if alive {
+		if _, err := d.Command(ctx, "quit"); err != nil {
+			// A daemon that cannot be asked is killed.
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		deadline := time.Now().Add(d.timeout())
+		for {
+			if _, alive = d.PID(); !alive {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("MPS daemon of %s (pid %d) still running %s after quit", d.UUID, pid, d.timeout())
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	if err := os.RemoveAll(d.Dir); err != nil {
+		return fmt.Errorf("remove MPS directories of %s: %w", d.UUID, err)
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+package mps
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// fakeDaemon puts the fake control binary on PATH and returns a daemon
+// in a fresh directory and the file its commands are recorded in.
+func fakeDaemon(t *testing.T) (Daemon, string) {
+	t.Helper()
+	bin, err := filepath.Abs("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	log := filepath.Join(t.TempDir(), "commands")
+	t.Setenv("FAKE_MPS_LOG", log)
+	d := Daemon{Dir: filepath.Join(t.TempDir(), "mps", "GPU-1"), UUID: "GPU-1"}
+	t.Cleanup(func() {
+		if pid, alive := d.PID(); alive {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return d, log
+}
+
+func commands(t *testing.T, log string) []string {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+func TestStartCeilingStop(t *testing.T) {
+	ctx := context.Background()
+	d, log := fakeDaemon(t)
+	started, err := d.Ensure(ctx)
+	if err != nil || !started {
+		t.Fatalf("Ensure = %v, %v", started, err)
+	}
+	if err := os.WriteFile(filepath.Join(d.PipeDir(), "servers"), []byte("777\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetCeiling(ctx, 20<<30+123); err != nil {
+		t.Fatal(err)
+	}
+	// A second Ensure adopts the running daemon.
+	if started, err := d.Ensure(ctx); err != nil || started {
+		t.Fatalf("second Ensure = %v, %v; want the daemon adopted", started, err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.Dir); !os.IsNotExist(err) {
+		t.Errorf("daemon directory left: %v", err)
+	}
+	want := []string{
+		"start -d visible=GPU-1 pipe=" + d.PipeDir() + " log=" + d.LogDir(),
+		"get_server_list",
+		"set_default_device_pinned_mem_limit 0 20480M",
+		"get_server_list",
+		"set_device_pinned_mem_limit 777 0 20480M",
+		"get_server_list",
+		"quit",
+	}
+	if got := commands(t, log); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("commands:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Errorf("stopping no daemon: %v", err)
+	}
+}
+
+func TestStalePIDFileAndV3(t *testing.T) {
+	ctx := context.Background()
+	d, log := fakeDaemon(t)
+	d.Protocol = 3
+	if err := os.MkdirAll(d.PipeDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// PID 1 is alive but is not this daemon: never adopted, never killed.
+	if err := os.WriteFile(filepath.Join(d.PipeDir(), pidFile), []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := d.PID(); alive {
+		t.Fatal("a foreign process was taken for the daemon")
+	}
+	if started, err := d.Ensure(ctx); err != nil || !started {
+		t.Fatalf("Ensure = %v, %v", started, err)
+	}
+	if got := commands(t, log)[0]; !strings.HasPrefix(got, "start -d -p 3 ") {
+		t.Errorf("start = %q, want -d -p 3", got)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStartFailure(t *testing.T) {
+	d, _ := fakeDaemon(t)
+	t.Setenv("FAKE_MPS_FAIL_START", "1")
+	if _, err := d.Ensure(context.Background()); err == nil || !strings.Contains(err.Error(), "fake start failure") {
+		t.Errorf("Ensure = %v, want the daemon's own error", err)
+	}
+	if ClientLimit(10<<30) != "0=10240M" {
+		t.Errorf("ClientLimit = %q", ClientLimit(10<<30))
+	}
+}

@@ -1,0 +1,52 @@
+package police
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// podUID finds a pod's UID in a cgroup path, in the kubelet's cgroupfs
+// ("pod<uid>") and systemd ("pod<uid with _>.slice") forms, v1 or v2.
+var podUID = regexp.MustCompile(`pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})`)
+
+// PodOf maps a process to the UID of the pod it runs in, from
+// <procRoot>/<pid>/cgroup. A process that is gone, or in no pod, is an
+// error.
+func PodOf(procRoot string, pid int) (types.UID, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return "", fmt.Errorf("process %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if m := podUID.FindStringSubmatch(line); m != nil {
+			return types.UID(strings.ReplaceAll(m[1], "_", "-")), nil
+		}
+	}
+	return "", fmt.Errorf("process %d is in no pod's cgroup", pid)
+}
+
+// StartTime is a process's start time in clock ticks since boot (field 22
+// of /proc/<pid>/stat); 0 where it cannot be read.
+func StartTime(procRoot string, pid int) uint64 {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0
+	}
+	v, _ := strconv.ParseUint(f[19], 10, 64)
+	return v
+}

@@ -1,0 +1,110 @@
+package prep_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/gputest"
+	"github.com/carve-dra/carve/gpu/memslice"
+	"github.com/carve-dra/carve/gpu/mps"
+	"github.com/carve-dra/carve/gpu/police"
+	"github.com/carve-dra/carve/gpu/prep"
+	cslices "github.com/carve-dra/carve/slices"
+)
+
+type cardNVML struct{ mode gpu.ComputeMode }
+
+func (c *cardNVML) Memory(context.Context, string) (nvml.Memory, error) {
+	return nvml.Memory{Total: 80 << 30, Free: 79 << 30}, nil
+}
+func (c *cardNVML) ComputeMode(context.Context, string) (gpu.ComputeMode, error) { return c.mode, nil }
+func (c *cardNVML) SetComputeMode(_ context.Context, _ string, m gpu.ComputeMode) error {
+	c.mode = m
+	return nil
+}
+
+type idle struct{}
+
+func (idle) Processes(context.Context, string) ([]gpu.Process, error) { return nil, nil }
+
+func TestMemoryShareOfAWholeGPU(t *testing.T) {
+	f := newFixture(t, gputest.H100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	bin, _ := filepath.Abs("../mps/testdata")
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	card := &cardNVML{}
+	dir := filepath.Join(t.TempDir(), "gpushare")
+	mgr := memslice.New(memslice.Options{NVML: card, Dir: dir, MPSControl: mps.Binary, Police: police.New(police.Options{Processes: idle{}})})
+	p := prep.New(prep.Options{NVML: f.session, Root: f.root, DriverRoot: "/usr/local/nvidia", Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	p.Devices = func() map[string]cslices.Entry { return f.res.Index }
+	name := "gpu-0000-3b-00-0"
+	e := f.res.Index[name]
+	g := *e.GPU
+	g.Memory = discovery.GPUMemory{Enforcement: "mps-policed"}
+	e.GPU = &g
+	f.res.Index[name] = e
+	t.Cleanup(func() {
+		d := mps.Daemon{Dir: filepath.Join(dir, gputest.H100UUID(1), "mps"), UUID: gputest.H100UUID(1)}
+		if pid, alive := d.PID(); alive {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+
+	sid := types.UID("s1")
+	a := alloc("c1", name, cslices.KindGPU)
+	a.ShareID = &sid
+	a.Consumed = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}
+	out, err := p.Prepare(ctx, a, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := strings.Join(out.Edits.Env, " ")
+	for _, want := range []string{"CARVE_GPU_GPU_UUID=" + gputest.H100UUID(1), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("env %q lacks %s", env, want)
+		}
+	}
+	found := false
+	for _, n := range out.Edits.DeviceNodes {
+		found = found || n.Path == "/dev/nvidia1"
+	}
+	if !found {
+		t.Error("the share's container lacks the GPU's device node")
+	}
+	var rec memslice.Record
+	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != gputest.H100UUID(1) {
+		t.Fatalf("undo %s: %v", out.Undo, err)
+	}
+	if card.mode != gpu.ComputeModeExclusiveProcess {
+		t.Errorf("compute mode %d", card.mode)
+	}
+	// A crash before the record: Unprepare finds the GPU from the device.
+	if err := p.Unprepare(ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if card.mode != gpu.ComputeModeDefault {
+		t.Errorf("compute mode %d after unprepare", card.mode)
+	}
+	// A GPU whose slices cannot be enforced refuses shares.
+	g.Memory = discovery.GPUMemory{Enforcement: "none", Reason: "no nvidia-cuda-mps-control below the driver root"}
+	if _, err := p.Prepare(ctx, a, e); err == nil || !strings.Contains(err.Error(), "allocate it whole") {
+		t.Errorf("share on a none GPU: %v", err)
+	}
+	a.Consumed = nil
+	if _, err := p.Prepare(ctx, a, e); err == nil || !strings.Contains(err.Error(), "consumes no memory") {
+		t.Errorf("share without memory: %v", err)
+	}
+}

@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/dmem"
+	"github.com/carve-dra/carve/gpu/memslice"
+	"github.com/carve-dra/carve/gpu/mps"
+	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/gpu/police"
+)
+
+// gpuMemory chooses each GPU's memory enforcement tier once, the first
+// time the GPU is seen, and runs the policing loop of mps-policed shares.
+type gpuMemory struct {
+	cgroupRoot, driverRoot string
+	mu                     sync.Mutex
+	chosen                 map[string]memslice.Choice
+	police                 *police.Police
+	shares                 *memslice.Manager
+}
+
+// openGPUMemory wires GPU memory shares: the manager, the policing loop
+// (running until ctx ends) with the claim's reserved pods and pod events
+// from the API server.
+func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hookPath string) *gpuMemory {
+	logger := klog.FromContext(ctx).WithName("gpumem")
+	g := &gpuMemory{cgroupRoot: filepath.Join(firstSet(opts.Root), dmem.DefaultRoot), driverRoot: driverRoot(opts), chosen: map[string]memslice.Choice{}}
+	if s == nil {
+		return g
+	}
+	popts := police.Options{Processes: s, ProcRoot: filepath.Join(firstSet(opts.Root), "proc"),
+		StateFile: filepath.Join(opts.StateDir, memslice.UsageFile), Logger: logger}
+	if opts.KubeClient != nil {
+		popts.Owners = claimOwners{opts.KubeClient}
+		popts.Recorder = podEvents(opts.KubeClient, opts.NodeName)
+	}
+	g.police = police.New(popts)
+	go g.police.Run(ctx)
+	control := gpu.FindFile(g.driverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
+	g.shares = memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, "gpushare"), MPSControl: control,
+		HookPath: hookPath, HookArgs: []string{"carve", "hook", "dmem-limit"}, CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger})
+	return g
+}
+
+// tiers is the inventory's GPUMemory: each GPU's tier, chosen at start.
+func (g *gpuMemory) tiers(ctx context.Context, inv *nvmlinfo.Inventory) map[string]discovery.GPUMemory {
+	if inv == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var fresh *nvmlinfo.Inventory
+	for _, d := range inv.Devices {
+		if _, ok := g.chosen[d.UUID]; !ok {
+			if fresh == nil {
+				fresh = &nvmlinfo.Inventory{DriverVersion: inv.DriverVersion, CUDADriverVersion: inv.CUDADriverVersion}
+			}
+			fresh.Devices = append(fresh.Devices, d)
+		}
+	}
+	if fresh != nil {
+		for uuid, c := range memslice.Detect(fresh, g.cgroupRoot, g.driverRoot) {
+			g.chosen[uuid] = c
+			klog.FromContext(ctx).Info("GPU memory enforcement chosen", "gpu", uuid, "tier", c.Tier, "reason", c.Reason)
+		}
+	}
+	out := map[string]discovery.GPUMemory{}
+	for _, d := range inv.Devices {
+		c := g.chosen[d.UUID]
+		if g.shares == nil {
+			c = memslice.Choice{Tier: memslice.TierNone, Reason: "no NVML session"}
+		}
+		out[d.UUID] = discovery.GPUMemory{Enforcement: string(c.Tier), Reason: c.Reason, Region: c.Region}
+	}
+	return out
+}
+
+// claimOwners reads a claim's reserved pods from the API server.
+type claimOwners struct{ client kubernetes.Interface }
+
+func (c claimOwners) ReservedPods(ctx context.Context, namespace, name string) ([]police.PodRef, error) {
+	claim, err := c.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []police.PodRef
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource == "pods" && r.APIGroup == "" {
+			out = append(out, police.PodRef{Namespace: namespace, Name: r.Name, UID: r.UID})
+		}
+	}
+	return out, nil
+}
+
+// eventRecorder records pod events through client-go's broadcaster.
+type eventRecorder struct{ rec record.EventRecorder }
+
+func podEvents(client kubernetes.Interface, node string) eventRecorder {
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return eventRecorder{b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "carve", Host: node})}
+}
+
+func (e eventRecorder) PodEvent(pod police.PodRef, reason, message string) {
+	e.rec.Event(&corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		corev1.EventTypeWarning, reason, message)
+}
