@@ -36,6 +36,12 @@ func TestHookBinaryIsStatic(t *testing.T) {
 	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--spec FILE is required") {
 		t.Errorf("no --spec: exit %d, %q; want 2 and the usage", code, out)
 	}
+	for _, args := range [][]string{{"resctrl-attach"}, {"dmem-limit", "--region", "nvidia/0000:19:00.0/vidmem"}, {"no-such-hook"}} {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if code := exitCode(err); code != 2 {
+			t.Errorf("%v: exit %d, %q; want 2 and what is missing", args, code, out)
+		}
+	}
 	out, err = exec.Command(bin, "netns-attach", "--spec", filepath.Join(t.TempDir(), "missing.json")).CombinedOutput()
 	if code := exitCode(err); code != 1 || !strings.Contains(string(out), "attach spec") {
 		t.Errorf("a missing spec: exit %d, %q; want 1 naming the spec", code, out)

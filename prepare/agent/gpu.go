@@ -20,12 +20,12 @@ type gpus struct {
 	memory  *gpuMemory
 }
 
-func openGPUs(ctx context.Context, opts Options, hookPath string) (*gpus, error) {
+func openGPUs(ctx context.Context, opts Options, hook hookBinary) (*gpus, error) {
 	s, reason, err := gpuopen.Open(ctx, gpuopen.Options{Replay: opts.NVMLReplay, DriverRoot: driverRoot(opts), Timeout: opts.NVMLTimeout})
 	if err != nil {
 		return nil, err
 	}
-	mem := openGPUMemory(ctx, opts, s, hookPath)
+	mem := openGPUMemory(ctx, opts, s, hook)
 	return &gpus{session: s, reason: reason, memory: mem, prep: prep.New(prep.Options{
 		NVML: s, Root: opts.Root, DriverRoot: opts.NVIDIADriverRoot, CDIHookPath: opts.NVIDIACDIHook,
 		Shares: mem.shares, Logger: klog.FromContext(ctx).WithName("gpu"),

@@ -35,7 +35,7 @@ type gpuMemory struct {
 // openGPUMemory wires GPU memory shares: the manager, the policing loop
 // (running until ctx ends) with the claim's reserved pods and pod events
 // from the API server.
-func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hookPath string) *gpuMemory {
+func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookBinary) *gpuMemory {
 	logger := klog.FromContext(ctx).WithName("gpumem")
 	g := &gpuMemory{cgroupRoot: filepath.Join(firstSet(opts.Root), dmem.DefaultRoot), driverRoot: driverRoot(opts), chosen: map[string]memslice.Choice{}}
 	if s == nil {
@@ -51,7 +51,7 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hookPath s
 	go g.police.Run(ctx)
 	control := gpu.FindFile(g.driverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
 	g.shares = memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, "gpushare"), MPSControl: control,
-		HookPath: hookPath, HookArgs: []string{"carve", "hook", "dmem-limit"}, CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger})
+		HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger})
 	return g
 }
 

@@ -60,17 +60,17 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 			logger.Info("Removed classifier links whose network namespace is gone", "links", removed)
 		}
 	}
-	hookPath, hookArgs, err := installHookBinary(opts.StateDir)
+	hook, err := installHookBinary(opts.StateDir)
 	if err != nil {
 		k.close()
 		return nil, err
 	}
-	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hookPath, HookArgs: hookArgs, Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir, BootID: bootID})
+	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hook.path, HookArgs: hook.argv("netns-attach"), Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir, BootID: bootID})
 	if err != nil {
 		k.close()
 		return nil, err
 	}
-	if k.gpus, err = openGPUs(ctx, opts, hookPath); err != nil {
+	if k.gpus, err = openGPUs(ctx, opts, hook); err != nil {
 		k.close()
 		return nil, err
 	}
@@ -82,7 +82,7 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 	k.preparers = map[string]prepare.Preparer{
 		slices.KindNIC:  nics,
 		slices.KindFPGA: fpga.Preparer{Root: firstSet(opts.FPGARoot, opts.Root)},
-		slices.KindLLC:  llcPreparer(ctx, opts, hookPath),
+		slices.KindLLC:  llcPreparer(ctx, opts, hook),
 		slices.KindGPU:  k.gpus.prep,
 		slices.KindMIG:  k.gpus.prep,
 	}
@@ -92,18 +92,18 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 // llcPreparer prepares LLC shares through resctrl under the root the
 // caches are read from, where it is mounted; the hook writes to the same
 // directory as the host sees it.
-func llcPreparer(ctx context.Context, opts Options, hookPath string) *llc.Preparer {
+func llcPreparer(ctx context.Context, opts Options, hook hookBinary) *llc.Preparer {
 	cacheRoot := firstSet(opts.CPUCacheRoot, opts.Root)
 	dir := resctrl.HostDir(cacheRoot)
 	if _, err := resctrl.ReadL3Info(dir); err != nil {
 		klog.FromContext(ctx).V(1).Info("No resctrl L3 allocation; LLCs are prepared whole only", "dir", dir, "reason", err)
-		return llc.New(llc.Options{HookPath: hookPath})
+		return llc.New(llc.Options{HookPath: hook.path, HookArgs: hook.argv("resctrl-attach")})
 	}
 	hostDir := string(dir)
 	if rel, err := filepath.Rel(firstSet(opts.Root), string(dir)); err == nil && !strings.HasPrefix(rel, "..") {
 		hostDir = filepath.Join("/", rel)
 	}
-	return llc.New(llc.Options{FS: dir, HostDir: hostDir, HookPath: hookPath})
+	return llc.New(llc.Options{FS: dir, HostDir: hostDir, HookPath: hook.path, HookArgs: hook.argv("resctrl-attach")})
 }
 
 func firstSet(paths ...string) string {
@@ -143,33 +143,46 @@ func openShaper(pinDir string) (*bpf.Shaper, error) {
 	return bpf.OpenShaper(pinDir)
 }
 
+// hookBinary is the hook the container runtime runs, as installed on the
+// host: the small static carve-hook, or the agent's own binary.
+type hookBinary struct {
+	path  string
+	small bool
+}
+
+// argv is the hook's command line up to its flags.
+func (h hookBinary) argv(hook string) []string {
+	if h.small {
+		return []string{"carve-hook", hook}
+	}
+	return []string{"carve", "hook", hook}
+}
+
 // installHookBinary copies the hook into the state directory, which is the
 // same path on the host: the container runtime runs the hook from there, on
 // the host, where the agent's image is not. The hook is the small static
 // carve-hook beside the agent's binary (the image ships it), else the
-// agent's own binary. It returns the installed path and the hook's argv up
-// to its flags.
-func installHookBinary(stateDir string) (string, []string, error) {
+// agent's own binary, which has the same hooks under `carve hook`.
+func installHookBinary(stateDir string) (hookBinary, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return hookBinary{}, err
 	}
-	src, name, args := self, "carve", []string{"carve", "hook", "netns-attach"}
+	src, h := self, hookBinary{path: filepath.Join(stateDir, "bin", "carve")}
 	if small := filepath.Join(filepath.Dir(self), "carve-hook"); fileExists(small) {
-		src, name, args = small, "carve-hook", []string{"carve-hook", "netns-attach"}
+		src, h = small, hookBinary{path: filepath.Join(stateDir, "bin", "carve-hook"), small: true}
 	}
 	data, err := os.ReadFile(src)
 	if err != nil {
-		return "", nil, fmt.Errorf("read the hook binary: %w", err)
+		return hookBinary{}, fmt.Errorf("read the hook binary: %w", err)
 	}
-	dst := filepath.Join(stateDir, "bin", name)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", nil, err
+	if err := os.MkdirAll(filepath.Dir(h.path), 0o755); err != nil {
+		return hookBinary{}, err
 	}
-	if err := atomicfile.Write(dst, data, 0o755); err != nil {
-		return "", nil, fmt.Errorf("install the hook binary: %w", err)
+	if err := atomicfile.Write(h.path, data, 0o755); err != nil {
+		return hookBinary{}, fmt.Errorf("install the hook binary: %w", err)
 	}
-	return dst, args, nil
+	return h, nil
 }
 
 func fileExists(path string) bool {

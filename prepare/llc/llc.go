@@ -36,8 +36,10 @@ type Options struct {
 	// HostDir is resctrl's mount point on the host, which the hook,
 	// run by the container runtime on the host, writes to.
 	HostDir string
-	// HookPath is the carve binary the runtime runs as the hook.
+	// HookPath is the hook binary the runtime runs; HookArgs its argv up
+	// to the hook's flags (default: ["carve", "hook", "resctrl-attach"]).
 	HookPath string
+	HookArgs []string
 }
 
 // Preparer prepares whole caches and way shares. It keeps the shares'
@@ -114,7 +116,7 @@ func (p *Preparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices
 		a.EnvPrefix()+"CACHE_MASK="+strconv.FormatUint(s.Mask, 16),
 		a.EnvPrefix()+"CLOS_ID="+s.Group)
 	edits.Hooks = []*cdispec.Hook{{HookName: "createRuntime", Path: p.opts.HookPath,
-		Args: []string{"carve", "hook", "resctrl-attach", "--resctrl", p.opts.HostDir, "--group", s.Group}}}
+		Args: append(p.hookArgs(), "--resctrl", p.opts.HostDir, "--group", s.Group)}}
 	return prepare.Prepared{Edits: edits, Undo: undo}, nil
 }
 
@@ -241,3 +243,10 @@ func isExist(err error) bool { return errors.Is(err, fs.ErrExist) }
 
 // isNoSpace tells that resctrl has no CLOSID left.
 func isNoSpace(err error) bool { return errors.Is(err, syscall.ENOSPC) }
+
+func (p *Preparer) hookArgs() []string {
+	if len(p.opts.HookArgs) > 0 {
+		return append([]string(nil), p.opts.HookArgs...)
+	}
+	return []string{"carve", "hook", "resctrl-attach"}
+}
