@@ -165,9 +165,10 @@ func (h *agentHost) llcShare(t *testing.T, uid string) (string, uint64) {
 	if !ok || err != nil || !resctrl.Contiguous(mask) {
 		t.Fatalf("claim %s: l3CacheSchema %q, want one contiguous mask of cache 0", uid, rdt.L3CacheSchema)
 	}
-	if len(edits.Hooks) != 1 || edits.Hooks[0].HookName != "createRuntime" ||
-		strings.Join(edits.Hooks[0].Args, " ") != "carve hook resctrl-attach --resctrl /sys/fs/resctrl --group "+rdt.ClosID {
-		t.Errorf("claim %s: hooks %+v", uid, edits.Hooks)
+	// The agent ships the small static hook beside itself, and names it.
+	if len(edits.Hooks) != 1 || edits.Hooks[0].HookName != "createRuntime" || filepath.Base(edits.Hooks[0].Path) != "carve-hook" ||
+		strings.Join(edits.Hooks[0].Args, " ") != "carve-hook resctrl-attach --resctrl /sys/fs/resctrl --group "+rdt.ClosID {
+		t.Errorf("claim %s: hook %s %v", uid, edits.Hooks[0].Path, edits.Hooks[0].Args)
 	}
 	return rdt.ClosID, mask
 }
