@@ -41,19 +41,7 @@ func TestNodeShareEscapes(t *testing.T) {
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 
-	run(t, "ip", "netns", "add", escServer)
-	t.Cleanup(func() { _ = runQuiet("ip", "netns", "del", escServer) })
-	run(t, "ip", "link", "add", escParent, "type", "veth", "peer", "name", "carve-e2x1")
-	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", escParent) })
-	run(t, "ip", "link", "set", "carve-e2x1", "netns", escServer)
-	run(t, "ip", "-n", escServer, "addr", "add", escIP+"/24", "dev", "carve-e2x1")
-	run(t, "ip", "-n", escServer, "link", "set", "carve-e2x1", "up")
-	run(t, "ip", "link", "set", escParent, "up")
-	srv := exec.Command("ip", "netns", "exec", escServer, "iperf3", "-s", "-p", "5201")
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	trafficServer(t, escParent, "carve-e2x1", escServer, escIP, "5201")
 	srvNS, err := netns.GetFromName(escServer)
 	if err != nil {
 		t.Fatal(err)

@@ -192,3 +192,25 @@ func chartDir() string {
 	}
 	return filepath.Join(repoRoot(), "deploy/chart/carve")
 }
+
+// trafficServer makes the NIC a test shares: a veth parent on the node whose
+// peer sits in its own namespace at ip/24, with an iperf3 server on each
+// port. All of it goes when the test ends.
+func trafficServer(t testing.TB, parent, peer, ns, ip string, ports ...string) {
+	t.Helper()
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { _ = runQuiet("ip", "netns", "del", ns) })
+	run(t, "ip", "link", "add", parent, "type", "veth", "peer", "name", peer)
+	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", parent) })
+	run(t, "ip", "link", "set", peer, "netns", ns)
+	run(t, "ip", "-n", ns, "addr", "add", ip+"/24", "dev", peer)
+	run(t, "ip", "-n", ns, "link", "set", peer, "up")
+	run(t, "ip", "link", "set", parent, "up")
+	for _, port := range ports {
+		srv := exec.Command("ip", "netns", "exec", ns, "iperf3", "-s", "-p", port)
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	}
+}

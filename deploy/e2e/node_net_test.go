@@ -40,21 +40,7 @@ func TestNodeNetworkShares(t *testing.T) {
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 
-	run(t, "ip", "netns", "add", netServer)
-	t.Cleanup(func() { _ = runQuiet("ip", "netns", "del", netServer) })
-	run(t, "ip", "link", "add", netParent, "type", "veth", "peer", "name", "carve-e2n1")
-	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", netParent) })
-	run(t, "ip", "link", "set", "carve-e2n1", "netns", netServer)
-	run(t, "ip", "-n", netServer, "addr", "add", serverIP+"/24", "dev", "carve-e2n1")
-	run(t, "ip", "-n", netServer, "link", "set", "carve-e2n1", "up")
-	run(t, "ip", "link", "set", netParent, "up")
-	for _, port := range []string{"5201", "5202"} {
-		srv := exec.Command("ip", "netns", "exec", netServer, "iperf3", "-s", "-p", port)
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
-	}
+	trafficServer(t, netParent, "carve-e2n1", netServer, serverIP, "5201", "5202")
 
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
