@@ -16,9 +16,9 @@ BENCHTIME ?= 1s
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## build bin/carve and the scheduler
+build: ## build bin/carve and bin/carve-scheduler
 	$(GO) build -o $(BIN)/carve ./cmd/carve
-	cd scheduler && $(GO) build -o ../$(BIN)/ ./cmd/kube-scheduler
+	cd scheduler && $(GO) build -o ../$(BIN)/ ./cmd/carve-scheduler
 
 test: build unit fuzz scheduler e2e ## everything: unit tests, a short fuzz run, the scheduler module, and the tests against a real control plane
 
