@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -50,11 +52,15 @@ func createNodes(ctx context.Context, c kubernetes.Interface, n int) error {
 			v1.ResourceMemory: resource.MustParse("2Ti"),
 			v1.ResourcePods:   resource.MustParse("1000"),
 		}
-		node.Status = v1.NodeStatus{
+		status, err := json.Marshal(map[string]v1.NodeStatus{"status": {
 			Capacity: res, Allocatable: res,
 			Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "Bench", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
+		}})
+		if err != nil {
+			return fmt.Errorf("node %s status: %w", name, err)
 		}
-		if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		// A patch, since controllers annotate new nodes at once.
+		if _, err := c.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, status, metav1.PatchOptions{}, "status"); err != nil {
 			return fmt.Errorf("node %s status: %w", name, err)
 		}
 		slice := fixture.Server(name, nicBandwidth, gpuMemory)

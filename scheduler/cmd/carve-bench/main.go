@@ -31,17 +31,19 @@ func main() {
 		runs        = flag.Int("runs", 3, "runs per scheduler and size")
 		dir         = flag.String("dir", os.TempDir(), "where scheduler configs and logs go")
 		port        = flag.Int("port", 50261, "first of two secure ports for the schedulers")
+		wShareFit   = flag.Int("sharefit-weight", 3, "ShareFit's weight in carve-scheduler's profile")
+		wTopology   = flag.Int("topology-weight", 1, "Topology's weight in carve-scheduler's profile")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
 	ctx := klog.NewContext(context.Background(), klog.Background())
-	if err := run(ctx, *kubeconfig, *schedConfig, *stockBin, *carveBin, *sizes, *pods, *runs, *dir, *port); err != nil {
+	if err := run(ctx, *kubeconfig, *schedConfig, *stockBin, *carveBin, *sizes, *pods, *runs, *dir, *port, carveProfile(*wShareFit, *wTopology)); err != nil {
 		fmt.Fprintln(os.Stderr, "carve-bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, kubeconfig, schedConfig, stockBin, carveBin, sizeList string, pods, runs int, dir string, port int) error {
+func run(ctx context.Context, kubeconfig, schedConfig, stockBin, carveBin, sizeList string, pods, runs int, dir string, port int, profile string) error {
 	if kubeconfig == "" || stockBin == "" || carveBin == "" {
 		return fmt.Errorf("--kubeconfig, --stock and --carve are required")
 	}
@@ -70,7 +72,7 @@ func run(ctx context.Context, kubeconfig, schedConfig, stockBin, carveBin, sizeL
 	}
 	scheds := []scheduler{
 		{label: "stock", name: "bench-stock", binary: stockBin, port: port},
-		{label: "carve", name: "carve-scheduler", binary: carveBin, port: port + 1, profile: carveProfile},
+		{label: "carve", name: "carve-scheduler", binary: carveBin, port: port + 1, profile: profile},
 	}
 	specs := workload(pods, 13)
 	var results []result

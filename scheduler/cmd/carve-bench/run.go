@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -36,7 +37,9 @@ func runOnce(ctx context.Context, c kubernetes.Interface, s scheduler, nodes, ru
 	if err := createTemplates(ctx, c, ns); err != nil {
 		return res, err
 	}
-	defer cleanup(ctx, c, ns)
+	if os.Getenv("CARVE_BENCH_KEEP") == "" {
+		defer cleanup(ctx, c, ns)
+	}
 	if err := parallel(ctx, len(specs), 16, func(i int) error {
 		_, err := c.CoreV1().Pods(ns).Create(ctx, pod(ns, s.name, specs[i]), metav1.CreateOptions{})
 		return err

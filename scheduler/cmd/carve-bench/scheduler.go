@@ -20,19 +20,22 @@ type scheduler struct {
 	profile string
 }
 
-// carveProfile is carve-scheduler's profile as deploy/ ships it.
-const carveProfile = `  plugins:
+// carveProfile is carve-scheduler's profile as deploy/ ships it, with the
+// plugins' weights.
+func carveProfile(shareFit, topology int) string {
+	return fmt.Sprintf(`  plugins:
     multiPoint:
       enabled:
       - name: ShareFit
-        weight: 3
+        weight: %d
       - name: Topology
-        weight: 3
+        weight: %d
   pluginConfig:
   - name: ShareFit
     args:
       strategy: MostAllocated
-`
+`, shareFit, topology)
+}
 
 // start writes the scheduler's config under dir and starts it, logging to
 // dir/<label>.log. Both schedulers get the same client limits, high enough

@@ -2,14 +2,13 @@ package estimate
 
 import (
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // consume returns how much of capacity a request for requested (nil: the
 // request does not name this capacity) consumes, with the device's request
 // policy applied the way the allocator applies it (integer arithmetic), and
 // whether the policy admits the request at all.
-func consume(requested *resource.Quantity, capacity resourceapi.DeviceCapacity) (int64, bool) {
+func consume(requested *int64, capacity resourceapi.DeviceCapacity) (int64, bool) {
 	policy := capacity.RequestPolicy
 	if requested == nil {
 		if policy != nil && policy.Default != nil {
@@ -17,7 +16,7 @@ func consume(requested *resource.Quantity, capacity resourceapi.DeviceCapacity) 
 		}
 		return capacity.Value.Value(), true
 	}
-	want := requested.Value()
+	want := *requested
 	if policy == nil {
 		return want, true
 	}

@@ -43,15 +43,24 @@ type Request struct {
 	ClaimName string
 	Name      string
 	Capacity  map[resourceapi.QualifiedName]resource.Quantity
+	// want is Capacity as integers, read once.
+	want map[resourceapi.QualifiedName]int64
 }
 
 // Device is a shareable device of the driver, with what the score needs.
 type Device struct {
-	ID       structured.DeviceID
-	Capacity map[resourceapi.QualifiedName]resourceapi.DeviceCapacity
+	ID structured.DeviceID
 	// PCIeRoot and NUMANode are empty where the device does not say.
 	PCIeRoot string
 	NUMANode string
+	caps     []deviceCap
+}
+
+// deviceCap is one capacity of a device, its total read once.
+type deviceCap struct {
+	name  resourceapi.QualifiedName
+	total int64
+	dc    resourceapi.DeviceCapacity
 }
 
 // Estimate holds what one scheduling cycle needs to predict picks on any node.
@@ -103,7 +112,7 @@ func Compute(ctx context.Context, dra fwk.SharedDRAManager, pod *v1.Pod, driver 
 	if err != nil {
 		return nil, fmt.Errorf("list resource slices: %w", err)
 	}
-	e.nodes = devicesByNode(slices, driver)
+	e.nodes = indexFor(driver).byNode(slices)
 	logger.V(5).Info("Share estimate", "pod", klog.KObj(pod), "requests", len(e.Requests), "claims", e.Claims, "nodes", len(e.nodes))
 	return e, nil
 }
@@ -153,52 +162,12 @@ func shareRequests(claim *resourceapi.ResourceClaim, index int) []Request {
 			count = x.Count
 		}
 		for range count {
-			out = append(out, Request{Claim: index, ClaimName: claim.Namespace + "/" + claim.Name, Name: r.Name, Capacity: x.Capacity.Requests})
-		}
-	}
-	return out
-}
-
-// devicesByNode indexes the shareable devices of driver by node, in the
-// order the allocator visits them.
-func devicesByNode(slices []*resourceapi.ResourceSlice, driver string) map[string][]*Device {
-	out := map[string][]*Device{}
-	for _, s := range slices {
-		if s.Spec.Driver != driver || s.Spec.NodeName == nil {
-			continue
-		}
-		node := *s.Spec.NodeName
-		for i := range s.Spec.Devices {
-			d := &s.Spec.Devices[i]
-			if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations || len(d.Capacity) == 0 {
-				continue
+			want := make(map[resourceapi.QualifiedName]int64, len(x.Capacity.Requests))
+			for n, q := range x.Capacity.Requests {
+				want[n] = q.Value()
 			}
-			out[node] = append(out[node], &Device{
-				ID:       structured.MakeDeviceID(driver, s.Spec.Pool.Name, d.Name),
-				Capacity: d.Capacity,
-				PCIeRoot: attr(d, AttrPCIeRoot),
-				NUMANode: attr(d, AttrNUMANode, resourceapi.QualifiedName(driver+"/"+string(AttrNUMANode)), AttrNUMANodeShared),
-			})
+			out = append(out, Request{Claim: index, ClaimName: claim.Namespace + "/" + claim.Name, Name: r.Name, Capacity: x.Capacity.Requests, want: want})
 		}
 	}
 	return out
-}
-
-// attr is the first of names the device has, as a string.
-func attr(d *resourceapi.Device, names ...resourceapi.QualifiedName) string {
-	for _, n := range names {
-		a, ok := d.Attributes[n]
-		if !ok {
-			continue
-		}
-		switch {
-		case a.StringValue != nil:
-			return *a.StringValue
-		case a.IntValue != nil:
-			return fmt.Sprint(*a.IntValue)
-		case a.VersionValue != nil:
-			return *a.VersionValue
-		}
-	}
-	return ""
 }

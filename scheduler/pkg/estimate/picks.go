@@ -2,8 +2,14 @@ package estimate
 
 import (
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 )
+
+// taken is what the pod's earlier requests take of one device's capacity.
+type taken struct {
+	d     *Device
+	cap   int
+	value int64
+}
 
 // Picks predicts the device each request gets on node, in request order. It
 // reports false when some request finds no device with room there.
@@ -12,25 +18,19 @@ func (e *Estimate) Picks(node string) ([]Pick, bool) {
 		return nil, false
 	}
 	devices := e.nodes[node]
-	// What this pod's earlier requests take, per device and capacity.
-	var mine map[*Device]map[resourceapi.QualifiedName]int64
+	var mine []taken
 	picks := make([]Pick, 0, len(e.Requests))
 	for i := range e.Requests {
 		r := &e.Requests[i]
 		found := false
 		for _, d := range devices {
-			take, util, ok := e.fit(d, r, mine[d])
+			util, ok := e.fit(d, r, mine)
 			if !ok {
 				continue
 			}
-			if mine == nil {
-				mine = map[*Device]map[resourceapi.QualifiedName]int64{}
-			}
-			if mine[d] == nil {
-				mine[d] = map[resourceapi.QualifiedName]int64{}
-			}
-			for n, v := range take {
-				mine[d][n] += v
+			for ci, c := range d.caps {
+				v, _ := consume(want(r, c.name), c.dc)
+				mine = append(mine, taken{d: d, cap: ci, value: v})
 			}
 			picks = append(picks, Pick{Request: r, Device: d, Utilization: util})
 			found = true
@@ -43,45 +43,50 @@ func (e *Estimate) Picks(node string) ([]Pick, bool) {
 	return picks, true
 }
 
+// want is the request's amount of a capacity, nil when it names none.
+func want(r *Request, n resourceapi.QualifiedName) *int64 {
+	if v, ok := r.want[n]; ok {
+		return &v
+	}
+	return nil
+}
+
 // fit says whether r fits on d beside what is allocated and what the pod
-// already took (taken), what it would consume, and the device's mean fill
-// afterwards.
-func (e *Estimate) fit(d *Device, r *Request, taken map[resourceapi.QualifiedName]int64) (map[resourceapi.QualifiedName]int64, float64, bool) {
-	for n := range r.Capacity {
-		if _, ok := d.Capacity[n]; !ok {
-			return nil, 0, false
+// already took, and the device's mean fill afterwards.
+func (e *Estimate) fit(d *Device, r *Request, mine []taken) (float64, bool) {
+	have := 0
+	for _, c := range d.caps {
+		if _, ok := r.want[c.name]; ok {
+			have++
 		}
 	}
-	take := make(map[resourceapi.QualifiedName]int64, len(d.Capacity))
-	var sum float64
+	if have != len(r.want) || len(d.caps) == 0 {
+		return 0, false // the request names a capacity the device lacks
+	}
 	allocated := e.consumed[d.ID]
-	for n, c := range d.Capacity {
-		var want *resource.Quantity
-		if q, ok := r.Capacity[n]; ok {
-			want = &q
-		}
-		v, ok := consume(want, c)
+	var sum float64
+	for ci, c := range d.caps {
+		v, ok := consume(want(r, c.name), c.dc)
 		if !ok {
-			return nil, 0, false
+			return 0, false
 		}
-		total := c.Value.Value()
-		used := v + taken[n]
-		if q := allocated[n]; q != nil {
+		used := v
+		if q := allocated[c.name]; q != nil {
 			used += q.Value()
 		}
-		if used > total {
-			return nil, 0, false
+		for _, t := range mine {
+			if t.d == d && t.cap == ci {
+				used += t.value
+			}
 		}
-		take[n] = v
-		if total > 0 {
-			sum += float64(used) / float64(total)
+		if used > c.total {
+			return 0, false
+		}
+		if c.total > 0 {
+			sum += float64(used) / float64(c.total)
 		} else {
 			sum++
 		}
 	}
-	util := 1.0
-	if len(d.Capacity) > 0 {
-		util = sum / float64(len(d.Capacity))
-	}
-	return take, util, true
+	return sum / float64(len(d.caps)), true
 }
