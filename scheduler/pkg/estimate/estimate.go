@@ -19,10 +19,13 @@ package estimate
 import (
 	"context"
 	"fmt"
+	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -101,7 +104,7 @@ func Compute(ctx context.Context, dra fwk.SharedDRAManager, pod *v1.Pod, driver 
 	if len(e.Requests) == 0 {
 		return nil, nil
 	}
-	state, err := dra.ResourceClaims().GatherAllocatedState()
+	state, err := gatherAllocatedState(ctx, dra)
 	if err != nil {
 		return nil, fmt.Errorf("gather allocated devices: %w", err)
 	}
@@ -115,6 +118,31 @@ func Compute(ctx context.Context, dra fwk.SharedDRAManager, pod *v1.Pod, driver 
 	e.nodes = indexFor(driver).byNode(slices)
 	logger.V(5).Info("Share estimate", "pod", klog.KObj(pod), "requests", len(e.Requests), "claims", e.Claims, "nodes", len(e.nodes))
 	return e, nil
+}
+
+// gatherAllocatedState reads the allocated state, retrying for up to five
+// seconds while the tracker reports a concurrent modification (an
+// allocation landing while it copied), as DynamicResources does. The
+// tracker's error is unexported, so it is recognised by its text.
+func gatherAllocatedState(ctx context.Context, dra fwk.SharedDRAManager) (*structured.AllocatedState, error) {
+	var state *structured.AllocatedState
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, time.Microsecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		s, err := dra.ResourceClaims().GatherAllocatedState()
+		switch {
+		case err != nil && strings.Contains(err.Error(), "concurrent modification"):
+			last = err
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+		state = s
+		return true, nil
+	})
+	if err != nil && last != nil {
+		return nil, fmt.Errorf("%w (last: %w)", err, last)
+	}
+	return state, err
 }
 
 // podClaims returns the pod's claims that still need an allocation. A claim

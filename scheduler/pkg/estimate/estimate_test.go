@@ -132,3 +132,14 @@ func TestPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A concurrent modification reported by the tracker is retried, as
+// DynamicResources retries it.
+func TestRetryConcurrentModification(t *testing.T) {
+	c := nicShare("c", "1G")
+	dra := &fixture.Flaky{DRA: &fixture.DRA{Claims: []*resourceapi.ResourceClaim{c}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}, N: 3}
+	e, err := estimate.Compute(context.Background(), dra, fixture.Pod(ns, "p", "c"), fixture.Driver)
+	if err != nil || e == nil || dra.N != 0 {
+		t.Fatalf("estimate %v, err %v, failures left %d", e, err, dra.N)
+	}
+}
