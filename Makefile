@@ -11,7 +11,7 @@ FUZZTIME ?= 4s
 export TMPDIR ?= $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp)
 BENCHTIME ?= 1s
 
-.PHONY: help build test unit fuzz e2e verify generate manifests bench demo demo-down cluster-up cluster-down scheduler clean
+.PHONY: help build test unit fuzz e2e verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -36,6 +36,11 @@ fuzz: ## short fuzz run of every fuzz target
 
 scheduler: ## test the scheduler module
 	cd scheduler && $(GO) test -count=1 ./...
+
+# Its own control plane without kubelets (scheduler/hack/cluster.sh: /tmp/carve-sched,
+# ports 53790/53800/56443/50257/50259), so it can run beside the default cluster.
+scheduler-e2e: ## the scheduler's integration test: stock vs carve-scheduler choices on a control plane
+	$(MAKE) -C scheduler e2e
 
 # e2e brings up the local control plane unless CARVE_KUBECONFIG points at one,
 # and always takes down what it brought up.

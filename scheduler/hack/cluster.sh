@@ -8,18 +8,21 @@
 #
 # Usage: cluster.sh up     prints the admin kubeconfig on its last line
 #        cluster.sh down
-# Environment: the CARVE_* variables of deploy/cluster/up.sh; defaults below.
+# Environment: CARVE_SCHED_CLUSTER_DIR and CARVE_SCHED_*_PORT (defaults
+# below) become up.sh's CARVE_CLUSTER_DIR and ports. They have their own
+# names so that a CARVE_CLUSTER_DIR exported by the top-level Makefile (the
+# default cluster's) can never point this script at another cluster.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-export CARVE_CLUSTER_DIR=${CARVE_CLUSTER_DIR:-/tmp/carve-sched}
+export CARVE_CLUSTER_DIR=${CARVE_SCHED_CLUSTER_DIR:-/tmp/carve-sched}
 export CARVE_CLUSTER_NODE=0
-export CARVE_ETCD_PORT=${CARVE_ETCD_PORT:-53790}
-export CARVE_ETCD_PEER_PORT=${CARVE_ETCD_PEER_PORT:-53800}
-export CARVE_APISERVER_PORT=${CARVE_APISERVER_PORT:-56443}
-export CARVE_CONTROLLER_MANAGER_PORT=${CARVE_CONTROLLER_MANAGER_PORT:-50257}
-export CARVE_SCHEDULER_PORT=${CARVE_SCHEDULER_PORT:-50259}
+export CARVE_ETCD_PORT=${CARVE_SCHED_ETCD_PORT:-53790}
+export CARVE_ETCD_PEER_PORT=${CARVE_SCHED_ETCD_PEER_PORT:-53800}
+export CARVE_APISERVER_PORT=${CARVE_SCHED_APISERVER_PORT:-56443}
+export CARVE_CONTROLLER_MANAGER_PORT=${CARVE_SCHED_CONTROLLER_MANAGER_PORT:-50257}
+export CARVE_SCHEDULER_PORT=${CARVE_SCHED_SCHEDULER_PORT:-50259}
 KCM_QPS=${CARVE_KCM_QPS:-500}
 
 log() { echo "[scheduler-cluster] $*" >&2; }
