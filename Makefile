@@ -18,7 +18,7 @@ help: ## list targets
 
 build: ## build bin/carve and bin/carve-scheduler
 	$(GO) build -o $(BIN)/carve ./cmd/carve
-	cd scheduler && $(GO) build -o ../$(BIN)/ ./cmd/carve-scheduler
+	$(MAKE) -C scheduler build
 
 test: build unit fuzz scheduler e2e ## everything: unit tests, a short fuzz run, the scheduler module, and the tests against a real control plane
 

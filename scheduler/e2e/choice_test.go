@@ -19,7 +19,7 @@ const carveProfile = `  plugins:
       - name: ShareFit
         weight: 3
       - name: Topology
-        weight: 1
+        weight: 3
 `
 
 func nicSpec(bw string) resourceapi.ResourceClaimSpec {

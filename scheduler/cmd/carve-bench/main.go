@@ -32,7 +32,7 @@ func main() {
 		dir         = flag.String("dir", os.TempDir(), "where scheduler configs and logs go")
 		port        = flag.Int("port", 50261, "first of two secure ports for the schedulers")
 		wShareFit   = flag.Int("sharefit-weight", 3, "ShareFit's weight in carve-scheduler's profile")
-		wTopology   = flag.Int("topology-weight", 1, "Topology's weight in carve-scheduler's profile")
+		wTopology   = flag.Int("topology-weight", 3, "Topology's weight in carve-scheduler's profile")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()

@@ -66,7 +66,7 @@ profiles:
 		"--authorization-kubeconfig="+kubeconfig,
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", s.port),
-		"--profiling=false",
+		"--profiling="+os.Getenv("CARVE_BENCH_PROFILING"),
 		"--v=1",
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -23,7 +23,7 @@ func (c *cycleData) Clone() fwk.StateData { return c }
 
 // ForCycle returns the pod's estimate for this cycle, computing it on the
 // first call and storing it in state for the next plugin.
-func ForCycle(ctx context.Context, state fwk.CycleState, dra fwk.SharedDRAManager, pod *v1.Pod, driver string) (*Estimate, error) {
+func ForCycle(ctx context.Context, state fwk.CycleState, dra fwk.SharedDRAManager, ledger *Ledger, pod *v1.Pod, driver string) (*Estimate, error) {
 	if d, err := state.Read(stateKey); err == nil {
 		if c, ok := d.(*cycleData); ok && c.driver == driver {
 			return c.e, nil
@@ -31,7 +31,7 @@ func ForCycle(ctx context.Context, state fwk.CycleState, dra fwk.SharedDRAManage
 	} else if !errors.Is(err, fwk.ErrNotFound) {
 		return nil, err
 	}
-	e, err := Compute(ctx, dra, pod, driver)
+	e, err := Compute(ctx, dra, ledger, pod, driver)
 	if err != nil {
 		return nil, err
 	}

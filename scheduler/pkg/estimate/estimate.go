@@ -19,13 +19,10 @@ package estimate
 import (
 	"context"
 	"fmt"
-	"strings"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -71,9 +68,11 @@ type deviceCap struct {
 type Estimate struct {
 	Requests []Request
 	// Claims is how many distinct claims the requests come from.
-	Claims   int
-	nodes    map[string][]*Device
-	consumed structured.ConsumedCapacityCollection
+	Claims int
+	// Pending are the pod's unallocated claims with share requests.
+	Pending []*resourceapi.ResourceClaim
+	nodes   map[string][]*Device
+	ledger  *Ledger
 }
 
 // Pick is the device a request would get on a node.
@@ -85,31 +84,26 @@ type Pick struct {
 	Utilization float64
 }
 
-// Compute builds the estimate for pod from the scheduler's DRA state. It
+// Compute builds the estimate for pod from the scheduler's DRA state (the
+// pod's claims, the slices) and the ledger of what shares consume. It
 // returns nil when the pod has no unallocated share request for driver.
-func Compute(ctx context.Context, dra fwk.SharedDRAManager, pod *v1.Pod, driver string) (*Estimate, error) {
+func Compute(ctx context.Context, dra fwk.SharedDRAManager, ledger *Ledger, pod *v1.Pod, driver string) (*Estimate, error) {
 	logger := klog.FromContext(ctx)
 	claims, err := podClaims(dra, pod)
 	if err != nil {
 		return nil, err
 	}
-	e := &Estimate{}
+	e := &Estimate{ledger: ledger}
 	for _, claim := range claims {
 		n := len(e.Requests)
 		e.Requests = append(e.Requests, shareRequests(claim, e.Claims)...)
 		if len(e.Requests) > n {
 			e.Claims++
+			e.Pending = append(e.Pending, claim)
 		}
 	}
 	if len(e.Requests) == 0 {
 		return nil, nil
-	}
-	state, err := gatherAllocatedState(ctx, dra)
-	if err != nil {
-		return nil, fmt.Errorf("gather allocated devices: %w", err)
-	}
-	if state != nil {
-		e.consumed = state.AggregatedCapacity
 	}
 	slices, err := dra.ResourceSlices().ListWithDeviceTaintRules()
 	if err != nil {
@@ -118,31 +112,6 @@ func Compute(ctx context.Context, dra fwk.SharedDRAManager, pod *v1.Pod, driver 
 	e.nodes = indexFor(driver).byNode(slices)
 	logger.V(5).Info("Share estimate", "pod", klog.KObj(pod), "requests", len(e.Requests), "claims", e.Claims, "nodes", len(e.nodes))
 	return e, nil
-}
-
-// gatherAllocatedState reads the allocated state, retrying for up to five
-// seconds while the tracker reports a concurrent modification (an
-// allocation landing while it copied), as DynamicResources does. The
-// tracker's error is unexported, so it is recognised by its text.
-func gatherAllocatedState(ctx context.Context, dra fwk.SharedDRAManager) (*structured.AllocatedState, error) {
-	var state *structured.AllocatedState
-	var last error
-	err := wait.PollUntilContextTimeout(ctx, time.Microsecond, 5*time.Second, true, func(context.Context) (bool, error) {
-		s, err := dra.ResourceClaims().GatherAllocatedState()
-		switch {
-		case err != nil && strings.Contains(err.Error(), "concurrent modification"):
-			last = err
-			return false, nil
-		case err != nil:
-			return false, err
-		}
-		state = s
-		return true, nil
-	})
-	if err != nil && last != nil {
-		return nil, fmt.Errorf("%w (last: %w)", err, last)
-	}
-	return state, err
 }
 
 // podClaims returns the pod's claims that still need an allocation. A claim

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/carve-dra/carve/scheduler/pkg/estimate"
 	"github.com/carve-dra/carve/scheduler/pkg/fixture"
@@ -22,7 +24,7 @@ func gpuShare(name, mem string) *resourceapi.ResourceClaim {
 
 func compute(t *testing.T, dra *fixture.DRA, claims ...string) *estimate.Estimate {
 	t.Helper()
-	e, err := estimate.Compute(context.Background(), dra, fixture.Pod(ns, "p", claims...), fixture.Driver)
+	e, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", claims...), fixture.Driver)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +95,7 @@ func TestNoShares(t *testing.T) {
 	if e := compute(t, dra, "whole", "done"); e != nil {
 		t.Errorf("estimate %+v for a pod without pending shares", e)
 	}
-	if _, err := estimate.Compute(context.Background(), dra, fixture.Pod(ns, "p", "missing"), fixture.Driver); err == nil {
+	if _, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", "missing"), fixture.Driver); err == nil {
 		t.Error("a missing claim is no error")
 	}
 }
@@ -133,13 +135,43 @@ func TestPolicy(t *testing.T) {
 	}
 }
 
-// A concurrent modification reported by the tracker is retried, as
-// DynamicResources retries it.
-func TestRetryConcurrentModification(t *testing.T) {
-	c := nicShare("c", "1G")
-	dra := &fixture.Flaky{DRA: &fixture.DRA{Claims: []*resourceapi.ResourceClaim{c}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}, N: 3}
-	e, err := estimate.Compute(context.Background(), dra, fixture.Pod(ns, "p", "c"), fixture.Driver)
-	if err != nil || e == nil || dra.N != 0 {
-		t.Fatalf("estimate %v, err %v, failures left %d", e, err, dra.N)
+// The ledger follows claims: an allocation replaces the claim's previous
+// one, a claim without allocation or deleted consumes nothing, and results
+// of other drivers or without a share do not count.
+func TestLedger(t *testing.T) {
+	l := estimate.NewLedger(fixture.Driver)
+	id := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-19-00-0")
+	a, b := nicShare("a", "10G"), nicShare("b", "5G")
+	fixture.Allocate(a, "n1", "nic-0000-19-00-0")
+	fixture.Allocate(b, "n1", "nic-0000-19-00-0")
+	l.Record(a)
+	l.Record(b)
+	l.Record(a) // again: no double count
+	if got := l.Used(id, fixture.Egress); got != 15e9 {
+		t.Errorf("used %d, want 15G", got)
+	}
+	a2 := a.DeepCopy()
+	a2.Status.Allocation.Devices.Results[0].ConsumedCapacity[fixture.Egress] = resource.MustParse("20G")
+	l.Record(a2)
+	if got := l.Used(id, fixture.Egress); got != 25e9 {
+		t.Errorf("after a grew: used %d, want 25G", got)
+	}
+	b2 := b.DeepCopy()
+	b2.Status.Allocation = nil
+	l.Record(b2)
+	l.Forget(a.UID)
+	if got := l.Used(id, fixture.Egress); got != 0 {
+		t.Errorf("after both went: used %d, want 0", got)
+	}
+	other := nicShare("other", "1G")
+	fixture.Allocate(other, "n1", "nic-0000-19-00-0")
+	other.Status.Allocation.Devices.Results[0].Driver = "other.example.com"
+	whole := nicShare("whole", "1G")
+	fixture.Allocate(whole, "n1", "nic-0000-19-00-0")
+	whole.Status.Allocation.Devices.Results[0].ShareID = nil
+	l.Record(other)
+	l.Record(whole)
+	if got := l.Used(id, fixture.Egress); got != 0 {
+		t.Errorf("other driver or no share counted: %d", got)
 	}
 }

@@ -63,17 +63,13 @@ func (e *Estimate) fit(d *Device, r *Request, mine []taken) (float64, bool) {
 	if have != len(r.want) || len(d.caps) == 0 {
 		return 0, false // the request names a capacity the device lacks
 	}
-	allocated := e.consumed[d.ID]
 	var sum float64
 	for ci, c := range d.caps {
 		v, ok := consume(want(r, c.name), c.dc)
 		if !ok {
 			return 0, false
 		}
-		used := v
-		if q := allocated[c.name]; q != nil {
-			used += q.Value()
-		}
+		used := v + e.ledger.Used(d.ID, c.name)
 		for _, t := range mine {
 			if t.d == d && t.cap == ci {
 				used += t.value

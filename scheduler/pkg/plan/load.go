@@ -15,12 +15,14 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	resourcedefaults "k8s.io/kubernetes/pkg/apis/resource/v1"
 )
 
 // Load reads ResourceSlices, ResourceClaims and DeviceClasses from YAML or
 // JSON files (several documents per file, and v1 Lists, as `kubectl get -o
-// yaml` and `carve discover` print them), appending them to in. Objects of
-// other kinds are an error naming the file.
+// yaml` and `carve discover` print them), appending them to in. They get the
+// defaults the API server would give them (a request's allocationMode and
+// count, say). Objects of other kinds are an error naming the file.
 func (in *Input) Load(paths ...string) error {
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
@@ -60,16 +62,20 @@ func (in *Input) add(raw []byte) error {
 	}
 	switch o := obj.(type) {
 	case *resourceapi.ResourceSlice:
+		resourcedefaults.SetObjectDefaults_ResourceSlice(o)
 		in.Slices = append(in.Slices, o)
 	case *resourceapi.ResourceClaim:
+		resourcedefaults.SetObjectDefaults_ResourceClaim(o)
 		in.Claims = append(in.Claims, o)
 	case *resourceapi.DeviceClass:
 		in.Classes = append(in.Classes, o)
 	case *resourceapi.ResourceSliceList:
+		resourcedefaults.SetObjectDefaults_ResourceSliceList(o)
 		for i := range o.Items {
 			in.Slices = append(in.Slices, &o.Items[i])
 		}
 	case *resourceapi.ResourceClaimList:
+		resourcedefaults.SetObjectDefaults_ResourceClaimList(o)
 		for i := range o.Items {
 			in.Claims = append(in.Claims, &o.Items[i])
 		}

@@ -109,6 +109,27 @@ func TestLoadAndPrint(t *testing.T) {
 		}
 	}
 
+	// A claim as a user writes it, without the API server's defaults.
+	bare := filepath.Join(dir, "bare.yaml")
+	must(t, os.WriteFile(bare, []byte(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: bare, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: net
+      exactly:
+        deviceClassName: nic.carve.dev
+        capacity: {requests: {egressBandwidth: 3G}}
+`), 0o644))
+	plain := Input{Slices: got.Slices}
+	must(t, plain.Load(bare))
+	res, err = Run(context.Background(), plain, sharefit.MostAllocated)
+	must(t, err)
+	if p := res.Placements[0]; p.Node == "" {
+		t.Errorf("a claim without defaults was not placed: %s", p.Reason)
+	}
+
 	bad := filepath.Join(dir, "pod.yaml")
 	must(t, os.WriteFile(bad, []byte("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"), 0o644))
 	if err := (&Input{}).Load(bad); err == nil || !strings.Contains(err.Error(), "pod.yaml") {

@@ -6,6 +6,7 @@ package sharefit
 
 import (
 	"context"
+	"fmt"
 	"math"
 
 	v1 "k8s.io/api/core/v1"
@@ -21,13 +22,15 @@ const Name = "ShareFit"
 
 // ShareFit scores nodes by the predicted fill of a pod's share devices.
 type ShareFit struct {
-	args Args
-	dra  fwk.SharedDRAManager
+	args   Args
+	dra    fwk.SharedDRAManager
+	ledger *estimate.Ledger
 }
 
 var (
 	_ fwk.PreScorePlugin = (*ShareFit)(nil)
 	_ fwk.ScorePlugin    = (*ShareFit)(nil)
+	_ fwk.ReservePlugin  = (*ShareFit)(nil)
 	_ fwk.SignPlugin     = (*ShareFit)(nil)
 )
 
@@ -37,8 +40,13 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).V(2).Info("ShareFit configured", "strategy", args.Strategy, "driver", args.DriverName)
-	return &ShareFit{args: args, dra: h.SharedDRAManager()}, nil
+	logger := klog.FromContext(ctx)
+	ledger, err := estimate.LedgerFor(logger, h.SharedInformerFactory(), args.DriverName)
+	if err != nil {
+		return nil, fmt.Errorf("%s: claim informer: %w", Name, err)
+	}
+	logger.V(2).Info("ShareFit configured", "strategy", args.Strategy, "driver", args.DriverName)
+	return &ShareFit{args: args, dra: h.SharedDRAManager(), ledger: ledger}, nil
 }
 
 // Name implements fwk.Plugin.
@@ -59,7 +67,7 @@ func (s *ShareFit) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if len(pod.Spec.ResourceClaims) == 0 || s.dra == nil {
 		return fwk.NewStatus(fwk.Skip)
 	}
-	e, err := estimate.ForCycle(ctx, state, s.dra, pod, s.args.DriverName)
+	e, err := estimate.ForCycle(ctx, state, s.dra, s.ledger, pod, s.args.DriverName)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
@@ -73,7 +81,7 @@ func (s *ShareFit) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.P
 // from 0 to 100 (inverted for LeastAllocated). A node where the estimate
 // finds no room scores 0.
 func (s *ShareFit) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
-	e, err := estimate.ForCycle(ctx, state, s.dra, pod, s.args.DriverName)
+	e, err := estimate.ForCycle(ctx, state, s.dra, s.ledger, pod, s.args.DriverName)
 	if err != nil {
 		return 0, fwk.AsStatus(err)
 	}
@@ -98,6 +106,45 @@ func Score(picks []estimate.Pick, ok bool, strategy Strategy) int64 {
 		fill = 1 - fill
 	}
 	return int64(math.Round(fill * float64(fwk.MaxScore)))
+}
+
+// Reserve records in the ledger the shares DynamicResources (which reserves
+// before carve's plugins) allocated the pod, so that the next pod's estimate
+// sees them before the claims' informer does.
+func (s *ShareFit) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
+	if len(pod.Spec.ResourceClaims) == 0 || s.dra == nil {
+		return nil
+	}
+	e, err := estimate.ForCycle(ctx, state, s.dra, s.ledger, pod, s.args.DriverName)
+	if err != nil || e == nil {
+		// Only the estimate of later pods suffers; the informer catches up.
+		klog.FromContext(ctx).V(4).Info("ShareFit: no shares to record", "pod", klog.KObj(pod), "err", err)
+		return nil
+	}
+	for _, c := range e.Pending {
+		claim, err := s.dra.ResourceClaims().Get(c.Namespace, c.Name)
+		if err != nil {
+			klog.FromContext(ctx).V(4).Info("ShareFit: claim gone at Reserve", "claim", klog.KObj(c), "err", err)
+			continue
+		}
+		s.ledger.Record(claim)
+	}
+	return nil
+}
+
+// Unreserve drops what Reserve recorded; the informer records the claims
+// again if they stay allocated.
+func (s *ShareFit) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, node string) {
+	if len(pod.Spec.ResourceClaims) == 0 || s.dra == nil {
+		return
+	}
+	e, err := estimate.ForCycle(ctx, state, s.dra, s.ledger, pod, s.args.DriverName)
+	if err != nil || e == nil {
+		return
+	}
+	for _, c := range e.Pending {
+		s.ledger.Forget(c.UID)
+	}
 }
 
 // ScoreExtensions implements fwk.ScorePlugin: scores are already 0..100.

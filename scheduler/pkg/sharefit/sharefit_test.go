@@ -7,9 +7,11 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
+	"github.com/carve-dra/carve/scheduler/pkg/estimate"
 	"github.com/carve-dra/carve/scheduler/pkg/fixture"
 )
 
@@ -59,7 +61,7 @@ func TestStrategies(t *testing.T) {
 		strategy Strategy
 		best     string
 	}{{MostAllocated, "busy"}, {LeastAllocated, "idle"}} {
-		pl := &ShareFit{args: Args{Strategy: tc.strategy, DriverName: fixture.Driver}, dra: dra}
+		pl := &ShareFit{args: Args{Strategy: tc.strategy, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
 		got, st := scores(t, pl, []string{"want"}, "busy", "idle", "tiny")
 		if st != nil {
 			t.Fatalf("%s: PreScore %v", tc.strategy, st)
@@ -74,7 +76,7 @@ func TestStrategies(t *testing.T) {
 	}
 	// Exact values: busy egress 79/100 and ingress the 1G default: mean
 	// 40% (the held 60G consumed no ingress in the fixture); idle 10%.
-	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra}
+	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
 	got, _ := scores(t, pl, []string{"want"}, "busy", "idle")
 	if got["busy"] != 40 || got["idle"] != 10 {
 		t.Errorf("scores %v, want busy 40, idle 10", got)
@@ -86,7 +88,7 @@ func TestSkip(t *testing.T) {
 	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 		Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.carve.dev"},
 	}}}})
-	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole}}}
+	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole}}, ledger: estimate.NewLedger(fixture.Driver)}
 	for _, claims := range [][]string{nil, {"whole"}} {
 		if _, st := scores(t, pl, claims, "n"); st == nil || st.Code() != fwk.Skip {
 			t.Errorf("claims %v: status %v, want Skip", claims, st)
@@ -112,5 +114,31 @@ func TestArgs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: error %v, want one naming %s", raw, err, field)
 		}
+	}
+}
+
+// Reserve records what DynamicResources just allocated, so the next pod's
+// estimate sees it; Unreserve takes it back.
+func TestReserveRecordsShares(t *testing.T) {
+	want := share("want", "30G")
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{want}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
+	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	ctx := context.Background()
+	state := framework.NewCycleState()
+	pod := fixture.Pod(ns, "p", "want")
+	if st := pl.PreScore(ctx, state, pod, nil); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	fixture.Allocate(want, "n1", "nic-0000-19-00-0") // what DynamicResources' Reserve does
+	id := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-19-00-0")
+	if st := pl.Reserve(ctx, state, pod, "n1"); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	if got := pl.ledger.Used(id, fixture.Egress); got != 30e9 {
+		t.Errorf("after Reserve: %d used, want 30G", got)
+	}
+	pl.Unreserve(ctx, state, pod, "n1")
+	if got := pl.ledger.Used(id, fixture.Egress); got != 0 {
+		t.Errorf("after Unreserve: %d used, want 0", got)
 	}
 }

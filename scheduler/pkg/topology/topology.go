@@ -62,8 +62,9 @@ func DecodeArgs(obj runtime.Object) (Args, error) {
 
 // Topology scores nodes by the alignment of a pod's share devices.
 type Topology struct {
-	args Args
-	dra  fwk.SharedDRAManager
+	args   Args
+	dra    fwk.SharedDRAManager
+	ledger *estimate.Ledger
 }
 
 var (
@@ -78,8 +79,13 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).V(2).Info("Topology configured", "driver", args.DriverName)
-	return &Topology{args: args, dra: h.SharedDRAManager()}, nil
+	logger := klog.FromContext(ctx)
+	ledger, err := estimate.LedgerFor(logger, h.SharedInformerFactory(), args.DriverName)
+	if err != nil {
+		return nil, fmt.Errorf("%s: claim informer: %w", Name, err)
+	}
+	logger.V(2).Info("Topology configured", "driver", args.DriverName)
+	return &Topology{args: args, dra: h.SharedDRAManager(), ledger: ledger}, nil
 }
 
 // Name implements fwk.Plugin.
@@ -100,7 +106,7 @@ func (t *Topology) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if len(pod.Spec.ResourceClaims) < 2 || t.dra == nil {
 		return fwk.NewStatus(fwk.Skip)
 	}
-	e, err := estimate.ForCycle(ctx, state, t.dra, pod, t.args.DriverName)
+	e, err := estimate.ForCycle(ctx, state, t.dra, t.ledger, pod, t.args.DriverName)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
@@ -112,7 +118,7 @@ func (t *Topology) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.P
 
 // Score ranks the node by where the pod's devices would sit there.
 func (t *Topology) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
-	e, err := estimate.ForCycle(ctx, state, t.dra, pod, t.args.DriverName)
+	e, err := estimate.ForCycle(ctx, state, t.dra, t.ledger, pod, t.args.DriverName)
 	if err != nil {
 		return 0, fwk.AsStatus(err)
 	}

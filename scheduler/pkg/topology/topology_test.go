@@ -43,7 +43,7 @@ func TestAlignment(t *testing.T) {
 			fixture.Slice("numa", fixture.GPU("g", "rootA", 0, "80Gi"), fixture.NIC("n", "rootB", 0, "100G")),
 		},
 	}
-	pl := &Topology{args: Args{DriverName: fixture.Driver}, dra: dra}
+	pl := &Topology{args: Args{DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
 	ctx := context.Background()
 	state := framework.NewCycleState()
 	pod := fixture.Pod(ns, "p", "g", "n")
