@@ -66,7 +66,7 @@ profiles:
 		"--authorization-kubeconfig="+kubeconfig,
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", s.port),
-		"--profiling="+os.Getenv("CARVE_BENCH_PROFILING"),
+		"--profiling="+profiling(),
 		"--v=1",
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -102,4 +102,13 @@ func (p *proc) stop() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
+}
+
+// profiling turns on the schedulers' /debug/pprof where CARVE_BENCH_PROFILING
+// is true, to see where a scheduler spends its time during a run.
+func profiling() string {
+	if os.Getenv("CARVE_BENCH_PROFILING") == "true" {
+		return "true"
+	}
+	return "false"
 }
