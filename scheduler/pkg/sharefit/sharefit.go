@@ -122,12 +122,16 @@ func (s *ShareFit) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return nil
 	}
 	for _, c := range e.Pending {
-		claim, err := s.dra.ResourceClaims().Get(c.Namespace, c.Name)
-		if err != nil {
-			klog.FromContext(ctx).V(4).Info("ShareFit: claim gone at Reserve", "claim", klog.KObj(c), "err", err)
+		// The allocation is in flight (the claim's status is written in
+		// PreBind): the tracker has it, the informer does not yet.
+		alloc := s.dra.ResourceClaims().GetPendingAllocation(c.UID)
+		if alloc == nil {
+			klog.FromContext(ctx).V(4).Info("ShareFit: no pending allocation at Reserve", "claim", klog.KObj(c))
 			continue
 		}
-		s.ledger.Record(claim)
+		claim := *c
+		claim.Status.Allocation = alloc
+		s.ledger.Record(&claim)
 	}
 	return nil
 }
