@@ -15,17 +15,17 @@ BENCHTIME ?= 1s
 export CGO_ENABLED := 1
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help build test unit fuzz e2e verify generate manifests bench demo demo-down cluster-up cluster-down scheduler clean
+.PHONY: help build test unit fuzz e2e verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## build bin/carve, the static bin/carve-hook and the scheduler
+build: ## build bin/carve, the static bin/carve-hook and bin/carve-scheduler
 	$(GO) build -o $(BIN)/carve ./cmd/carve
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/carve-hook ./cmd/carve-hook
-	cd scheduler && $(GO) build -o ../$(BIN)/ ./cmd/kube-scheduler
+	$(MAKE) -C scheduler build
 
-test: build unit fuzz scheduler e2e ## everything: unit tests, a short fuzz run, the scheduler module, and the tests against a real control plane
+test: build unit fuzz scheduler scheduler-e2e e2e ## everything: unit tests, a short fuzz run, the scheduler module and its integration test, and the tests against a real control plane
 
 # As root, CARVE_NET_REQUIRED=1: the bpf/ and netdev/ tests fail, rather than
 # skip, where they cannot get root, bpffs or a network namespace (they still
@@ -46,6 +46,11 @@ fuzz: ## short fuzz run of every fuzz target
 
 scheduler: ## test the scheduler module
 	cd scheduler && $(GO) test -count=1 ./...
+
+# Its own control plane without kubelets (scheduler/hack/cluster.sh: /tmp/carve-sched,
+# ports 53790/53800/56443/50257/50259), so it can run beside the default cluster.
+scheduler-e2e: ## the scheduler's integration test: stock vs carve-scheduler choices on a control plane
+	$(MAKE) -C scheduler e2e
 
 # e2e brings up the local control plane unless CARVE_KUBECONFIG points at one,
 # and always takes down what it brought up.

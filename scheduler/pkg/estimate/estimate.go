@@ -1,0 +1,170 @@
+// Package estimate predicts, for one pod, which device of a DRA driver each
+// of the pod's consumable-capacity requests would get on a node, and how full
+// that device would then be.
+//
+// It is the cheap bound carve's score plugins rank nodes by. The upstream
+// DynamicResources plugin runs the structured allocator for every node in
+// Filter but keeps the result in private cycle state; running the allocator
+// a second time per node would double the scheduler's DRA cost. Instead the
+// estimate repeats the allocator's choice for shares: on each node, the first
+// device of the driver (in slice order, as the allocator walks them) that
+// allows multiple allocations, defines every capacity the request names, and
+// has room for the request after the device's request policy is applied. It
+// ignores the request's and its class's CEL selectors, so it can name a
+// device the allocator would not take; the scores only rank nodes that
+// DynamicResources has already found feasible, so a wrong guess costs
+// placement quality, never correctness.
+package estimate
+
+import (
+	"context"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// Attribute names the topology of a device is read from.
+const (
+	AttrPCIeRoot       resourceapi.QualifiedName = "resource.kubernetes.io/pcieRoot"
+	AttrNUMANode       resourceapi.QualifiedName = "numaNode"
+	AttrNUMANodeShared resourceapi.QualifiedName = "resource.kubernetes.io/numaNode"
+)
+
+// Request is one consumable-capacity request of one of the pod's claims.
+type Request struct {
+	// Claim is the index of the claim among the pod's claims that have
+	// share requests; Topology compares devices across claims.
+	Claim     int
+	ClaimName string
+	Name      string
+	Capacity  map[resourceapi.QualifiedName]resource.Quantity
+	// want is Capacity as integers, read once.
+	want map[resourceapi.QualifiedName]int64
+}
+
+// Device is a shareable device of the driver, with what the score needs.
+type Device struct {
+	ID structured.DeviceID
+	// PCIeRoot and NUMANode are empty where the device does not say.
+	PCIeRoot string
+	NUMANode string
+	caps     []deviceCap
+}
+
+// deviceCap is one capacity of a device, its total read once.
+type deviceCap struct {
+	name  resourceapi.QualifiedName
+	total int64
+	dc    resourceapi.DeviceCapacity
+}
+
+// Estimate holds what one scheduling cycle needs to predict picks on any node.
+// It is immutable once built, so Score may read it from many goroutines.
+type Estimate struct {
+	Requests []Request
+	// Claims is how many distinct claims the requests come from.
+	Claims int
+	// Pending are the pod's unallocated claims with share requests.
+	Pending []*resourceapi.ResourceClaim
+	nodes   map[string][]*Device
+	ledger  *Ledger
+}
+
+// Pick is the device a request would get on a node.
+type Pick struct {
+	Request *Request
+	Device  *Device
+	// Utilization is the device's mean fill over its capacities once this
+	// request (and the pod's earlier requests on it) are placed, in [0, 1].
+	Utilization float64
+}
+
+// Compute builds the estimate for pod from the scheduler's DRA state (the
+// pod's claims, the slices) and the ledger of what shares consume. It
+// returns nil when the pod has no unallocated share request for driver.
+func Compute(ctx context.Context, dra fwk.SharedDRAManager, ledger *Ledger, pod *v1.Pod, driver string) (*Estimate, error) {
+	logger := klog.FromContext(ctx)
+	claims, err := podClaims(dra, pod)
+	if err != nil {
+		return nil, err
+	}
+	e := &Estimate{ledger: ledger}
+	for _, claim := range claims {
+		n := len(e.Requests)
+		e.Requests = append(e.Requests, shareRequests(claim, e.Claims)...)
+		if len(e.Requests) > n {
+			e.Claims++
+			e.Pending = append(e.Pending, claim)
+		}
+	}
+	if len(e.Requests) == 0 {
+		return nil, nil
+	}
+	slices, err := dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil {
+		return nil, fmt.Errorf("list resource slices: %w", err)
+	}
+	e.nodes = indexFor(driver).byNode(slices)
+	logger.V(5).Info("Share estimate", "pod", klog.KObj(pod), "requests", len(e.Requests), "claims", e.Claims, "nodes", len(e.nodes))
+	return e, nil
+}
+
+// podClaims returns the pod's claims that still need an allocation. A claim
+// not yet created from its template is skipped: DynamicResources keeps such
+// a pod out of scheduling anyway.
+func podClaims(dra fwk.SharedDRAManager, pod *v1.Pod) ([]*resourceapi.ResourceClaim, error) {
+	var out []*resourceapi.ResourceClaim
+	for _, pc := range pod.Spec.ResourceClaims {
+		name := ""
+		switch {
+		case pc.ResourceClaimName != nil:
+			name = *pc.ResourceClaimName
+		default:
+			for _, st := range pod.Status.ResourceClaimStatuses {
+				if st.Name == pc.Name && st.ResourceClaimName != nil {
+					name = *st.ResourceClaimName
+				}
+			}
+		}
+		if name == "" {
+			continue
+		}
+		claim, err := dra.ResourceClaims().Get(pod.Namespace, name)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s of pod %s: %w", pod.Namespace, name, pod.Name, err)
+		}
+		if claim.Status.Allocation == nil {
+			out = append(out, claim)
+		}
+	}
+	return out, nil
+}
+
+// shareRequests lists the requests of claim that ask for capacity, one entry
+// per device they ask for.
+func shareRequests(claim *resourceapi.ResourceClaim, index int) []Request {
+	var out []Request
+	for _, r := range claim.Spec.Devices.Requests {
+		x := r.Exactly
+		if x == nil || x.Capacity == nil || len(x.Capacity.Requests) == 0 {
+			continue
+		}
+		count := int64(1)
+		if x.AllocationMode == resourceapi.DeviceAllocationModeExactCount && x.Count > 0 {
+			count = x.Count
+		}
+		for range count {
+			want := make(map[resourceapi.QualifiedName]int64, len(x.Capacity.Requests))
+			for n, q := range x.Capacity.Requests {
+				want[n] = q.Value()
+			}
+			out = append(out, Request{Claim: index, ClaimName: claim.Namespace + "/" + claim.Name, Name: r.Name, Capacity: x.Capacity.Requests, want: want})
+		}
+	}
+	return out
+}

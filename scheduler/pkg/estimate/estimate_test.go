@@ -1,0 +1,177 @@
+package estimate_test
+
+import (
+	"context"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/carve-dra/carve/scheduler/pkg/estimate"
+	"github.com/carve-dra/carve/scheduler/pkg/fixture"
+)
+
+const ns = "default"
+
+func nicShare(name, bw string) *resourceapi.ResourceClaim {
+	return fixture.Claim(ns, name, fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: bw}))
+}
+
+func gpuShare(name, mem string) *resourceapi.ResourceClaim {
+	return fixture.Claim(ns, name, fixture.ShareSpec("gpu", map[resourceapi.QualifiedName]string{fixture.Memory: mem}))
+}
+
+func compute(t *testing.T, dra *fixture.DRA, claims ...string) *estimate.Estimate {
+	t.Helper()
+	e, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", claims...), fixture.Driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// The first device with room, in slice order, is picked, and its fill counts
+// what other claims hold, the request after the policy, and the default the
+// policy charges for the capacity the request leaves out.
+func TestPicksFirstFitAfterAllocated(t *testing.T) {
+	held := nicShare("held", "95G")
+	fixture.Allocate(held, "n1", "nic-0000-19-00-0")
+	want := nicShare("want", "9.5G") // rounds up to the 1M step: 9.5G exactly
+	dra := &fixture.DRA{
+		Claims: []*resourceapi.ResourceClaim{held, want},
+		Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")},
+	}
+	e := compute(t, dra, "want")
+	picks, ok := e.Picks("n1")
+	if !ok || len(picks) != 1 {
+		t.Fatalf("picks %v, %v", picks, ok)
+	}
+	// 95G held + 9.5G does not fit the first NIC: the second one is taken.
+	if got := picks[0].Device.ID.Device.String(); got != "nic-0000-87-00-0" {
+		t.Errorf("picked %s, want the second NIC", got)
+	}
+	// egress 9.5/100, ingress the policy default 1G/100G: mean 5.25%.
+	if u := picks[0].Utilization; u < 0.0524 || u > 0.0526 {
+		t.Errorf("utilization %v, want 0.0525", u)
+	}
+	if picks[0].Device.PCIeRoot != "pci0000:85" || picks[0].Device.NUMANode != "1" {
+		t.Errorf("topology %q %q", picks[0].Device.PCIeRoot, picks[0].Device.NUMANode)
+	}
+}
+
+// A pod's requests accumulate on a device; a request that fits nowhere makes
+// the node a miss.
+func TestPicksAccumulateAndMiss(t *testing.T) {
+	a, b := gpuShare("a", "50Gi"), gpuShare("b", "50Gi")
+	dra := &fixture.DRA{
+		Claims: []*resourceapi.ResourceClaim{a, b},
+		Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi"), fixture.Slice("n2", fixture.GPU("g", "r", 0, "80Gi"))},
+	}
+	e := compute(t, dra, "a", "b")
+	if e.Claims != 2 || len(e.Requests) != 2 {
+		t.Fatalf("claims %d requests %d", e.Claims, len(e.Requests))
+	}
+	picks, ok := e.Picks("n1")
+	if !ok || picks[0].Device == picks[1].Device {
+		t.Errorf("n1: both 50Gi shares on one 80Gi GPU: %v %v", picks, ok)
+	}
+	if _, ok := e.Picks("n2"); ok {
+		t.Error("n2 has one 80Gi GPU for 100Gi of shares but fits")
+	}
+	if _, ok := e.Picks("n3"); ok {
+		t.Error("a node without slices fits")
+	}
+}
+
+// Pods without share requests, and claims already allocated, give no estimate.
+func TestNoShares(t *testing.T) {
+	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.carve.dev"},
+	}}}})
+	done := nicShare("done", "1G")
+	fixture.Allocate(done, "n1", "nic-0000-19-00-0")
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, done}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
+	if e := compute(t, dra, "whole", "done"); e != nil {
+		t.Errorf("estimate %+v for a pod without pending shares", e)
+	}
+	if _, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", "missing"), fixture.Driver); err == nil {
+		t.Error("a missing claim is no error")
+	}
+}
+
+// Request policies round as the allocator does.
+func TestPolicy(t *testing.T) {
+	// 100M steps from a 100M minimum, at most 10G.
+	slice := fixture.Slice("n1", fixture.NIC("nic", "r", 0, "10G"))
+	c := slice.Spec.Devices[0].Capacity[fixture.Egress]
+	c.RequestPolicy.ValidRange.Min = ptrQ("100M")
+	c.RequestPolicy.ValidRange.Step = ptrQ("100M")
+	c.RequestPolicy.ValidRange.Max = ptrQ("2G")
+	slice.Spec.Devices[0].Capacity[fixture.Egress] = c
+	for _, tc := range []struct {
+		ask      string
+		wantUtil float64 // egress fill; ingress takes its 100M default (1%)
+		fits     bool
+	}{
+		{"50M", 0.01, true},  // below the minimum: the minimum
+		{"150M", 0.02, true}, // up to the next step
+		{"1G", 0.10, true},   // on a step
+		{"2.05G", 0, false},  // rounds past the maximum
+	} {
+		claim := nicShare("c", tc.ask)
+		dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{claim}, Slices: []*resourceapi.ResourceSlice{slice}}
+		picks, ok := compute(t, dra, "c").Picks("n1")
+		if ok != tc.fits {
+			t.Errorf("%s: fits %v, want %v", tc.ask, ok, tc.fits)
+			continue
+		}
+		if ok {
+			want := (tc.wantUtil + 0.01) / 2
+			if u := picks[0].Utilization; u < want-1e-9 || u > want+1e-9 {
+				t.Errorf("%s: utilization %v, want %v", tc.ask, u, want)
+			}
+		}
+	}
+}
+
+// The ledger follows claims: an allocation replaces the claim's previous
+// one, a claim without allocation or deleted consumes nothing, and results
+// of other drivers or without a share do not count.
+func TestLedger(t *testing.T) {
+	l := estimate.NewLedger(fixture.Driver)
+	id := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-19-00-0")
+	a, b := nicShare("a", "10G"), nicShare("b", "5G")
+	fixture.Allocate(a, "n1", "nic-0000-19-00-0")
+	fixture.Allocate(b, "n1", "nic-0000-19-00-0")
+	l.Record(a)
+	l.Record(b)
+	l.Record(a) // again: no double count
+	if got := l.Used(id, fixture.Egress); got != 15e9 {
+		t.Errorf("used %d, want 15G", got)
+	}
+	a2 := a.DeepCopy()
+	a2.Status.Allocation.Devices.Results[0].ConsumedCapacity[fixture.Egress] = resource.MustParse("20G")
+	l.Record(a2)
+	if got := l.Used(id, fixture.Egress); got != 25e9 {
+		t.Errorf("after a grew: used %d, want 25G", got)
+	}
+	b2 := b.DeepCopy()
+	b2.Status.Allocation = nil
+	l.Record(b2)
+	l.Forget(a.UID)
+	if got := l.Used(id, fixture.Egress); got != 0 {
+		t.Errorf("after both went: used %d, want 0", got)
+	}
+	other := nicShare("other", "1G")
+	fixture.Allocate(other, "n1", "nic-0000-19-00-0")
+	other.Status.Allocation.Devices.Results[0].Driver = "other.example.com"
+	whole := nicShare("whole", "1G")
+	fixture.Allocate(whole, "n1", "nic-0000-19-00-0")
+	whole.Status.Allocation.Devices.Results[0].ShareID = nil
+	l.Record(other)
+	l.Record(whole)
+	if got := l.Used(id, fixture.Egress); got != 0 {
+		t.Errorf("other driver or no share counted: %d", got)
+	}
+}

@@ -1,0 +1,144 @@
+package sharefit
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/dynamic-resource-allocation/structured"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/carve-dra/carve/scheduler/pkg/estimate"
+	"github.com/carve-dra/carve/scheduler/pkg/fixture"
+)
+
+const ns = "default"
+
+func share(name, bw string) *resourceapi.ResourceClaim {
+	return fixture.Claim(ns, name, fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: bw}))
+}
+
+// scores runs PreScore and Score for pod on each node as the framework does.
+func scores(t *testing.T, pl *ShareFit, claims []string, nodes ...string) (map[string]int64, *fwk.Status) {
+	t.Helper()
+	ctx := context.Background()
+	state := framework.NewCycleState()
+	pod := fixture.Pod(ns, "p", claims...)
+	if st := pl.PreScore(ctx, state, pod, nil); !st.IsSuccess() {
+		return nil, st
+	}
+	out := map[string]int64{}
+	for _, n := range nodes {
+		ni := framework.NewNodeInfo()
+		ni.SetNode(fixture.Node(n))
+		s, st := pl.Score(ctx, state, pod, ni)
+		if !st.IsSuccess() {
+			t.Fatalf("Score %s: %v", n, st)
+		}
+		out[n] = s
+	}
+	return out, nil
+}
+
+// MostAllocated ranks the node where the share lands on the fullest device
+// first; LeastAllocated the emptiest; a node without room scores 0.
+func TestStrategies(t *testing.T) {
+	busy, full, want := share("busy", "60G"), share("full", "100G"), share("want", "19G")
+	fixture.Allocate(busy, "busy", "nic-0000-19-00-0")
+	fixture.Allocate(full, "tiny", "nic")
+	dra := &fixture.DRA{
+		Claims: []*resourceapi.ResourceClaim{busy, full, want},
+		Slices: []*resourceapi.ResourceSlice{
+			fixture.Server("busy", "100G", "80Gi"),
+			fixture.Server("idle", "100G", "80Gi"),
+			fixture.Slice("tiny", fixture.NIC("nic", "r", 0, "100G")),
+		},
+	}
+	for _, tc := range []struct {
+		strategy Strategy
+		best     string
+	}{{MostAllocated, "busy"}, {LeastAllocated, "idle"}} {
+		pl := &ShareFit{args: Args{Strategy: tc.strategy, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+		got, st := scores(t, pl, []string{"want"}, "busy", "idle", "tiny")
+		if st != nil {
+			t.Fatalf("%s: PreScore %v", tc.strategy, st)
+		}
+		if got["tiny"] != 0 {
+			t.Errorf("%s: node without room scores %d", tc.strategy, got["tiny"])
+		}
+		other := map[string]string{"busy": "idle", "idle": "busy"}[tc.best]
+		if got[tc.best] <= got[other] {
+			t.Errorf("%s: scores %v, want %s first", tc.strategy, got, tc.best)
+		}
+	}
+	// Exact values: busy egress 79/100 and ingress the 1G default: mean
+	// 40% (the held 60G consumed no ingress in the fixture); idle 10%.
+	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	got, _ := scores(t, pl, []string{"want"}, "busy", "idle")
+	if got["busy"] != 40 || got["idle"] != 10 {
+		t.Errorf("scores %v, want busy 40, idle 10", got)
+	}
+}
+
+// Pods without claims, or whose claims ask for no capacity, are skipped.
+func TestSkip(t *testing.T) {
+	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.carve.dev"},
+	}}}})
+	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole}}, ledger: estimate.NewLedger(fixture.Driver)}
+	for _, claims := range [][]string{nil, {"whole"}} {
+		if _, st := scores(t, pl, claims, "n"); st == nil || st.Code() != fwk.Skip {
+			t.Errorf("claims %v: status %v, want Skip", claims, st)
+		}
+	}
+}
+
+func TestArgs(t *testing.T) {
+	a, err := DecodeArgs(nil)
+	if err != nil || a.Strategy != MostAllocated || a.DriverName != "carve.dev" {
+		t.Errorf("defaults %+v, %v", a, err)
+	}
+	a, err = DecodeArgs(&runtime.Unknown{Raw: []byte("strategy: LeastAllocated\ndriverName: x.example.com\n"), ContentType: runtime.ContentTypeYAML})
+	if err != nil || a.Strategy != LeastAllocated || a.DriverName != "x.example.com" {
+		t.Errorf("yaml %+v, %v", a, err)
+	}
+	for raw, field := range map[string]string{
+		`{"strategy":"Random"}`:       "strategy",
+		`{"driverName":"Not_A_Name"}`: "driverName",
+		`{"weight":3}`:                "weight",
+	} {
+		_, err := DecodeArgs(&runtime.Unknown{Raw: []byte(raw), ContentType: runtime.ContentTypeJSON})
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: error %v, want one naming %s", raw, err, field)
+		}
+	}
+}
+
+// Reserve records what DynamicResources just allocated, so the next pod's
+// estimate sees it; Unreserve takes it back.
+func TestReserveRecordsShares(t *testing.T) {
+	want := share("want", "30G")
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{want}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
+	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	ctx := context.Background()
+	state := framework.NewCycleState()
+	pod := fixture.Pod(ns, "p", "want")
+	if st := pl.PreScore(ctx, state, pod, nil); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	fixture.Allocate(want, "n1", "nic-0000-19-00-0") // what DynamicResources' Reserve does
+	id := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-19-00-0")
+	if st := pl.Reserve(ctx, state, pod, "n1"); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	if got := pl.ledger.Used(id, fixture.Egress); got != 30e9 {
+		t.Errorf("after Reserve: %d used, want 30G", got)
+	}
+	pl.Unreserve(ctx, state, pod, "n1")
+	if got := pl.ledger.Used(id, fixture.Egress); got != 0 {
+		t.Errorf("after Unreserve: %d used, want 0", got)
+	}
+}
