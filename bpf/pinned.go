@@ -16,7 +16,7 @@ import (
 // creating anything: for tools beside the agent (carve shares) that must
 // leave the node as they found it. The maps are opened read-only.
 type Pinned struct {
-	pinDir                string
+	pinDir               string
 	shares, stats, rates *ebpf.Map
 }
 
@@ -147,4 +147,3 @@ func (p *Pinned) PinnedLinks() ([]PinnedLink, error) {
 // LegacyFilterName is the name of the cls_bpf filter that stands in for a
 // program's TCX link on kernels without TCX.
 func LegacyFilterName(program string) string { return "carve-" + program }
-
