@@ -28,6 +28,13 @@ type Options struct {
 	// NVML, when set, reports the GPUs (package gpu). Its failure costs
 	// the node its GPUs, never the discovery.
 	NVML func(context.Context) (*nvmlinfo.Inventory, error)
+	// KernelProbe, when set, tries what the running kernel offers (see
+	// package netdev/kprobe). It is asked only where Root's procfs is the
+	// running kernel's (same boot id): under a snapshot or a fixture the
+	// kernel described is another, and its configuration is read instead,
+	// as it is where the probe fails. Probes should cache their answer:
+	// discovery runs on every link event.
+	KernelProbe func(context.Context) (KernelFeatures, error)
 }
 
 // Discover reads the node's hardware under opts.Root. Missing optional files
@@ -72,7 +79,7 @@ func Discover(ctx context.Context, opts Options) (*Inventory, error) {
 			inv.GPUs = append(inv.GPUs, GPU{PCIFunction: f})
 		}
 	}
-	if inv.Kernel, err = t.readKernelFeatures(); err != nil {
+	if inv.Kernel, err = t.kernelFeatures(ctx, opts.KernelProbe); err != nil {
 		return nil, fmt.Errorf("discover kernel features: %w", err)
 	}
 	if opts.NVML != nil {

@@ -1,14 +1,16 @@
 package discovery
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
+	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // tree reads files below a root directory. Every path it takes is relative to
@@ -20,40 +22,26 @@ type tree struct {
 
 func (t tree) path(rel string) string { return filepath.Join(t.root, rel) }
 
+// at is the tree's root as a dir read relative to the working directory.
+func (t tree) at() dir { return dir{fd: unix.AT_FDCWD, path: ""} }
+
 // optionalString reads a file that may be missing. A missing file (or one the
 // kernel refuses to read, as `speed` on a down link) is ("", false, nil).
 func (t tree) optionalString(rel string) (string, bool, error) {
-	b, err := os.ReadFile(t.path(rel))
-	switch {
-	case err == nil:
-		return strings.TrimSpace(string(b)), true, nil
-	case errors.Is(err, fs.ErrNotExist), isUnreadableAttribute(err):
-		return "", false, nil
-	default:
-		return "", false, fmt.Errorf("read %s: %w", t.path(rel), err)
-	}
+	return t.at().optionalString(t.path(rel))
 }
 
 // optionalInt reads a decimal integer from a file that may be missing.
 func (t tree) optionalInt(rel string) (int64, bool, error) {
-	s, ok, err := t.optionalString(rel)
-	if err != nil || !ok {
-		return 0, ok, err
-	}
-	v, err := strconv.ParseInt(s, 0, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("parse %s: %q is not an integer", t.path(rel), truncate(s, 40))
-	}
-	return v, true, nil
+	return t.at().optionalInt(t.path(rel))
 }
 
 // linkBase is the last element of a symlink's target ("" when missing).
-func (t tree) linkBase(rel string) string {
-	target, err := os.Readlink(t.path(rel))
-	if err != nil {
-		return ""
-	}
-	return filepath.Base(target)
+func (t tree) linkBase(rel string) string { return t.at().linkBase(t.path(rel)) }
+
+// optionalLink reads a symlink that may be missing.
+func (t tree) optionalLink(rel string) (string, bool, error) {
+	return t.at().optionalLink(t.path(rel))
 }
 
 // resolve follows the symlinks of rel and returns the real path.
@@ -63,6 +51,149 @@ func (t tree) resolve(rel string) (string, error) {
 		return "", fmt.Errorf("resolve %s: %w", t.path(rel), err)
 	}
 	return p, nil
+}
+
+// openDir opens a directory of the tree for reads relative to it: its path
+// is resolved once, not again for every file read below it. ok is false
+// where it is missing.
+func (t tree) openDir(rel string) (d dir, ok bool, err error) {
+	return t.at().openDir(t.path(rel))
+}
+
+// dir is an open directory whose files are read relative to it (openat):
+// discovery reads about ten files of each of thousands of netdevs and PCI
+// functions, and resolving each file's whole path through sysfs's symlinks
+// was most of its time. Errors name the file by its path.
+type dir struct {
+	fd   int
+	path string
+}
+
+func (d dir) name(rel string) string {
+	if d.path == "" {
+		return rel
+	}
+	return d.path + "/" + rel
+}
+
+// openDir opens rel below d (following symlinks); ok is false where it is
+// missing. The caller closes it.
+func (d dir) openDir(rel string) (dir, bool, error) {
+	fd, err := openat(d.fd, rel, unix.O_PATH|unix.O_DIRECTORY)
+	switch {
+	case err == nil:
+		return dir{fd: fd, path: d.name(rel)}, true, nil
+	case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.ENOTDIR):
+		return dir{}, false, nil
+	default:
+		return dir{}, false, fmt.Errorf("open %s: %w", d.name(rel), err)
+	}
+}
+
+func (d dir) close() {
+	if d.fd >= 0 && d.fd != unix.AT_FDCWD {
+		unix.Close(d.fd)
+	}
+}
+
+func (d dir) optionalString(rel string) (string, bool, error) {
+	s, err := readSmallAt(d.fd, rel)
+	switch {
+	case err == nil:
+		return s, true, nil
+	case errors.Is(err, fs.ErrNotExist), isUnreadableAttribute(err):
+		return "", false, nil
+	default:
+		return "", false, fmt.Errorf("read %s: %w", d.name(rel), err)
+	}
+}
+
+func (d dir) optionalInt(rel string) (int64, bool, error) {
+	s, ok, err := d.optionalString(rel)
+	if err != nil || !ok {
+		return 0, ok, err
+	}
+	v, err := strconv.ParseInt(s, 0, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("parse %s: %q is not an integer", d.name(rel), truncate(s, 40))
+	}
+	return v, true, nil
+}
+
+func (d dir) linkBase(rel string) string {
+	target, ok, _ := d.optionalLink(rel)
+	if !ok {
+		return ""
+	}
+	return filepath.Base(target)
+}
+
+func (d dir) optionalLink(rel string) (string, bool, error) {
+	bp := smallBufs.Get().(*[]byte)
+	defer smallBufs.Put(bp)
+	for {
+		n, err := unix.Readlinkat(d.fd, rel, *bp)
+		if err == unix.EINTR {
+			continue
+		}
+		switch {
+		case err == nil && n < len(*bp):
+			return string((*bp)[:n]), true, nil
+		case err == nil:
+			*bp = make([]byte, 2*len(*bp))
+		case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.ENOTDIR):
+			return "", false, nil
+		case errors.Is(err, syscall.EINVAL):
+			return "", false, fmt.Errorf("read link %s: not a symbolic link", d.name(rel))
+		default:
+			return "", false, fmt.Errorf("read link %s: %w", d.name(rel), err)
+		}
+	}
+}
+
+func openat(dirfd int, rel string, flags int) (int, error) {
+	for {
+		fd, err := unix.Openat(dirfd, rel, flags|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
+}
+
+// smallBufs are read buffers: sysfs attributes fit in a page.
+var smallBufs = sync.Pool{New: func() any { b := make([]byte, 4096); return &b }}
+
+// readSmallAt reads a small file with three system calls (open, read,
+// close) where os.ReadFile makes five, and returns it trimmed. A read that
+// returns less than was asked ends the file: sysfs hands out an attribute
+// whole in its first read, and a regular file is short only at its end.
+func readSmallAt(dirfd int, rel string) (string, error) {
+	fd, err := openat(dirfd, rel, unix.O_RDONLY)
+	if err != nil {
+		return "", &fs.PathError{Op: "open", Path: rel, Err: err}
+	}
+	defer unix.Close(fd)
+	bp := smallBufs.Get().(*[]byte)
+	defer smallBufs.Put(bp)
+	buf, n := *bp, 0
+	for {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return "", &fs.PathError{Op: "read", Path: rel, Err: err}
+		}
+		n += m
+		if m == 0 || n < len(buf) {
+			break
+		}
+		buf = append(buf, make([]byte, len(buf))...)
+	}
+	if len(buf) <= 1<<16 {
+		*bp = buf
+	}
+	return string(bytes.TrimSpace(buf[:n])), nil
 }
 
 // isUnreadableAttribute reports errors sysfs gives for attributes that exist

@@ -3,18 +3,26 @@ package discovery
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
 )
 
-// KernelFeatures is what the running kernel offers for enforcing shares, read
-// from its build configuration. Known is false where no configuration could
-// be read; then nothing is assumed.
+// KernelFeatures is what the kernel offers for enforcing shares: probed in
+// the running kernel (see Options.KernelProbe), or read from its build
+// configuration. Known is false where neither could say; then nothing is
+// assumed.
 type KernelFeatures struct {
 	Known bool
-	// Source is the file the configuration came from.
+	// Source is the file the configuration came from, or "probe" where
+	// the running kernel was tried.
 	Source string
 
 	BPF     bool // CONFIG_BPF_SYSCALL
@@ -56,12 +64,78 @@ func (k KernelFeatures) CanShareNIC() bool {
 	return k.CanShapeEgress() && k.CanShapeIngress() && (k.Macvlan || k.IPVlan)
 }
 
+// ProbeSource is KernelFeatures.Source for features probed in the running
+// kernel.
+const ProbeSource = "probe"
+
+// kernelFeatures asks probe where the root describes the running kernel
+// (its boot id is this process's) and probe is set; otherwise, or where the
+// probe fails, it reads the root's kernel configuration. A snapshot or a
+// fixture root describes another kernel: only its configuration can say.
+func (t tree) kernelFeatures(ctx context.Context, probe func(context.Context) (KernelFeatures, error)) (KernelFeatures, error) {
+	if probe != nil && t.isRunningKernel() {
+		k, err := probe(ctx)
+		if err == nil {
+			k.Known, k.Source = true, ProbeSource
+			return k, nil
+		}
+		klog.FromContext(ctx).V(1).Info("Kernel features not probed; reading the kernel configuration", "err", err)
+	}
+	return t.readKernelFeatures()
+}
+
+// isRunningKernel reports whether root's procfs is the running kernel's,
+// by boot id.
+func (t tree) isRunningKernel() bool {
+	const bootID = "proc/sys/kernel/random/boot_id"
+	mine, ok, err := tree{root: "/"}.optionalString(bootID)
+	if err != nil || !ok || mine == "" {
+		return false
+	}
+	theirs, ok, err := t.optionalString(bootID)
+	return err == nil && ok && theirs == mine
+}
+
+// kernelConfigCache holds the features of the last configuration read, for
+// as long as its file is unchanged: unzipping /proc/config.gz on every
+// rescan was a few milliseconds each time.
+var kernelConfigCache struct {
+	sync.Mutex
+	path    string
+	size    int64
+	modTime time.Time
+	k       KernelFeatures
+}
+
 // readKernelFeatures reads proc/config.gz, or boot/config-<release>.
 func (t tree) readKernelFeatures() (KernelFeatures, error) {
-	text, source, err := t.kernelConfig()
-	if err != nil || source == "" {
+	path, ok, err := t.kernelConfigPath()
+	if err != nil || !ok {
 		return KernelFeatures{}, err
 	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return KernelFeatures{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	c := &kernelConfigCache
+	c.Lock()
+	defer c.Unlock()
+	if c.path == path && c.size == st.Size() && c.modTime.Equal(st.ModTime()) && st.Size() > 0 {
+		return c.k, nil
+	}
+	text, err := readKernelConfig(path)
+	if err != nil {
+		return KernelFeatures{}, err
+	}
+	k, err := featuresOfConfig(text, path)
+	if err != nil {
+		return KernelFeatures{}, err
+	}
+	c.path, c.size, c.modTime, c.k = path, st.Size(), st.ModTime(), k
+	return k, nil
+}
+
+func featuresOfConfig(text, source string) (KernelFeatures, error) {
 	opts, err := ParseKernelConfig(text)
 	if err != nil {
 		return KernelFeatures{}, fmt.Errorf("parse %s: %w", source, err)
@@ -79,28 +153,40 @@ func (t tree) readKernelFeatures() (KernelFeatures, error) {
 	}, nil
 }
 
-func (t tree) kernelConfig() (text, source string, err error) {
-	if b, err := os.ReadFile(t.path("proc/config.gz")); err == nil {
-		zr, err := gzip.NewReader(bytes.NewReader(b))
-		if err != nil {
-			return "", "", fmt.Errorf("read %s: %w", t.path("proc/config.gz"), err)
-		}
-		// Kernel configs are a few hundred KiB; the limit guards
-		// against a corrupt stream.
-		plain, err := io.ReadAll(io.LimitReader(zr, 16<<20))
-		if err != nil {
-			return "", "", fmt.Errorf("read %s: %w", t.path("proc/config.gz"), err)
-		}
-		return string(plain), t.path("proc/config.gz"), nil
+// kernelConfigPath is proc/config.gz where it exists, else
+// boot/config-<release>; ok is false where neither does.
+func (t tree) kernelConfigPath() (string, bool, error) {
+	if _, err := os.Stat(t.path("proc/config.gz")); err == nil {
+		return t.path("proc/config.gz"), true, nil
 	}
 	release, ok, err := t.optionalString("proc/sys/kernel/osrelease")
 	if err != nil || !ok {
-		return "", "", err
+		return "", false, err
 	}
-	rel := filepath.Join("boot", "config-"+release)
-	s, ok, err := t.optionalString(rel)
-	if err != nil || !ok {
-		return "", "", err
+	p := t.path(filepath.Join("boot", "config-"+release))
+	if _, err := os.Stat(p); err != nil {
+		return "", false, nil
 	}
-	return s, t.path(rel), nil
+	return p, true, nil
+}
+
+func readKernelConfig(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	if !strings.HasSuffix(path, ".gz") {
+		return string(b), nil
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	// Kernel configs are a few hundred KiB; the limit guards against a
+	// corrupt stream.
+	plain, err := io.ReadAll(io.LimitReader(zr, 16<<20))
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	return string(plain), nil
 }

@@ -57,59 +57,85 @@ func matchAny(globs []string, name string) bool {
 
 // listNICs reads sys/class/net. pci maps addresses to PCI functions.
 func (t tree) listNICs(filter NetFilter, pci map[string]PCIFunction) ([]NIC, error) {
-	const dir = "sys/class/net"
-	entries, err := os.ReadDir(t.path(dir))
+	const rel = "sys/class/net"
+	entries, err := os.ReadDir(t.path(rel))
 	if os.IsNotExist(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", t.path(dir), err)
+		return nil, fmt.Errorf("list %s: %w", t.path(rel), err)
 	}
-	var nics []NIC
-	for _, e := range entries {
-		name := e.Name()
-		rel := filepath.Join(dir, name)
-		// The kernel places netdevs with no device behind them (veth,
-		// bridges, lo) under devices/virtual. The link's text is enough
-		// to tell, and to find the PCI function, even where the target
-		// is gone (a snapshot, a device being removed).
-		target, _, err := t.optionalLink(rel)
-		if err != nil {
-			return nil, err
-		}
-		hasDevice := !strings.Contains(target, "devices/virtual/")
-		if !filter.keeps(name, !hasDevice) {
-			continue
-		}
-		nic, err := t.readNIC(name, rel)
-		if err != nil {
-			return nil, err
-		}
-		nic.Virtual = !hasDevice
-		if hasDevice {
-			if addr := lastPCIAddress(target); addr != "" {
-				if fn, ok := pci[addr]; ok {
-					nic.PCI = &fn
-				} else {
-					nic.PCI = &PCIFunction{Address: addr, NUMANode: -1}
-				}
-			}
-		}
-		nics = append(nics, nic)
+	netDir, ok, err := t.openDir(rel)
+	if err != nil || !ok {
+		return nil, err
 	}
+	defer netDir.close()
+	nics := make([]NIC, len(entries))
+	kept := make([]bool, len(entries))
+	err = forEach(len(entries), func(i int) (err error) {
+		nics[i], kept[i], err = readNICEntry(netDir, entries[i].Name(), filter, pci)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	n := 0
+	for i := range nics {
+		if kept[i] {
+			nics[n] = nics[i]
+			n++
+		}
+	}
+	nics = nics[:n]
 	sort.Slice(nics, func(i, j int) bool { return nics[i].Name < nics[j].Name })
 	return nics, nil
 }
 
-func (t tree) readNIC(name, rel string) (NIC, error) {
+// readNICEntry reads the netdev name of sys/class/net; ok is false where the
+// filter leaves it out or it is gone.
+func readNICEntry(netDir dir, name string, filter NetFilter, pci map[string]PCIFunction) (nic NIC, ok bool, err error) {
+	// The kernel places netdevs with no device behind them (veth,
+	// bridges, lo) under devices/virtual. The link's text is enough to
+	// tell, and to find the PCI function, even where the target is gone
+	// (a snapshot, a device being removed).
+	target, _, err := netDir.optionalLink(name)
+	if err != nil {
+		return NIC{}, false, err
+	}
+	hasDevice := !strings.Contains(target, "devices/virtual/")
+	if !filter.keeps(name, !hasDevice) {
+		return NIC{}, false, nil
+	}
+	if nic, ok, err = readNIC(netDir, name); err != nil || !ok {
+		return NIC{}, false, err
+	}
+	nic.Virtual = !hasDevice
+	if hasDevice {
+		if addr := lastPCIAddress(target); addr != "" {
+			if fn, ok := pci[addr]; ok {
+				nic.PCI = &fn
+			} else {
+				nic.PCI = &PCIFunction{Address: addr, NUMANode: -1}
+			}
+		}
+	}
+	return nic, true, nil
+}
+
+// readNIC reads one netdev's attributes, relative to its directory.
+func readNIC(netDir dir, name string) (NIC, bool, error) {
+	d, ok, err := netDir.openDir(name)
+	if err != nil || !ok {
+		return NIC{}, false, err
+	}
+	defer d.close()
 	nic := NIC{Name: name}
-	var err error
 	get := func(file string) string {
 		if err != nil {
 			return ""
 		}
 		var s string
-		s, _, err = t.optionalString(filepath.Join(rel, file))
+		s, _, err = d.optionalString(file)
 		return s
 	}
 	getInt := func(file string) (int64, bool) {
@@ -118,7 +144,7 @@ func (t tree) readNIC(name, rel string) (NIC, error) {
 		}
 		var v int64
 		var ok bool
-		v, ok, err = t.optionalInt(filepath.Join(rel, file))
+		v, ok, err = d.optionalInt(file)
 		return v, ok
 	}
 	nic.MAC = get("address")
@@ -137,29 +163,19 @@ func (t tree) readNIC(name, rel string) (NIC, error) {
 	if v, ok := getInt("dev_port"); ok {
 		nic.DevPort = int(v)
 	}
-	if total, ok := getInt("device/sriov_totalvfs"); ok && total > 0 {
-		num, _ := getInt("device/sriov_numvfs")
-		nic.SRIOV = &SRIOV{TotalVFs: int(total), NumVFs: int(num)}
+	nic.PhysFn = d.linkBase("device/physfn")
+	// A VF has no VFs of its own: only a PF's files are read.
+	if nic.PhysFn == "" {
+		if total, ok := getInt("device/sriov_totalvfs"); ok && total > 0 {
+			num, _ := getInt("device/sriov_numvfs")
+			nic.SRIOV = &SRIOV{TotalVFs: int(total), NumVFs: int(num)}
+		}
 	}
 	if err != nil {
-		return NIC{}, fmt.Errorf("netdev %s: %w", name, err)
+		return NIC{}, false, fmt.Errorf("netdev %s: %w", name, err)
 	}
-	nic.Driver = t.linkBase(filepath.Join(rel, "device", "driver"))
-	nic.PhysFn = t.linkBase(filepath.Join(rel, "device", "physfn"))
-	return nic, nil
-}
-
-// optionalLink reads a symlink that may be missing.
-func (t tree) optionalLink(rel string) (string, bool, error) {
-	target, err := os.Readlink(t.path(rel))
-	switch {
-	case err == nil:
-		return target, true, nil
-	case os.IsNotExist(err):
-		return "", false, nil
-	default:
-		return "", false, fmt.Errorf("read link %s: %w", t.path(rel), err)
-	}
+	nic.Driver = d.linkBase("device/driver")
+	return nic, true, nil
 }
 
 // lastPCIAddress returns the deepest PCI address in a sysfs device path: for

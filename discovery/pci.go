@@ -8,121 +8,121 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-
-	"github.com/jaypipes/ghw"
-	"github.com/jaypipes/ghw/pkg/pci"
-	"k8s.io/dynamic-resource-allocation/deviceattribute"
-	"k8s.io/klog/v2"
 )
 
 var pciAddressPattern = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 
-// listPCI returns every PCI function under the root, keyed by address. It asks
-// ghw first; when ghw cannot run because the pci.ids database is missing, it
-// reads the same IDs from sysfs so that discovery still publishes IDs, only
-// without vendor and product names.
+// listPCI returns every PCI function under the root, keyed by address. Each
+// function costs a few reads: its modalias (vendor, device and class in one
+// file; the vendor, device and class files where a function has none), its
+// NUMA node, and two links (the function's own, whose target names its PCIe
+// root, and its driver). Vendor and product names come from pci.ids, parsed
+// once per process (see pciNames).
 func (t tree) listPCI(ctx context.Context) (map[string]PCIFunction, error) {
-	logger := klog.FromContext(ctx)
-	info, err := ghw.PCI(ghw.WithChroot(t.root), ghw.WithDisableTools(), ghw.WithDisableTopology(), ghw.WithDisableWarnings())
-	var fns []PCIFunction
-	if err == nil {
-		for _, d := range info.Devices {
-			fns = append(fns, fromGHW(d))
-		}
+	const dir = "sys/bus/pci/devices"
+	entries, err := os.ReadDir(t.path(dir))
+	if os.IsNotExist(err) {
+		return map[string]PCIFunction{}, nil
 	}
-	// ghw gives up on the whole bus, without an error, when one function
-	// lacks a modalias; a count that differs from the directory's means
-	// that happened.
-	if entries, _ := os.ReadDir(t.path("sys/bus/pci/devices")); err != nil || len(fns) != len(entries) {
-		reason := "ghw skipped functions"
-		if err != nil {
-			reason = err.Error()
-		}
-		logger.V(4).Info("Reading PCI IDs from sysfs without names", "reason", reason)
-		if fns, err = t.readPCIIDs(); err != nil {
-			return nil, err
-		}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", t.path(dir), err)
+	}
+	devices, ok, err := t.openDir(dir)
+	if err != nil || !ok {
+		return map[string]PCIFunction{}, err
+	}
+	defer devices.close()
+	names := pciNamesFor(ctx, t.root)
+	fns := make([]PCIFunction, len(entries))
+	err = forEach(len(entries), func(i int) (err error) {
+		fns[i], err = t.readPCI(devices, entries[i].Name())
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := make(map[string]PCIFunction, len(fns))
 	for _, f := range fns {
-		if err := t.completePCI(&f); err != nil {
-			return nil, err
+		if names != nil {
+			f.VendorName, f.ProductName = names.lookup(f.VendorID, f.DeviceID)
 		}
 		out[f.Address] = f
 	}
 	return out, nil
 }
 
-func fromGHW(d *pci.Device) PCIFunction {
-	f := PCIFunction{Address: d.Address, Driver: d.Driver}
-	if d.Vendor != nil {
-		f.VendorID, f.VendorName = "0x"+strings.ToLower(d.Vendor.ID), knownName(d.Vendor.Name)
+// readPCI reads one function of sys/bus/pci/devices.
+func (t tree) readPCI(devices dir, addr string) (PCIFunction, error) {
+	if !pciAddressPattern.MatchString(addr) {
+		return PCIFunction{}, fmt.Errorf("PCI function %q under %s: not a domain:bus:device.function address", addr, t.path("sys/bus/pci/devices"))
 	}
-	if d.Product != nil {
-		f.DeviceID, f.ProductName = "0x"+strings.ToLower(d.Product.ID), knownName(d.Product.Name)
+	f := PCIFunction{Address: addr, NUMANode: -1}
+	if target, ok, err := devices.optionalLink(addr); err != nil {
+		return PCIFunction{}, err
+	} else if ok {
+		f.PCIeRoot = pcieRootOf(addr, target)
 	}
-	if d.Class != nil && d.Subclass != nil {
-		pi := "00"
-		if d.ProgrammingInterface != nil && d.ProgrammingInterface.ID != "" {
-			pi = d.ProgrammingInterface.ID
-		}
-		f.Class = strings.ToLower("0x" + d.Class.ID + d.Subclass.ID + pi)
+	d, ok, err := devices.openDir(addr)
+	if err != nil || !ok {
+		return f, err
 	}
-	return f
-}
-
-func knownName(s string) string {
-	if s == "unknown" {
-		return ""
-	}
-	return s
-}
-
-// readPCIIDs is the fallback for a host without pci.ids: the vendor, device and
-// class files hold everything but the names.
-func (t tree) readPCIIDs() ([]PCIFunction, error) {
-	dir := "sys/bus/pci/devices"
-	entries, err := os.ReadDir(t.path(dir))
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
+	defer d.close()
+	modalias, ok, err := d.optionalString("modalias")
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", t.path(dir), err)
+		return PCIFunction{}, err
 	}
-	var fns []PCIFunction
-	for _, e := range entries {
-		f := PCIFunction{Address: e.Name(), Driver: t.linkBase(filepath.Join(dir, e.Name(), "driver"))}
+	if !ok || !parseModalias(modalias, &f) {
 		for _, field := range []struct {
 			file string
 			dst  *string
 		}{{"vendor", &f.VendorID}, {"device", &f.DeviceID}, {"class", &f.Class}} {
-			v, _, err := t.optionalString(filepath.Join(dir, e.Name(), field.file))
+			v, _, err := d.optionalString(field.file)
 			if err != nil {
-				return nil, err
+				return PCIFunction{}, err
 			}
 			*field.dst = strings.ToLower(v)
 		}
-		fns = append(fns, f)
 	}
-	return fns, nil
-}
-
-// completePCI adds what ghw does not give: the NUMA node and the PCIe root.
-func (t tree) completePCI(f *PCIFunction) error {
-	if !pciAddressPattern.MatchString(f.Address) {
-		return fmt.Errorf("PCI function %q under %s: not a domain:bus:device.function address", f.Address, t.path("sys/bus/pci/devices"))
-	}
-	rel := filepath.Join("sys/bus/pci/devices", f.Address)
-	f.NUMANode = -1
-	if n, ok, err := t.optionalInt(filepath.Join(rel, "numa_node")); err != nil {
-		return err
+	if n, ok, err := d.optionalInt("numa_node"); err != nil {
+		return PCIFunction{}, err
 	} else if ok {
 		f.NUMANode = int(n)
 	}
-	if attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(f.Address, deviceattribute.WithFSFromRoot(t.path("sys"))); err == nil && attr.Value.StringValue != nil {
-		f.PCIeRoot = *attr.Value.StringValue
+	f.Driver = d.linkBase("driver")
+	return f, nil
+}
+
+// parseModalias fills the IDs and class from a PCI modalias,
+// "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00", and reports
+// whether it had that form.
+func parseModalias(s string, f *PCIFunction) bool {
+	// v, d, sv, sd: 8 hex digits each; bc, sc, i: 2.
+	if len(s) < 53 || !strings.HasPrefix(s, "pci:v") || s[13] != 'd' || s[22:24] != "sv" || s[32:34] != "sd" ||
+		s[42:44] != "bc" || s[46:48] != "sc" || s[50] != 'i' {
+		return false
 	}
-	return nil
+	lower := strings.ToLower(s)
+	f.VendorID = "0x" + lower[9:13]
+	f.DeviceID = "0x" + lower[18:22]
+	f.Class = "0x" + lower[44:46] + lower[48:50] + lower[51:53]
+	return true
+}
+
+// pcieRootOf is the root complex a function hangs off, from the target of
+// its sys/bus/pci/devices link: "../../../devices/pci0000:16/0000:16:02.0/
+// 0000:17:00.0" gives "pci0000:16". A target of another form gives "", as
+// deviceattribute.GetPCIeRootAttributeByPCIBusID does.
+func pcieRootOf(addr, target string) string {
+	if !filepath.IsAbs(target) {
+		target = filepath.Join("bus/pci/devices", target)
+	} else if i := strings.Index(target, "/devices/pci"); i >= 0 {
+		target = target[i+1:]
+	}
+	if !strings.HasPrefix(target, "devices/pci") || filepath.Base(target) != addr {
+		return ""
+	}
+	root, _, _ := strings.Cut(strings.TrimPrefix(target, "devices/"), "/")
+	return root
 }
 
 // sortedPCI returns the functions in address order, so that discovery output

@@ -8,6 +8,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/discovery"
 )
 
 // linkSubscriber is netlink.LinkSubscribeWithOptions; tests replace it to
@@ -16,11 +18,19 @@ type linkSubscriber func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opt
 
 // WatchLinks sends on the returned channel whenever a link of the network
 // namespace ns is added, removed or changes state, coalescing bursts:
-// the receiver rescans, it does not need every event. If the subscription
+// the receiver rescans, it does not need every event. carve's own links (a
+// share's interface, a parent's IFB or VLAN: discovery.IsCarveLink) are
+// never published, so their events are not sent: each prepare and unprepare
+// would otherwise rediscover the whole node several times. If the subscription
 // dies (the netlink socket fails, for example on ENOBUFS), it is made again
 // and a change is signalled, since events may have been missed meanwhile.
 func WatchLinks(ctx context.Context, ns netns.NsHandle) (<-chan struct{}, error) {
 	return watchLinks(ctx, ns, netlink.LinkSubscribeWithOptions, time.Second)
+}
+
+// relevant reports whether an update can change what discovery finds.
+func relevant(u netlink.LinkUpdate) bool {
+	return u.Link == nil || u.Link.Attrs() == nil || !discovery.IsCarveLink(u.Link.Attrs().Name)
 }
 
 func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber, retry time.Duration) (<-chan struct{}, error) {
@@ -55,9 +65,11 @@ func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-updates:
+			case u, ok := <-updates:
 				if ok {
-					signal()
+					if relevant(u) {
+						signal()
+					}
 					continue
 				}
 				logger.Info("Link event subscription ended; subscribing again")

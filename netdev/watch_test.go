@@ -52,3 +52,33 @@ func waitSignal(t *testing.T, changed <-chan struct{}, what string) {
 		t.Fatalf("no change signalled after %s", what)
 	}
 }
+
+// Events of carve's own links (a share's interface, an IFB, a VLAN) do not
+// make the agent rediscover; any other link's do.
+func TestWatchLinksIgnoresCarveLinks(t *testing.T) {
+	feeds := make(chan chan<- netlink.LinkUpdate, 1)
+	subscribe := func(ch chan<- netlink.LinkUpdate, _ <-chan struct{}, _ netlink.LinkSubscribeOptions) error {
+		feeds <- ch
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed, err := watchLinks(ctx, netns.None(), subscribe, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := <-feeds
+	update := func(name string) netlink.LinkUpdate {
+		return netlink.LinkUpdate{Link: &netlink.Macvlan{LinkAttrs: netlink.LinkAttrs{Name: name}}}
+	}
+	for _, name := range []string{LinkName("ns/claim/req/share"), "cvifb7", "cv7.100"} {
+		feed <- update(name)
+	}
+	select {
+	case <-changed:
+		t.Fatal("a change was signalled for carve's own links")
+	case <-time.After(100 * time.Millisecond):
+	}
+	feed <- update("ens1f0v3")
+	waitSignal(t, changed, "an event of a VF")
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/snapshot"
 	"github.com/carve-dra/carve/gpu/gpuopen"
+	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
@@ -92,7 +93,7 @@ func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
 		defer session.Close(ctx)
 	}
 	inv, err := discovery.Discover(ctx, discovery.Options{Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Net: netFilter(cfg),
-		NVML: gpuopen.Inventory(session, reason)})
+		NVML: gpuopen.Inventory(session, reason), KernelProbe: (&kernelprobe.Prober{Root: f.root}).Probe})
 	if err != nil {
 		return err
 	}

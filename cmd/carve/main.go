@@ -69,7 +69,7 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logging, root.PersistentFlags())
-	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newSnapshotCommand())
+	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newSharesCommand(), newSnapshotCommand())
 	return root
 }
 

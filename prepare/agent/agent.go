@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/gpu/gpuopen"
+	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/cdi"
 	"github.com/carve-dra/carve/prepare/checkpoint"
@@ -120,7 +121,8 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, fpgaRoot: opts.FPGARoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
-		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason), gpuMemory: k.gpus.memory.tiers}
+		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason), gpuMemory: k.gpus.memory.tiers,
+		kernel: (&kernelprobe.Prober{Root: opts.Root}).Probe}
 	if _, err := inv.rescan(ctx); err != nil {
 		return err
 	}

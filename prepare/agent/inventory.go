@@ -29,7 +29,10 @@ type inventory struct {
 	nvml         func(context.Context) (*nvmlinfo.Inventory, error)
 	// gpuMemory gives each GPU's memory enforcement tier.
 	gpuMemory func(context.Context, *nvmlinfo.Inventory) map[string]discovery.GPUMemory
-	current   atomic.Pointer[slices.Result]
+	// kernel probes the running kernel's features once (see
+	// discovery.Options.KernelProbe).
+	kernel  func(context.Context) (discovery.KernelFeatures, error)
+	current atomic.Pointer[slices.Result]
 	// health subscribers are woken after each rescan.
 	mu      sync.Mutex
 	waiters []chan struct{}
@@ -41,7 +44,7 @@ func (i *inventory) rescan(ctx context.Context) (bool, error) {
 	start := time.Now()
 	inv, err := discovery.Discover(ctx, discovery.Options{Root: i.root, CPUCacheRoot: i.cpuCacheRoot, FPGARoot: i.fpgaRoot, Net: discovery.NetFilter{
 		Include: i.cfg.Netdev.Include, Exclude: i.cfg.Netdev.Exclude, IncludeVirtual: i.cfg.Netdev.IncludeVirtual,
-	}, NVML: i.nvml})
+	}, NVML: i.nvml, KernelProbe: i.kernel})
 	i.metrics.DiscoveryDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return false, err

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/carve-dra/carve/netdev/sharelist"
+)
+
+func newSharesCommand() *cobra.Command {
+	var stateDir, pinDir, output string
+	var interval time.Duration
+	cmd := &cobra.Command{
+		Use:   "shares",
+		Short: "list this node's shares with their rates and whether each is enforced; exits 1 if one is not",
+		Long: "List every share prepared on this node from the agent's checkpoint and the classifier's pinned maps " +
+			"(no API server needed): claim, share, parent and interface, allocated and measured bandwidth, drops, " +
+			"and whether its class, classifier entry and links are all in place. A share that is not enforced " +
+			"makes the command exit 1, so it serves as a node check.",
+		Args: noArgs,
+		PreRunE: func(*cobra.Command, []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("-o %s: want table or json", output)
+			}
+			return nil
+		},
+		RunE: work(func(cmd *cobra.Command) error {
+			rows, err := sharelist.List(cmd.Context(), &sharelist.NICSource{StateDir: stateDir, PinDir: pinDir, Interval: interval})
+			if err != nil {
+				return err
+			}
+			if err := sharelist.Write(cmd.OutOrStdout(), rows, output); err != nil {
+				return err
+			}
+			if n := sharelist.NotEnforced(rows); n > 0 {
+				return fmt.Errorf("%d of %d shares not enforced", n, len(rows))
+			}
+			return nil
+		}),
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&stateDir, "state-dir", "/var/lib/carve", "the agent's state directory (its checkpoint)")
+	fs.StringVar(&pinDir, "bpf-pin-dir", "/sys/fs/bpf/carve", "where the agent pinned the classifier's maps and links")
+	fs.DurationVar(&interval, "interval", 2*time.Second, "how long to measure each share's rate over")
+	fs.StringVarP(&output, "output", "o", "table", "table or json")
+	must(cmd.MarkFlagDirname("state-dir"))
+	return cmd
+}

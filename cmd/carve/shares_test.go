@@ -1,0 +1,55 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/checkpoint"
+)
+
+// `carve shares` is a node check: no shares is fine, a share that is not
+// enforced exits 1 and says why, in the listing it prints.
+func TestSharesCommand(t *testing.T) {
+	state, pins := t.TempDir(), t.TempDir()
+	stdout, stderr, code := runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "-o", "json")
+	if code != 0 || strings.TrimSpace(stdout) != "[]" {
+		t.Fatalf("no shares: exit %d, stdout %q, stderr %s", code, stdout, stderr)
+	}
+
+	bootID, err := checkpoint.ReadBootID("/")
+	if err != nil {
+		t.Skip(err)
+	}
+	cp, err := prepare.OpenCheckpoint(state, bootID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := types.UID("s1")
+	rec := prepare.ClaimRecord{UID: "u1", Namespace: "ns", Name: "c1", State: prepare.ClaimStarted, Allocations: []prepare.Allocation{{
+		ClaimUID: "u1", ClaimNamespace: "ns", ClaimName: "c1", Request: "net", Device: "nic-eth0", Kind: "nic", ShareID: &id,
+		Consumed: map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse("100M")}}}}
+	if err := cp.Update(func(c map[types.UID]prepare.ClaimRecord) error { c[rec.UID] = rec; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code = runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "-o", "json")
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 1 {
+		t.Fatalf("stdout %q: %v", stdout, err)
+	}
+	if code != 1 || rows[0]["enforced"] != false || rows[0]["claim"] != "ns/c1" || rows[0]["egressBandwidth"] != 1e8 || !strings.Contains(stderr, "1 of 1 shares not enforced") {
+		t.Errorf("a share not enforced: exit %d, rows %v, stderr %s", code, rows, stderr)
+	}
+	stdout, _, code = runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0")
+	if code != 1 || !strings.Contains(stdout, "ns/c1") || !strings.Contains(stdout, "preparation not completed") {
+		t.Errorf("table: exit %d\n%s", code, stdout)
+	}
+	if _, _, code := runCarve(t, "", "shares", "-o", "yaml"); code != 2 {
+		t.Errorf("-o yaml: exit %d, want 2", code)
+	}
+}

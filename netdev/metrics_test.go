@@ -1,0 +1,39 @@
+package netdev_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// A scrape reports the drops of each share's class in both directions:
+// the egress class on the parent and the ingress class on its IFB, found
+// without listing every link of the node.
+func TestShareMetricsFromParentsAndIFBs(t *testing.T) {
+	b := newBench(t)
+	s := b.add("metered", "10M", "20M", nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(b.p)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	drops := map[string]bool{}
+	for _, f := range families {
+		if f.GetName() != "carve_share_drops_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["claim"] == "default/metered" && labels["share_id"] == string(*s.alloc.ShareID) {
+				drops[labels["direction"]] = true
+			}
+		}
+	}
+	if !drops["egress"] || !drops["ingress"] {
+		t.Errorf("drops reported for %v, want egress and ingress", drops)
+	}
+}

@@ -1,0 +1,154 @@
+package sharelist
+
+import (
+	"fmt"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/netdev"
+)
+
+// node is what the NIC listing reads of the node: the classifier's pinned
+// maps and links, and the links and HTB classes of the node's network
+// namespace. Tests give a fake.
+type node interface {
+	// mapsErr says why the classifier's maps could not be opened; nil
+	// where they were.
+	mapsErr() error
+	shares() (map[bpf.Key]uint32, error)
+	stats() (map[bpf.Key]bpf.Counters, error)
+	rates() (map[string]uint64, error)
+	links() ([]bpf.PinnedLink, error)
+	// netnsIno is the inode of the node's network namespace, which names
+	// its pinned links.
+	netnsIno() uint64
+	linkIndex(name string) (int, error)
+	// classDrops returns the HTB classes of a device, by handle, with the
+	// packets each dropped.
+	classDrops(ifindex int) (map[uint32]uint64, error)
+	// legacyFilter reports whether the cls_bpf filter name is on the
+	// device's clsact hook (kernels without TCX).
+	legacyFilter(ifindex int, ingress bool, name string) bool
+}
+
+// check fills a NIC share's row from its undo record and what the node holds:
+// each direction with a bandwidth needs its class, its classifier entry
+// and the classifier's links.
+func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
+	r.Parent, r.Link = u.Parent, u.Link
+	r.EgressRate, r.IngressRate = st.rate(u.MAC, bpf.Egress), st.rate(u.MAC, bpf.Ingress)
+	if r.EgressBandwidth == 0 && r.IngressBandwidth == 0 {
+		return // nothing to hold
+	}
+	problem := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
+	if st.mapsErr != nil {
+		problem("classifier maps: %v", st.mapsErr)
+		return
+	}
+	parent, err := st.index(n, u.Parent)
+	if err != nil {
+		problem("parent %s: %v", u.Parent, err)
+		return
+	}
+	if r.EgressBandwidth > 0 {
+		if u.EgressEDT {
+			if st.rates[u.MAC] == 0 {
+				problem("egress: no EDT rate for %s", u.MAC)
+			}
+			st.needLink(n, r, "edt_egress", u.Parent, parent, false)
+		} else {
+			st.needClass(n, r, "egress", u.Parent, parent, u.MAC, bpf.Egress, u.EgressMinor)
+			st.needLink(n, r, "classify_egress", u.Parent, parent, false)
+		}
+	}
+	if r.IngressBandwidth > 0 {
+		name := netdev.IFBName(parent)
+		ifb, err := st.index(n, name)
+		if err != nil {
+			problem("ingress: IFB %s: %v", name, err)
+			return
+		}
+		st.needClass(n, r, "ingress", name, ifb, u.MAC, bpf.Ingress, u.IngressMinor)
+		st.needLink(n, r, "classify_ingress", name, ifb, false)
+		st.needLink(n, r, "redirect_ingress", u.Parent, parent, true)
+	}
+}
+
+// needClass checks the share's class on a device and its classifier entry,
+// and adds the class's drops.
+func (st *state) needClass(n node, r *Row, dir, dev string, ifindex int, mac string, d bpf.Direction, minor uint16) {
+	if minor == 0 {
+		r.Problems = append(r.Problems, dir+": no class recorded")
+		return
+	}
+	handle := netdev.ClassHandle(minor)
+	classes, err := st.classesOf(n, ifindex)
+	if err != nil {
+		r.Problems = append(r.Problems, fmt.Sprintf("%s: classes of %s: %v", dir, dev, err))
+	} else if drops, ok := classes[handle]; !ok {
+		r.Problems = append(r.Problems, fmt.Sprintf("%s: class 1:%x missing on %s", dir, minor, dev))
+	} else {
+		r.Drops += drops
+	}
+	if got, ok := st.shares[bpf.Key{MAC: mac, Dir: d}]; !ok {
+		r.Problems = append(r.Problems, fmt.Sprintf("%s: no classifier entry for %s", dir, mac))
+	} else if got != handle {
+		r.Problems = append(r.Problems, fmt.Sprintf("%s: classifier sends %s to class %x, not 1:%x", dir, mac, got, minor))
+	}
+}
+
+// needLink checks that program is attached to the device: by its pinned
+// TCX link in the node's namespace, or by its cls_bpf filter.
+func (st *state) needLink(n node, r *Row, program, dev string, ifindex int, ingress bool) {
+	for _, l := range st.links {
+		if l.Program == program && l.NetnsIno == n.netnsIno() && l.Ifindex == ifindex && l.Ingress == ingress {
+			return
+		}
+	}
+	if n.legacyFilter(ifindex, ingress, bpf.LegacyFilterName(program)) {
+		return
+	}
+	r.Problems = append(r.Problems, fmt.Sprintf("%s not attached to %s", program, dev))
+}
+
+func (st *state) index(n node, name string) (int, error) {
+	if i, ok := st.ifindex[name]; ok {
+		return i, nil
+	}
+	if err, ok := st.linkErrs[name]; ok {
+		return 0, err
+	}
+	i, err := n.linkIndex(name)
+	if err != nil {
+		st.linkErrs[name] = err
+		return 0, err
+	}
+	st.ifindex[name] = i
+	return i, nil
+}
+
+// classesOf dumps a device's classes once per listing: only the devices
+// that hold shares are dumped.
+func (st *state) classesOf(n node, ifindex int) (map[uint32]uint64, error) {
+	if c, ok := st.classes[ifindex]; ok {
+		return c, nil
+	}
+	c, err := n.classDrops(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	st.classes[ifindex] = c
+	return c, nil
+}
+
+// rate is the share's measured rate in one direction, in bits/s.
+func (st *state) rate(mac string, d bpf.Direction) int64 {
+	if st.elapsed <= 0 {
+		return 0
+	}
+	k := bpf.Key{MAC: mac, Dir: d}
+	after, before := st.after[k], st.before[k]
+	if after.Bytes < before.Bytes { // the entry was made again meanwhile
+		return 0
+	}
+	return int64(float64(after.Bytes-before.Bytes) * 8 / st.elapsed.Seconds())
+}

@@ -1,0 +1,170 @@
+package sharelist
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/checkpoint"
+)
+
+// fakeNode is a node whose classifier counts 1 MB more per stats read on
+// every share, so a measured rate is known.
+type fakeNode struct {
+	sharesMap map[bpf.Key]uint32
+	pinned    []bpf.PinnedLink
+	ifindex   map[string]int
+	classes   map[int]map[uint32]uint64
+	reads     int
+	dumps     []int
+}
+
+func (f *fakeNode) mapsErr() error                      { return nil }
+func (f *fakeNode) shares() (map[bpf.Key]uint32, error) { return f.sharesMap, nil }
+func (f *fakeNode) rates() (map[string]uint64, error)   { return nil, nil }
+func (f *fakeNode) links() ([]bpf.PinnedLink, error)    { return f.pinned, nil }
+func (f *fakeNode) netnsIno() uint64                    { return 77 }
+func (f *fakeNode) legacyFilter(int, bool, string) bool { return false }
+func (f *fakeNode) stats() (map[bpf.Key]bpf.Counters, error) {
+	f.reads++
+	out := map[bpf.Key]bpf.Counters{}
+	for k := range f.sharesMap {
+		out[k] = bpf.Counters{Bytes: uint64(f.reads) * 1_000_000}
+	}
+	return out, nil
+}
+func (f *fakeNode) linkIndex(name string) (int, error) {
+	if i, ok := f.ifindex[name]; ok {
+		return i, nil
+	}
+	return 0, errors.New("Link not found")
+}
+func (f *fakeNode) classDrops(ifindex int) (map[uint32]uint64, error) {
+	f.dumps = append(f.dumps, ifindex)
+	return f.classes[ifindex], nil
+}
+
+func share(t *testing.T, cp *prepare.Checkpoint, uid, name string, egress, ingress string, u netdev.ShareRecord, completed bool) {
+	t.Helper()
+	id := types.UID("share-" + name)
+	a := prepare.Allocation{ClaimUID: types.UID(uid), ClaimNamespace: "ns", ClaimName: name, Request: "net", Device: "nic-eth0",
+		Kind: "nic", ShareID: &id, Consumed: map[resourceapi.QualifiedName]resource.Quantity{
+			"egressBandwidth": resource.MustParse(egress), "ingressBandwidth": resource.MustParse(ingress)}}
+	rec := prepare.ClaimRecord{UID: types.UID(uid), Namespace: "ns", Name: name, State: prepare.ClaimStarted, Allocations: []prepare.Allocation{a}}
+	if completed {
+		raw, _ := json.Marshal(u)
+		rec.State, rec.Undo = prepare.ClaimCompleted, []json.RawMessage{raw}
+		rec.Devices = []prepare.PreparedDevice{{Request: "net", Device: "nic-eth0", ShareID: &id,
+			Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}
+	}
+	if err := cp.Update(func(claims map[types.UID]prepare.ClaimRecord) error { claims[rec.UID] = rec; return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNICSharesEnforcement(t *testing.T) {
+	dir := t.TempDir()
+	bootID, err := checkpoint.ReadBootID("/")
+	if err != nil {
+		t.Skip(err)
+	}
+	cp, err := prepare.OpenCheckpoint(dir, bootID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := netdev.ShareRecord{Parent: "eth0", Link: "cv0000000001", MAC: "02:00:00:00:00:01", EgressMinor: 0x10, IngressMinor: 0x11}
+	noClass := netdev.ShareRecord{Parent: "eth0", Link: "cv0000000002", MAC: "02:00:00:00:00:02", EgressMinor: 0x20}
+	share(t, cp, "u1", "a-good", "100M", "50M", good, true)
+	share(t, cp, "u2", "b-noclass", "100M", "0", noClass, true)
+	share(t, cp, "u3", "c-started", "100M", "0", netdev.ShareRecord{}, false)
+
+	ifb := netdev.IFBName(2)
+	n := &fakeNode{
+		sharesMap: map[bpf.Key]uint32{
+			{MAC: good.MAC, Dir: bpf.Egress}: netdev.ClassHandle(0x10), {MAC: good.MAC, Dir: bpf.Ingress}: netdev.ClassHandle(0x11),
+			{MAC: noClass.MAC, Dir: bpf.Egress}: netdev.ClassHandle(0x20),
+		},
+		pinned: []bpf.PinnedLink{{Program: "classify_egress", NetnsIno: 77, Ifindex: 2}, {Program: "classify_ingress", NetnsIno: 77, Ifindex: 9},
+			{Program: "redirect_ingress", NetnsIno: 77, Ifindex: 2, Ingress: true},
+			{Program: "classify_egress", NetnsIno: 5, Ifindex: 4}}, // another namespace's
+		ifindex: map[string]int{"eth0": 2, ifb: 9, "eth1": 4},
+		classes: map[int]map[uint32]uint64{2: {netdev.ClassHandle(0x10): 3}, 9: {netdev.ClassHandle(0x11): 4}},
+	}
+	src := &NICSource{StateDir: dir, Interval: 50 * time.Millisecond, node: n}
+	rows, err := List(context.Background(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 {
+		t.Fatalf("rows = %+v", rows)
+	}
+	a, b, c := rows[0], rows[1], rows[2]
+	if !a.Enforced || a.Parent != "eth0" || a.Interface != "net1" || a.ShareID != "share-a-good" || a.EgressBandwidth != 100e6 || a.IngressBandwidth != 50e6 || a.Drops != 7 {
+		t.Errorf("enforced share = %+v", a)
+	}
+	// 1 MB more in about 50 ms: about 160 Mbit/s, less as the interval
+	// stretches on a busy machine.
+	if a.EgressRate <= 0 || a.EgressRate > 160e6 || a.IngressRate <= 0 {
+		t.Errorf("rates = %d, %d bit/s", a.EgressRate, a.IngressRate)
+	}
+	if b.Enforced || !strings.Contains(strings.Join(b.Problems, ";"), "class 1:20 missing on eth0") {
+		t.Errorf("share without its class = %+v", b)
+	}
+	if c.Enforced || c.Problems[0] != "preparation not completed" {
+		t.Errorf("started share = %+v", c)
+	}
+	if NotEnforced(rows) != 2 {
+		t.Errorf("NotEnforced = %d", NotEnforced(rows))
+	}
+	// Only the devices holding shares are dumped, each once.
+	if len(n.dumps) != 2 {
+		t.Errorf("class dumps on %v, want eth0 and its IFB once each", n.dumps)
+	}
+
+	// A link of another namespace does not count; neither does a missing one.
+	n.pinned = n.pinned[3:]
+	rows, _ = List(context.Background(), &NICSource{StateDir: dir, node: n})
+	if rows[0].Enforced || !strings.Contains(strings.Join(rows[0].Problems, ";"), "classify_egress not attached to eth0") {
+		t.Errorf("share without its link = %+v", rows[0])
+	}
+
+	var out bytes.Buffer
+	if err := Write(&out, rows, "json"); err != nil {
+		t.Fatal(err)
+	}
+	var decoded []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &decoded); err != nil || len(decoded) != 3 {
+		t.Fatalf("json = %s (%v)", out.String(), err)
+	}
+	for _, key := range []string{"claim", "shareID", "parent", "interface", "egressBandwidth", "ingressBandwidth", "egressRate", "ingressRate", "drops", "enforced"} {
+		if _, ok := decoded[0][key]; !ok {
+			t.Errorf("json lacks %q: %v", key, decoded[0])
+		}
+	}
+	out.Reset()
+	if err := Write(&out, rows, "table"); err != nil || !strings.Contains(out.String(), "ns/a-good") || !strings.Contains(out.String(), "100M") {
+		t.Errorf("table = %s (%v)", out.String(), err)
+	}
+	if err := Write(&out, rows, "xml"); err == nil {
+		t.Error("xml accepted")
+	}
+}
+
+// No state directory: no shares, nothing to complain about.
+func TestNICSharesWithoutState(t *testing.T) {
+	rows, err := List(context.Background(), &NICSource{StateDir: t.TempDir() + "/none", node: &fakeNode{}})
+	if err != nil || len(rows) != 0 {
+		t.Errorf("rows %+v, err %v", rows, err)
+	}
+}

@@ -1,0 +1,128 @@
+// Package sharelist lists the shares prepared on this node and checks that
+// each is enforced, for `carve shares`: it reads the agent's checkpoint, the
+// classifier's pinned maps and links, and the HTB classes, so it needs no API
+// server and changes nothing. Rows are kind-neutral: NIC shares come from
+// NICSource, and other kinds (GPU shares) add a Source of their own.
+package sharelist
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// Row is one share on the node. The JSON keys are a contract (carve shares
+// -o json); a kind without bandwidth leaves the network fields zero.
+type Row struct {
+	// Claim is namespace/name.
+	Claim    string `json:"claim"`
+	ClaimUID string `json:"claimUID"`
+	Kind     string `json:"kind"`
+	Device   string `json:"device"`
+	ShareID  string `json:"shareID"`
+	// Parent is the device the share is cut from (a NIC's name).
+	Parent string `json:"parent"`
+	// Interface is the share's interface in its pod (net1); Link is its
+	// name on the node (cv...), which it has until the pod takes it.
+	Interface string `json:"interface"`
+	Link      string `json:"link,omitempty"`
+	// EgressBandwidth and IngressBandwidth are allocated, in bits/s.
+	EgressBandwidth  int64 `json:"egressBandwidth"`
+	IngressBandwidth int64 `json:"ingressBandwidth"`
+	// EgressRate and IngressRate are measured over the interval from the
+	// per-share counters, in bits/s.
+	EgressRate  int64 `json:"egressRate"`
+	IngressRate int64 `json:"ingressRate"`
+	// Drops are the packets the share's classes dropped since they were
+	// made.
+	Drops uint64 `json:"drops"`
+	// Enforced is true where everything that holds the share to its
+	// allocation is in place; Problems says what is missing where not.
+	Enforced bool     `json:"enforced"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Source lists the shares of one kind.
+type Source interface {
+	Shares(ctx context.Context) ([]Row, error)
+}
+
+// List gathers the rows of every source, sorted by claim and share.
+func List(ctx context.Context, sources ...Source) ([]Row, error) {
+	rows := []Row{}
+	for _, s := range sources {
+		r, err := s.Shares(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r...)
+	}
+	sort.SliceStable(rows, func(i, j int) bool {
+		if rows[i].Claim != rows[j].Claim {
+			return rows[i].Claim < rows[j].Claim
+		}
+		return rows[i].ShareID < rows[j].ShareID
+	})
+	return rows, nil
+}
+
+// NotEnforced counts the rows whose enforcement is not in place.
+func NotEnforced(rows []Row) int {
+	n := 0
+	for _, r := range rows {
+		if !r.Enforced {
+			n++
+		}
+	}
+	return n
+}
+
+// Write prints rows as "table" or "json" (a JSON list).
+func Write(w io.Writer, rows []Row, format string) error {
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	case "table", "":
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tENFORCED")
+		for _, r := range rows {
+			enforced := "yes"
+			if !r.Enforced {
+				enforced = "no: " + strings.Join(r.Problems, "; ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
+				bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, enforced)
+		}
+		return tw.Flush()
+	}
+	return fmt.Errorf("output format %q: want table or json", format)
+}
+
+// bits formats bits/s as 100M or 95.12M; "-" for none.
+func bits(v int64) string {
+	switch {
+	case v == 0:
+		return "-"
+	case v >= 1e9:
+		return strconv.FormatFloat(float64(v)/1e9, 'g', 4, 64) + "G"
+	case v >= 1e6:
+		return strconv.FormatFloat(float64(v)/1e6, 'g', 4, 64) + "M"
+	case v >= 1e3:
+		return strconv.FormatFloat(float64(v)/1e3, 'g', 4, 64) + "k"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
