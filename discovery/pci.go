@@ -8,16 +8,22 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/jaypipes/ghw"
+	"github.com/jaypipes/ghw/pkg/option"
+
+	"k8s.io/klog/v2"
 )
 
 var pciAddressPattern = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 
-// listPCI returns every PCI function under the root, keyed by address. Each
-// function costs a few reads: its modalias (vendor, device and class in one
-// file; the vendor, device and class files where a function has none), its
-// NUMA node, and two links (the function's own, whose target names its PCIe
-// root, and its driver). Vendor and product names come from pci.ids, parsed
-// once per process (see pciNames).
+// listPCI returns every PCI function under the root, keyed by address.
+// ghw enumerates them, with vendor and product names from pci.ids (loaded
+// once by pcidb and handed to ghw, see pciDBFor). What ghw does not give (the
+// NUMA node and the PCIe root) is read beside it, a few files per function.
+// Where ghw cannot run (no pci.ids) or drops functions (it gives up on the
+// whole bus, without an error, when one function lacks a modalias), the IDs
+// read from sysfs are published without names.
 func (t tree) listPCI(ctx context.Context) (map[string]PCIFunction, error) {
 	const dir = "sys/bus/pci/devices"
 	entries, err := os.ReadDir(t.path(dir))
@@ -32,7 +38,6 @@ func (t tree) listPCI(ctx context.Context) (map[string]PCIFunction, error) {
 		return map[string]PCIFunction{}, err
 	}
 	defer devices.close()
-	names := pciNamesFor(ctx, t.root)
 	fns := make([]PCIFunction, len(entries))
 	err = forEach(len(entries), func(i int) (err error) {
 		fns[i], err = t.readPCI(devices, entries[i].Name())
@@ -43,12 +48,37 @@ func (t tree) listPCI(ctx context.Context) (map[string]PCIFunction, error) {
 	}
 	out := make(map[string]PCIFunction, len(fns))
 	for _, f := range fns {
-		if names != nil {
-			f.VendorName, f.ProductName = names.lookup(f.VendorID, f.DeviceID)
-		}
 		out[f.Address] = f
 	}
+	if db := pciDBFor(ctx, t.root); db != nil {
+		info, err := ghw.PCI(ghw.WithChroot(t.root), option.WithPCIDB(db), ghw.WithDisableTools(), ghw.WithDisableTopology(), ghw.WithDisableWarnings())
+		switch {
+		case err != nil:
+			klog.FromContext(ctx).V(4).Info("PCI functions without names", "reason", err)
+		case len(info.Devices) != len(out):
+			klog.FromContext(ctx).V(4).Info("PCI functions without names: ghw skipped functions", "ghw", len(info.Devices), "sysfs", len(out))
+		default:
+			for _, d := range info.Devices {
+				if f, ok := out[d.Address]; ok {
+					if d.Vendor != nil {
+						f.VendorName = knownName(d.Vendor.Name)
+					}
+					if d.Product != nil {
+						f.ProductName = knownName(d.Product.Name)
+					}
+					out[d.Address] = f
+				}
+			}
+		}
+	}
 	return out, nil
+}
+
+func knownName(s string) string {
+	if s == "unknown" {
+		return ""
+	}
+	return s
 }
 
 // readPCI reads one function of sys/bus/pci/devices.
