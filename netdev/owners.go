@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -109,4 +110,28 @@ func macsOf(specs map[string]AttachSpec) map[string]bool {
 		}
 	}
 	return out
+}
+
+// removeOrphanIFBs deletes the ingress IFBs whose parent is gone: an IFB is
+// named after its parent's ifindex (cvifb<ifindex>), and a parent that was
+// removed (a NIC unplugged, a test's veth deleted) before its last share was
+// unprepared leaves its IFB behind, with nothing left to shape.
+func (p *NICPreparer) removeOrphanIFBs(ctx context.Context) {
+	links, err := p.h.LinkList()
+	if err != nil {
+		return
+	}
+	present := map[int]bool{}
+	for _, l := range links {
+		present[l.Attrs().Index] = true
+	}
+	for _, l := range links {
+		idx, err := strconv.Atoi(strings.TrimPrefix(l.Attrs().Name, "cvifb"))
+		if err != nil || !strings.HasPrefix(l.Attrs().Name, "cvifb") || l.Type() != "ifb" || present[idx] {
+			continue
+		}
+		if err := p.h.LinkDel(l); err == nil {
+			klog.FromContext(ctx).Info("Removed an ingress IFB whose parent is gone", "ifb", l.Attrs().Name)
+		}
+	}
 }

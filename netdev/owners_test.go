@@ -117,3 +117,29 @@ func TestTwoAgentsNeverShareAddressesOrClasses(t *testing.T) {
 		t.Errorf("%d classifier entries, want 16", len(classes))
 	}
 }
+
+// An IFB whose parent is gone (removed before its last share was
+// unprepared) is removed when the agent starts; a parent's live IFB stays.
+func TestOrphanIFBIsRemovedAtStart(t *testing.T) {
+	b := newBench(t)
+	live := b.add("live", "", "10M", nil)
+	_ = live
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	la := netlink.NewLinkAttrs()
+	la.Name = "cvifb9999"
+	if err := node.LinkAdd(&netlink.Ifb{LinkAttrs: la}); err != nil {
+		t.Fatal(err)
+	}
+	parent, _ := node.LinkByName(b.tp.Parent)
+	b.newPreparer("test", b.tp.Subnet, "").Restore(nil, nil)
+	if _, err := node.LinkByName("cvifb9999"); err == nil {
+		t.Error("the IFB of a parent that is gone is still there")
+	}
+	if _, err := node.LinkByName(fmt.Sprintf("cvifb%d", parent.Attrs().Index)); err != nil {
+		t.Errorf("the live parent's IFB was removed: %v", err)
+	}
+}

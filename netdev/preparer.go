@@ -104,6 +104,7 @@ type undoRecord struct {
 func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessage) {
 	ctx := context.Background()
 	keep := macsOf(p.removeSpecsOfOtherBoots(ctx))
+	p.removeOrphanIFBs(ctx)
 	for i, a := range allocs {
 		key := a.ShareKey()
 		keep[ShareMAC(key).String()] = true

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -212,5 +213,19 @@ func trafficServer(t testing.TB, parent, peer, ns, ip string, ports ...string) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	}
+}
+
+// removeCarveIFBs deletes carve's ingress IFBs (cvifb*) from the node's
+// namespace, as a test that ends leaves no links behind.
+func removeCarveIFBs() {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, "cvifb") && l.Type() == "ifb" {
+			_ = netlink.LinkDel(l)
+		}
 	}
 }

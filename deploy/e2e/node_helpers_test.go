@@ -49,6 +49,9 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 	// Registered first, so that a failed install is removed too.
 	t.Cleanup(func() {
 		_ = runQuiet(helm, "uninstall", "carve", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "60s")
+		// The agent is gone before the kubelet unprepared the last pods'
+		// shares: their parents' IFBs would stay on the node.
+		removeCarveIFBs()
 		_ = os.RemoveAll(e2ePins)
 	})
 	// Runs before the uninstall above (cleanups run last first): on
