@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // flaky fails the first n writes of every claim, and blocks while held.
@@ -45,7 +46,7 @@ func entries() []resourceapi.AllocatedDeviceStatus {
 }
 
 func claim(name string) *resourceapi.ResourceClaim {
-	return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: "uid-" + "name"}}
+	return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name)}}
 }
 
 // The report returns at once, even while the API server does not answer,
