@@ -154,6 +154,10 @@ func (s *Shaper) SetShare(dir Direction, mac net.HardwareAddr, classid uint32) e
 	return s.objs.Shares.Put(&k, &shaperShareVal{Classid: classid})
 }
 
+// ShareCapacity is how many share entries (one per share and direction)
+// the classifier holds.
+func (s *Shaper) ShareCapacity() int { return int(s.objs.Shares.MaxEntries()) }
+
 // DeleteShare removes a share and its counters; its traffic is unclassified
 // from the next packet on. Deleting an absent share is not an error.
 func (s *Shaper) DeleteShare(dir Direction, mac net.HardwareAddr) error {

@@ -119,12 +119,19 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 			}
 		}
 		p.ipam.reserve(key, addrs)
+		// Minors are per device: egress classes live on the parent,
+		// ingress ones on its IFB.
+		ifb := ""
+		if parent, err := p.h.LinkByName(u.Parent); err == nil {
+			ifb = ifbName(parent)
+		}
 		p.mu.Lock()
 		p.labels[u.MAC] = labelsOf(a)
-		for _, m := range []uint16{u.EgressMinor, u.IngressMinor} {
-			if m != 0 {
-				p.minorSet(u.Parent)[m] = key
-			}
+		if u.EgressMinor != 0 {
+			p.minorSet(u.Parent)[u.EgressMinor] = key
+		}
+		if u.IngressMinor != 0 && ifb != "" {
+			p.minorSet(ifb)[u.IngressMinor] = key
 		}
 		p.mu.Unlock()
 	}

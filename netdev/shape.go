@@ -26,14 +26,17 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	if err := setClass(p.h, dev, minor, rate, own); err != nil {
 		return 0, err
 	}
+	// From here on the class exists: the minor is returned with any
+	// error, so that the undo removes the class. The classifier entry,
+	// the only other record of it, is written last and may never be.
 	if err := p.setLeaf(dev, minor, rate); err != nil {
-		return 0, err
+		return minor, err
 	}
 	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
-		return 0, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
+		return minor, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
 	}
 	if err := p.opts.Shaper.SetShare(dir, mac, uint32(netlink.MakeHandle(1, minor))); err != nil {
-		return 0, fmt.Errorf("classifier entry: %w", err)
+		return minor, fmt.Errorf("classifier entry: %w", err)
 	}
 	return minor, nil
 }

@@ -1,12 +1,14 @@
 package netdev
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/prepare"
 )
 
 // mq, the root of multi-queue NICs, may be replaced while its children are
@@ -42,5 +44,29 @@ func TestMQRootReplaceableOnlyWithDefaultChildren(t *testing.T) {
 	}
 	if err := ensureHTB(h, link); err == nil {
 		t.Errorf("ensureHTB replaced an mq holding an operator's bfifo")
+	}
+}
+
+// A restored share's class minors are reserved on the devices that hold the
+// classes: egress on the parent, ingress on the parent's IFB.
+func TestRestoreReservesMinorsPerDevice(t *testing.T) {
+	tp := netdevtest.New(t)
+	p, err := NewNICPreparer(Options{HostNS: tp.Node, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := p.h.LinkByName(tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := prepare.Allocation{ClaimUID: "uid-r", Request: "net", Device: "nic-x"}
+	raw, _ := json.Marshal(undoRecord{Parent: tp.Parent, Link: LinkName(a.ShareKey()), MAC: ShareMAC(a.ShareKey()).String(),
+		EgressMinor: 0x20, IngressMinor: 0x30})
+	p.Restore([]prepare.Allocation{a}, []json.RawMessage{raw})
+	if got := p.minors[tp.Parent]; len(got) != 1 || got[0x20] != a.ShareKey() {
+		t.Errorf("parent's minors %v, want only 0x20", got)
+	}
+	if got := p.minors[ifbName(parent)]; len(got) != 1 || got[0x30] != a.ShareKey() {
+		t.Errorf("IFB's minors %v, want only 0x30", got)
 	}
 }
