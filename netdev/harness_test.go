@@ -83,6 +83,8 @@ func (b *bench) preparer(pool, cidr, gateway, bootID string) *netdev.NICPreparer
 	if err != nil {
 		b.t.Fatal(err)
 	}
+	// Before the classifier and the namespaces go.
+	b.t.Cleanup(p.WaitReaped)
 	return p
 }
 

@@ -5,6 +5,8 @@ import (
 	"net"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
@@ -37,4 +39,17 @@ func (p *NICPreparer) ensureVLAN(parent netlink.Link, id int) (netlink.Link, err
 		return nil, err
 	}
 	return l, p.h.LinkSetUp(l)
+}
+
+// deleteLinkGroup deletes every interface of group in the calling thread's
+// network namespace with one RTM_DELLINK (`ip link del group N`): the kernel
+// unregisters them together, waiting for one RCU grace period, not one each.
+// The netlink library deletes only by index, so the request is built here
+// with its nl package.
+func deleteLinkGroup(group uint32) error {
+	req := nl.NewNetlinkRequest(unix.RTM_DELLINK, unix.NLM_F_ACK)
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(group)))
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
 }

@@ -36,6 +36,7 @@ func TestLostCheckpointNeitherUnshapesNorLeaks(t *testing.T) {
 	if err := restarted.UnprepareClaim(ctx, a.ClaimUID); err != nil {
 		t.Fatal(err)
 	}
+	restarted.WaitReaped()
 	if left, _ := b.shaper.Shares(); len(left) != 0 {
 		t.Errorf("classifier entries left after unpreparing the unknown claim: %v", left)
 	}

@@ -40,17 +40,18 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	key := a.ShareKey()
 	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String()}
-	p.tcMu.Lock()
-	defer p.tcMu.Unlock()
-	unlock, err := p.lockNode()
-	if err != nil {
+	// The same share unprepared a moment ago (a claim used again on this
+	// node) has the same names: what is left of it goes first.
+	if err := p.reaper.settle(key); err != nil {
 		return prepare.Prepared{}, err
 	}
-	defer unlock()
 	prepared, err := p.prepare(ctx, a, dev, net1, key, &u)
 	if err != nil {
 		raw, _ := json.Marshal(u)
 		if uerr := p.unprepare(ctx, a, raw); uerr != nil {
+			err = fmt.Errorf("%w (and undoing: %v)", err, uerr)
+		} else if uerr := p.reaper.settle(key); uerr != nil {
+			// Queued on disk: the reaper tries again.
 			err = fmt.Errorf("%w (and undoing: %v)", err, uerr)
 		}
 		return prepare.Prepared{}, err
@@ -99,7 +100,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	lower := parent
 	if cfg.VLAN != 0 {
-		if lower, err = p.ensureVLAN(parent, cfg.VLAN); err != nil {
+		if lower, err = p.lockedVLAN(parent, cfg.VLAN); err != nil {
 			return prepare.Prepared{}, err
 		}
 	}
@@ -111,49 +112,23 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	// Addresses: static ones as given, and one from each pool.
 	u.Addresses = append(u.Addresses, cfg.Addresses...)
 	if len(cfg.Pools) > 0 {
-		if err := p.reserveAddressesOnDisk(); err != nil {
+		if err := p.allocateFromPools(cfg.Pools, key, owner, specPath, u); err != nil {
 			return prepare.Prepared{}, err
 		}
-	}
-	for _, name := range cfg.Pools {
-		pool, ok := p.opts.Config.Pool(name)
-		if !ok {
-			return prepare.Prepared{}, fmt.Errorf("address pool %q is not in the node config", name)
-		}
-		addr, err := p.ipam.allocate(pool, key)
-		if err != nil {
-			return prepare.Prepared{}, err
-		}
-		u.PoolAddrs = append(u.PoolAddrs, addr.String())
-		u.Addresses = append(u.Addresses, addr.String())
 	}
 
 	// Enforcement: egress by source MAC on the parent, ingress by
-	// destination MAC on the parent's IFB.
-	mac := ShareMAC(key)
-	if egress > 0 {
-		if p.edtOn(parent) {
-			u.EgressEDT = true
-			if err := p.pace(parent, mac, egress); err != nil {
-				return prepare.Prepared{}, fmt.Errorf("egress: %w", err)
-			}
-		} else if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
-			return prepare.Prepared{}, fmt.Errorf("egress: %w", err)
-		}
-	}
-	if ingress > 0 {
-		ifb, err := p.ensureIngressIFB(parent)
-		if err != nil {
-			return prepare.Prepared{}, fmt.Errorf("ingress: %w", err)
-		}
-		if u.IngressMinor, err = p.shape(ifb, key, ingress, bpf.Ingress, mac); err != nil {
-			return prepare.Prepared{}, fmt.Errorf("ingress: %w", err)
+	// destination MAC on the parent's IFB, under the parent's lock.
+	if egress > 0 || ingress > 0 {
+		if err := p.enforce(parent, key, egress, ingress, u); err != nil {
+			return prepare.Prepared{}, err
 		}
 	}
 
 	crash.Point("nic-shaped")
 	spec := owner
 	spec.Kind, spec.Mode, spec.VLAN = childKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
+	mac := ShareMAC(key)
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
 	spec.Addresses, spec.Routes = u.Addresses, cfg.Routes
 	if p.opts.Shaper != nil && p.opts.PinDir != "" {
@@ -188,6 +163,76 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	return prepare.Prepared{Edits: edits, Undo: raw, Network: &resourceapi.NetworkDeviceData{
 		InterfaceName: spec.PodName, IPs: u.Addresses, HardwareAddress: spec.MAC}}, nil
+}
+
+// allocateFromPools gives the share one address from each pool, under the
+// pools' lock, and records them in its attach spec before the lock is let
+// go: the spec is how another agent on the node sees them taken.
+func (p *NICPreparer) allocateFromPools(pools []string, key string, spec AttachSpec, specPath string, u *undoRecord) error {
+	unlock, err := p.lockPools()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := p.reserveAddressesOnDisk(); err != nil {
+		return err
+	}
+	for _, name := range pools {
+		pool, ok := p.opts.Config.Pool(name)
+		if !ok {
+			return fmt.Errorf("address pool %q is not in the node config", name)
+		}
+		addr, err := p.ipam.allocate(pool, key)
+		if err != nil {
+			return err
+		}
+		u.PoolAddrs = append(u.PoolAddrs, addr.String())
+		u.Addresses = append(u.Addresses, addr.String())
+	}
+	spec.Addresses = u.Addresses
+	return writeAttachSpec(specPath, spec)
+}
+
+// enforce holds the share to its egress and ingress rates (bits/s; 0 for
+// none) under the parent's lock, recording in u what it made.
+func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress uint64, u *undoRecord) error {
+	unlock, err := p.lockParent(parent)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	mac := ShareMAC(key)
+	if egress > 0 {
+		if p.edtOn(parent) {
+			u.EgressEDT = true
+			if err := p.pace(parent, mac, egress); err != nil {
+				return fmt.Errorf("egress: %w", err)
+			}
+		} else if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
+			return fmt.Errorf("egress: %w", err)
+		}
+	}
+	if ingress > 0 {
+		ifb, err := p.ensureIngressIFB(parent)
+		if err != nil {
+			return fmt.Errorf("ingress: %w", err)
+		}
+		if u.IngressMinor, err = p.shape(ifb, key, ingress, bpf.Ingress, mac); err != nil {
+			return fmt.Errorf("ingress: %w", err)
+		}
+	}
+	return nil
+}
+
+// lockedVLAN is ensureVLAN under the parent's lock: the VLAN interface is
+// shared by the parent's shares on that VLAN.
+func (p *NICPreparer) lockedVLAN(parent netlink.Link, id int) (netlink.Link, error) {
+	unlock, err := p.lockParent(parent)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return p.ensureVLAN(parent, id)
 }
 
 const (

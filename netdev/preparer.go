@@ -58,11 +58,13 @@ type NICPreparer struct {
 	noFQ bool
 	// noFQCodel is set once adding fq_codel failed: leaves are bfifos.
 	noFQCodel bool
-	// tcMu orders the changes of parents' qdiscs: two shares of one
-	// parent unprepared at once would each see the other's class and
-	// both leave the parent's HTB and IFB behind, and a prepare could
-	// add a class to a qdisc an unprepare is removing.
-	tcMu sync.Mutex
+	// parentLocks and poolMu are the in-process halves of the parents'
+	// and the pools' locks (see locks.go).
+	parentLocks parentLocks
+	poolMu      sync.Mutex
+	// reaper removes unprepared shares' kernel objects off the
+	// kubelet's path.
+	reaper *reaper
 }
 
 var (
@@ -79,8 +81,17 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "netdev"), 0o755); err != nil {
 		return nil, err
 	}
-	return &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{}, labels: map[string]shareLabels{}}, nil
+	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{}, labels: map[string]shareLabels{}}
+	if p.reaper, err = newReaper(p); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return p, nil
 }
+
+// WaitReaped blocks until every unprepared share's kernel objects are
+// removed (or waiting for a retry after a failure).
+func (p *NICPreparer) WaitReaped() { p.reaper.wait() }
 
 // undoRecord is what Unprepare needs; it is kept in the checkpoint.
 type undoRecord struct {
@@ -119,22 +130,12 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 			}
 		}
 		p.ipam.reserve(key, addrs)
-		// Minors are per device: egress classes live on the parent,
-		// ingress ones on its IFB.
-		ifb := ""
-		if parent, err := p.h.LinkByName(u.Parent); err == nil {
-			ifb = ifbName(parent)
-		}
+		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor)
 		p.mu.Lock()
 		p.labels[u.MAC] = labelsOf(a)
-		if u.EgressMinor != 0 {
-			p.minorSet(u.Parent)[u.EgressMinor] = key
-		}
-		if u.IngressMinor != 0 && ifb != "" {
-			p.minorSet(ifb)[u.IngressMinor] = key
-		}
 		p.mu.Unlock()
 	}
+	p.resumeReaper(ctx)
 	if p.opts.Shaper == nil {
 		return
 	}
@@ -150,6 +151,39 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 	}
 	if len(unexplained) > 0 {
 		klog.FromContext(ctx).Info("Classifier entries that no record or attach spec explains are kept; was the state directory lost?", "entries", unexplained)
+	}
+}
+
+// resumeReaper queues again the removals a crash interrupted, their class
+// minors reserved until done.
+func (p *NICPreparer) resumeReaper(ctx context.Context) {
+	items, err := p.reaper.resume()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reading the reaper's queue; shares it held may need removing by hand")
+		return
+	}
+	for _, it := range items {
+		p.reserveMinors(it.Key, it.Parent, it.EgressMinor, it.IngressMinor)
+	}
+	if len(items) > 0 {
+		klog.FromContext(ctx).Info("Resuming the removal of unprepared shares", "count", len(items))
+	}
+}
+
+// reserveMinors marks a share's class minors as taken. Minors are per
+// device: egress classes live on the parent, ingress ones on its IFB.
+func (p *NICPreparer) reserveMinors(key, parentName string, egress, ingress uint16) {
+	ifb := ""
+	if parent, err := p.h.LinkByName(parentName); err == nil {
+		ifb = ifbName(parent)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if egress != 0 {
+		p.minorSet(parentName)[egress] = key
+	}
+	if ingress != 0 && ifb != "" {
+		p.minorSet(ifb)[ingress] = key
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 
 	"github.com/vishvananda/netlink"
 	"k8s.io/klog/v2"
@@ -15,19 +14,14 @@ import (
 	"github.com/carve-dra/carve/prepare"
 )
 
-// Unprepare removes the share's classifier entries, classes, interface,
-// addresses and attach spec. With no undo record (a crash came before
-// Prepare returned) it finds them from the allocation: the names and the
-// MAC derive from the share's key, and the classifier maps the MAC to its
-// classes.
+// Unprepare releases the share at once: its classifier entries go (its
+// traffic is no longer charged or shaped from the next frame on), and its
+// addresses go back to the pool. Its classes, interface and attach spec are
+// queued for the reaper, on disk, before it returns. With no undo record (a
+// crash came before Prepare returned) it finds them from the allocation: the
+// names and the MAC derive from the share's key, and the classifier maps the
+// MAC to its classes.
 func (p *NICPreparer) Unprepare(ctx context.Context, a prepare.Allocation, raw json.RawMessage) error {
-	p.tcMu.Lock()
-	defer p.tcMu.Unlock()
-	unlock, err := p.lockNode()
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	return p.unprepare(ctx, a, raw)
 }
 
@@ -42,36 +36,22 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 	mac, _ := net.ParseMAC(u.MAC)
 	var errs []error
 	if p.opts.Shaper != nil {
-		shares, err := p.opts.Shaper.Shares()
-		if err != nil {
-			errs = append(errs, err)
+		if len(raw) == 0 {
+			// No record: the classifier names the classes.
+			errs = append(errs, p.minorsFromClassifier(mac, &u))
 		}
 		for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-			classid, ok := shares[bpf.Key{MAC: mac.String(), Dir: dir}]
-			if !ok {
-				continue
-			}
-			if err := p.opts.Shaper.DeleteShare(dir, mac); err != nil {
-				errs = append(errs, err)
-			}
-			_, minor := netlink.MajorMinor(classid)
-			if dir == bpf.Egress && u.EgressMinor == 0 {
-				u.EgressMinor = minor
-			}
-			if dir == bpf.Ingress && u.IngressMinor == 0 {
-				u.IngressMinor = minor
-			}
+			errs = append(errs, p.opts.Shaper.DeleteShare(dir, mac))
 		}
-	}
-	if p.opts.Shaper != nil {
 		// Idempotent, and harmless where the share was never paced.
-		if err := p.opts.Shaper.SetRate(mac, 0); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, p.opts.Shaper.SetRate(mac, 0))
 		// The hook's pod entries, found by the share's MAC alone.
-		if err := p.opts.Shaper.DeletePodShares(mac); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, p.opts.Shaper.DeletePodShares(mac))
+	}
+	if err := errors.Join(errs...); err != nil {
+		// Nothing queued: the kubelet retries, and the entries that
+		// went are gone for good.
+		return err
 	}
 	if u.Parent == "" {
 		// Without a record: the attach spec names the parent, else the
@@ -82,39 +62,32 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 			u.Parent = p.parentOf(u.Link)
 		}
 	}
-	if parent, err := p.h.LinkByName(u.Parent); err == nil {
-		if u.EgressMinor != 0 {
-			errs = append(errs, deleteClass(p.h, parent, u.EgressMinor), removeHTBIfIdle(p.h, parent))
-		}
-		if ifb, err := p.h.LinkByName(ifbName(parent)); err == nil && u.IngressMinor != 0 {
-			errs = append(errs, deleteClass(p.h, ifb, u.IngressMinor), p.removeIngressIFBIfIdle(parent))
-		}
-	}
-	if link, err := p.h.LinkByName(u.Link); err == nil {
-		if err := p.h.LinkDel(link); err != nil {
-			errs = append(errs, fmt.Errorf("delete %s: %w", u.Link, err))
-		}
-	}
-	// A link already moved into the pod goes with the pod's namespace;
-	// a classifier link pinned for a device whose namespace is gone is
-	// dead weight.
-	if p.opts.PinDir != "" {
-		if _, err := bpf.CleanupDefunct(p.opts.PinDir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := os.Remove(p.specPath(u.Link)); err != nil && !os.IsNotExist(err) {
-		errs = append(errs, err)
+	if err := p.reaper.enqueue(reapItem{Key: key, Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor}); err != nil {
+		return err
 	}
 	p.ipam.release(key)
-	p.freeMinors(key)
 	p.mu.Lock()
 	delete(p.labels, u.MAC)
 	p.mu.Unlock()
-	err := errors.Join(errs...)
-	klog.FromContext(ctx).V(2).Info("Unprepared NIC share", "parent", u.Parent, "link", u.Link, "mac", u.MAC,
-		"egressClass", u.EgressMinor, "ingressClass", u.IngressMinor, "err", err)
-	return err
+	klog.FromContext(ctx).V(2).Info("Unprepared NIC share; its classes and interface are being removed", "parent", u.Parent, "link", u.Link, "mac", u.MAC,
+		"egressClass", u.EgressMinor, "ingressClass", u.IngressMinor)
+	return nil
+}
+
+// minorsFromClassifier fills in u's class minors from the classifier's
+// entries for mac.
+func (p *NICPreparer) minorsFromClassifier(mac net.HardwareAddr, u *undoRecord) error {
+	shares, err := p.opts.Shaper.Shares()
+	if err != nil {
+		return err
+	}
+	if classid, ok := shares[bpf.Key{MAC: mac.String(), Dir: bpf.Egress}]; ok && u.EgressMinor == 0 {
+		_, u.EgressMinor = netlink.MajorMinor(classid)
+	}
+	if classid, ok := shares[bpf.Key{MAC: mac.String(), Dir: bpf.Ingress}]; ok && u.IngressMinor == 0 {
+		_, u.IngressMinor = netlink.MajorMinor(classid)
+	}
+	return nil
 }
 
 // parentOf finds the parent of a share's link still on the node; "" when

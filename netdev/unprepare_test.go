@@ -55,6 +55,7 @@ func hasKind(qs []netlink.Qdisc, kind string) bool {
 // as it must be once none of its shares is prepared.
 func (b *bench) checkParentClean(t *testing.T) {
 	t.Helper()
+	b.p.WaitReaped()
 	node, err := netlink.NewHandleAt(b.tp.Node)
 	if err != nil {
 		t.Fatal(err)
@@ -120,5 +121,6 @@ func TestUnprepareAfterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	restarted.WaitReaped()
 	b.checkParentClean(t)
 }

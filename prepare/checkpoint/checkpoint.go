@@ -76,6 +76,8 @@ type Checkpoint[R any] struct {
 type pendingUpdate[R any] struct {
 	fn   func(map[types.UID]R) error
 	done chan error
+	// lead hands this caller the writing of the next group.
+	lead chan struct{}
 }
 
 // fileKey identifies one version of the file: a rename-over changes the
@@ -103,37 +105,54 @@ func (c *Checkpoint[R]) Path() string { return c.path }
 // Update runs fn on the current records under the lock and writes the result
 // atomically if fn returns nil. A failing fn changes nothing. Updates from
 // concurrent callers may be written together; each caller returns once its
-// own change is on disk.
+// own change is on disk. The caller that writes a group returns after it,
+// handing the next group to its first waiter: no caller keeps writing
+// other callers' changes after its own is done.
 func (c *Checkpoint[R]) Update(fn func(claims map[types.UID]R) error) error {
-	p := &pendingUpdate[R]{fn: fn, done: make(chan error, 1)}
+	p := &pendingUpdate[R]{fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	c.mu.Lock()
 	c.queue = append(c.queue, p)
-	leader := !c.flushing
-	c.flushing = true
-	c.mu.Unlock()
-	if leader {
-		c.flush()
+	if !c.flushing {
+		c.flushing = true
+		p.lead <- struct{}{}
 	}
-	return <-p.done
+	c.mu.Unlock()
+	for {
+		select {
+		case err := <-p.done:
+			return err
+		case <-p.lead:
+			c.flushGroup()
+		}
+	}
 }
 
-// flush commits queued updates, group by group, until the queue is empty.
-func (c *Checkpoint[R]) flush() {
-	for {
-		c.mu.Lock()
-		batch := c.queue
-		c.queue = nil
-		if len(batch) == 0 {
-			c.flushing = false
-			c.mu.Unlock()
-			return
-		}
-		c.mu.Unlock()
-		errs := c.commit(batch)
-		for i, p := range batch {
-			p.done <- errs[i]
-		}
+// Queued is how many updates wait for the group being written (for tests
+// and metrics).
+func (c *Checkpoint[R]) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
+// flushGroup commits every update queued so far, then hands the writing to
+// the first update queued since, if any.
+func (c *Checkpoint[R]) flushGroup() {
+	c.mu.Lock()
+	batch := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+	errs := c.commit(batch)
+	for i, p := range batch {
+		p.done <- errs[i]
 	}
+	c.mu.Lock()
+	if len(c.queue) == 0 {
+		c.flushing = false
+	} else {
+		c.queue[0].lead <- struct{}{}
+	}
+	c.mu.Unlock()
 }
 
 func (c *Checkpoint[R]) commit(batch []*pendingUpdate[R]) []error {

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -186,5 +188,53 @@ func TestReadBootID(t *testing.T) {
 	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), nil, 0o644)
 	if _, err := checkpoint.ReadBootID(root); err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Errorf("empty boot id: got %v, want an error naming it", err)
+	}
+}
+
+// The caller that writes a group returns once its own group is on disk: the
+// group queued meanwhile is written by one of its own callers, not by it.
+func TestWriterReturnsAfterItsOwnGroup(t *testing.T) {
+	cp := open(t, t.TempDir(), "boot", nil)
+	aRunning, aRelease := make(chan struct{}), make(chan struct{})
+	bRunning, bRelease := make(chan struct{}), make(chan struct{})
+	aDone, bDone := make(chan error, 1), make(chan error, 1)
+	go func() {
+		aDone <- cp.Update(func(recs map[types.UID]record) error {
+			close(aRunning)
+			<-aRelease
+			recs["a"] = record{UID: "a"}
+			return nil
+		})
+	}()
+	<-aRunning
+	go func() {
+		bDone <- cp.Update(func(recs map[types.UID]record) error {
+			close(bRunning)
+			<-bRelease
+			recs["b"] = record{UID: "b"}
+			return nil
+		})
+	}()
+	// b is queued behind a's group before a's group is released.
+	for cp.Queued() == 0 {
+		runtime.Gosched()
+	}
+	close(aRelease)
+	<-bRunning // b's group is being written, and blocks
+	select {
+	case err := <-aDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a's Update did not return while b's group was being written: a is writing b's group")
+	}
+	close(bRelease)
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	recs, err := cp.Read()
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("records %v, %v; want a and b", recs, err)
 	}
 }

@@ -1,0 +1,321 @@
+package netdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/prepare/checkpoint"
+)
+
+// The reaper removes the kernel objects of unprepared shares off the
+// kubelet's path. Unprepare releases a share at once (its classifier
+// entries go, so its traffic is no longer charged or shaped, and its
+// addresses go back to the pool) and queues the rest: the HTB classes, the
+// parent's HTB and IFB once idle, the share's interface if it is still on
+// the node, and the attach spec. Removing those waits for RCU grace periods
+// under RTNL, tens of milliseconds each; the reaper takes them in batches,
+// one parent lock per parent and one grace period for all the batch's
+// interfaces.
+//
+// The queue is on disk (a checkpoint of its own, of this boot), written
+// before Unprepare returns: an agent that crashes resumes it at start. A
+// queued share keeps its class minors reserved and its names taken until it
+// is reaped, and a prepare of the same share first reaps it, so that
+// nothing prepared collides with what is being removed.
+
+// reapItem is what is left to remove of one unprepared share.
+type reapItem struct {
+	Key          string `json:"key"`
+	Parent       string `json:"parent,omitempty"`
+	Link         string `json:"link"`
+	EgressMinor  uint16 `json:"egressMinor,omitempty"`
+	IngressMinor uint16 `json:"ingressMinor,omitempty"`
+}
+
+// reapGroup is the interface group the reaper puts a batch's interfaces in,
+// to delete them with one request (one RCU grace period for all). Only the
+// reaper sets it, only on share interfaces it is removing.
+const reapGroup = 0xca7e
+
+// reapRetry is how long a failed item waits before it is tried again.
+const reapRetry = time.Second
+
+type reaper struct {
+	p     *NICPreparer
+	queue *checkpoint.Checkpoint[reapItem]
+
+	mu      sync.Mutex
+	pending map[string]reapItem
+	// inflight holds the keys of the batch being reaped, each with the
+	// batch's done channel.
+	inflight map[string]chan struct{}
+	running  bool
+	retrying int
+	idle     *sync.Cond
+}
+
+func newReaper(p *NICPreparer) (*reaper, error) {
+	q, err := checkpoint.Open[reapItem](filepath.Join(p.opts.StateDir, "netdev", "reaper"), p.opts.BootID, nil)
+	if err != nil {
+		return nil, fmt.Errorf("the reaper's queue: %w", err)
+	}
+	r := &reaper{p: p, queue: q, pending: map[string]reapItem{}, inflight: map[string]chan struct{}{}}
+	r.idle = sync.NewCond(&r.mu)
+	return r, nil
+}
+
+// enqueue records the item on disk, then hands it to the worker.
+func (r *reaper) enqueue(it reapItem) error {
+	if err := r.queue.Update(func(items map[types.UID]reapItem) error {
+		items[types.UID(it.Key)] = it
+		return nil
+	}); err != nil {
+		return fmt.Errorf("queue the removal of share %s: %w", it.Link, err)
+	}
+	r.add(it)
+	return nil
+}
+
+func (r *reaper) add(it reapItem) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending[it.Key] = it
+	if !r.running {
+		r.running = true
+		go r.run()
+	}
+}
+
+// resume queues what the disk holds (at start).
+func (r *reaper) resume() ([]reapItem, error) {
+	items, err := r.queue.Read()
+	if err != nil {
+		return nil, err
+	}
+	var out []reapItem
+	for _, it := range items {
+		out = append(out, it)
+		r.add(it)
+	}
+	return out, nil
+}
+
+// run reaps batches until nothing is pending.
+func (r *reaper) run() {
+	for {
+		r.mu.Lock()
+		if len(r.pending) == 0 {
+			r.running = false
+			r.idle.Broadcast()
+			r.mu.Unlock()
+			return
+		}
+		batch := make([]reapItem, 0, len(r.pending))
+		done := make(chan struct{})
+		for k, it := range r.pending {
+			batch = append(batch, it)
+			r.inflight[k] = done
+		}
+		clear(r.pending)
+		r.mu.Unlock()
+
+		failed := r.reap(batch)
+
+		r.mu.Lock()
+		for _, it := range batch {
+			delete(r.inflight, it.Key)
+		}
+		close(done)
+		for _, it := range failed {
+			r.retrying++
+			time.AfterFunc(reapRetry, func() {
+				r.mu.Lock()
+				r.retrying--
+				r.mu.Unlock()
+				r.add(it)
+			})
+		}
+		r.mu.Unlock()
+	}
+}
+
+// settle reaps key's item now, if one is queued or being reaped, so that a
+// prepare of the same share finds its names free.
+func (r *reaper) settle(key string) error {
+	for {
+		r.mu.Lock()
+		if done, ok := r.inflight[key]; ok {
+			r.mu.Unlock()
+			<-done
+			continue
+		}
+		it, ok := r.pending[key]
+		if !ok {
+			r.mu.Unlock()
+			return nil
+		}
+		delete(r.pending, key)
+		done := make(chan struct{})
+		r.inflight[key] = done
+		r.mu.Unlock()
+		failed := r.reap([]reapItem{it})
+		r.mu.Lock()
+		delete(r.inflight, key)
+		close(done)
+		if len(failed) > 0 {
+			r.pending[key] = it
+		}
+		r.mu.Unlock()
+		if len(failed) > 0 {
+			return fmt.Errorf("share %s is still being removed", it.Link)
+		}
+		return nil
+	}
+}
+
+// wait blocks until nothing is pending, in flight or waiting for a retry.
+func (r *reaper) wait() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.running || len(r.pending) > 0 || r.retrying > 0 {
+		r.idle.Wait()
+	}
+}
+
+// reap removes what the items name and returns those that failed (kept on
+// disk, to be tried again).
+func (r *reaper) reap(items []reapItem) (failed []reapItem) {
+	p := r.p
+	logger := klog.FromContext(context.Background()).WithName("reaper")
+	errs := make([]error, len(items))
+	byParent := map[string][]int{}
+	for i, it := range items {
+		if it.Parent != "" && (it.EgressMinor != 0 || it.IngressMinor != 0) {
+			byParent[it.Parent] = append(byParent[it.Parent], i)
+		}
+	}
+	for name, idx := range byParent {
+		parent, err := p.h.LinkByName(name)
+		if err != nil {
+			continue // the parent went, and its classes with it
+		}
+		perr := p.reapClasses(parent, items, idx, errs)
+		if perr != nil {
+			for _, i := range idx {
+				errs[i] = errors.Join(errs[i], perr)
+			}
+		}
+	}
+	if err := p.deleteLinks(items, errs); err != nil {
+		logger.Error(err, "Removing share interfaces")
+	}
+	// A classifier link pinned for a device whose namespace is gone (a
+	// pod's interface) is dead weight.
+	if p.opts.PinDir != "" {
+		if _, err := bpf.CleanupDefunct(p.opts.PinDir); err != nil {
+			logger.Error(err, "Removing defunct classifier links")
+		}
+	}
+	var reaped []string
+	for i, it := range items {
+		if errs[i] == nil {
+			if err := os.Remove(p.specPath(it.Link)); err != nil && !os.IsNotExist(err) {
+				errs[i] = err
+			}
+		}
+		if errs[i] != nil {
+			logger.Error(errs[i], "Removing an unprepared share; will retry", "link", it.Link, "parent", it.Parent)
+			failed = append(failed, it)
+			continue
+		}
+		p.freeMinors(it.Key)
+		reaped = append(reaped, it.Key)
+	}
+	if err := r.queue.Update(func(q map[types.UID]reapItem) error {
+		for _, k := range reaped {
+			delete(q, types.UID(k))
+		}
+		return nil
+	}); err != nil {
+		logger.Error(err, "Recording reaped shares")
+	}
+	logger.V(3).Info("Reaped shares", "count", len(reaped), "failed", len(failed))
+	return failed
+}
+
+// reapClasses deletes the items' classes on parent and its IFB, then the
+// HTB and IFB if no share is left on them, under the parent's lock.
+func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []int, errs []error) error {
+	unlock, err := p.lockParent(parent)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ifb, ifbErr := p.h.LinkByName(ifbName(parent))
+	var egress, ingress bool
+	for _, i := range idx {
+		if m := items[i].EgressMinor; m != 0 {
+			egress = true
+			errs[i] = errors.Join(errs[i], deleteClass(p.h, parent, m))
+		}
+		if m := items[i].IngressMinor; m != 0 && ifbErr == nil {
+			ingress = true
+			errs[i] = errors.Join(errs[i], deleteClass(p.h, ifb, m))
+		}
+	}
+	var out []error
+	if egress {
+		out = append(out, removeHTBIfIdle(p.h, parent))
+	}
+	if ingress {
+		out = append(out, p.removeIngressIFBIfIdle(parent))
+	}
+	return errors.Join(out...)
+}
+
+// deleteLinks removes the items' interfaces still in the node's namespace:
+// one that moved into a pod went with the pod's namespace, and is not paid
+// for twice. They are deleted as one group, with one grace period.
+func (p *NICPreparer) deleteLinks(items []reapItem, errs []error) error {
+	var grouped []int
+	for i, it := range items {
+		link, err := p.h.LinkByName(it.Link)
+		if err != nil {
+			continue
+		}
+		if err := p.h.LinkSetGroup(link, reapGroup); err != nil {
+			if err := p.h.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs[i] = errors.Join(errs[i], fmt.Errorf("delete %s: %w", it.Link, err))
+			}
+			continue
+		}
+		grouped = append(grouped, i)
+	}
+	if len(grouped) == 0 {
+		return nil
+	}
+	err := inNetns(p.opts.HostNS, func() error { return deleteLinkGroup(reapGroup) })
+	if err == nil {
+		return nil
+	}
+	// A kernel without group deletion: one by one.
+	for _, i := range grouped {
+		if link, lerr := p.h.LinkByName(items[i].Link); lerr == nil {
+			if derr := p.h.LinkDel(link); derr != nil && !errors.Is(derr, unix.ENODEV) {
+				errs[i] = errors.Join(errs[i], fmt.Errorf("delete %s: %w", items[i].Link, derr))
+			}
+		}
+	}
+	return fmt.Errorf("delete interface group %#x: %w", reapGroup, err)
+}

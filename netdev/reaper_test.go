@@ -1,0 +1,106 @@
+package netdev_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare/checkpoint"
+)
+
+// reapEntry is the on-disk form of a queued removal (netdev/reaper.go).
+type reapEntry struct {
+	Key          string `json:"key"`
+	Parent       string `json:"parent,omitempty"`
+	Link         string `json:"link"`
+	EgressMinor  uint16 `json:"egressMinor,omitempty"`
+	IngressMinor uint16 `json:"ingressMinor,omitempty"`
+}
+
+// An agent that crashed after Unprepare queued a share's removal, and before
+// the reaper got to it, removes it at its next start.
+func TestQueuedRemovalResumesAfterACrash(t *testing.T) {
+	b := newBench(t)
+	ctx := context.Background()
+	a := b.alloc("crashed", "100M", "100M")
+	prepared, err := b.p.Prepare(ctx, a, b.dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var u struct {
+		Parent       string `json:"parent"`
+		Link         string `json:"link"`
+		EgressMinor  uint16 `json:"egressMinor"`
+		IngressMinor uint16 `json:"ingressMinor"`
+	}
+	if err := json.Unmarshal(prepared.Undo, &u); err != nil {
+		t.Fatal(err)
+	}
+	// What Unprepare leaves on disk before it returns; the crash comes
+	// before the reaper runs.
+	q, err := checkpoint.Open[reapEntry](filepath.Join(b.state, "netdev", "reaper"), "boot-test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Update(func(m map[types.UID]reapEntry) error {
+		m[types.UID(a.ShareKey())] = reapEntry{Key: a.ShareKey(), Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	restarted := b.newPreparer("test", b.tp.Subnet, "")
+	restarted.Restore(nil, nil)
+	restarted.WaitReaped()
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	if _, err := node.LinkByName(u.Link); err == nil {
+		t.Errorf("the share's interface %s is left on the node", u.Link)
+	}
+	if _, err := os.Stat(filepath.Join(b.state, "netdev", u.Link+".json")); !os.IsNotExist(err) {
+		t.Errorf("attach spec left behind")
+	}
+	b.checkParentClean(t)
+	if left, err := q.Read(); err != nil || len(left) != 0 {
+		t.Errorf("reaper queue after the removal: %v %v", left, err)
+	}
+}
+
+// A share prepared again right after its unprepare (a claim used again on
+// the node) keeps what the new prepare made: the queued removal of the old
+// one, with the same names, runs first and never after.
+func TestPrepareAgainNeverCollidesWithItsRemoval(t *testing.T) {
+	b := newBench(t)
+	ctx := context.Background()
+	a := b.alloc("again", "100M", "100M")
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	for i := 0; i < 10; i++ {
+		prepared, err := b.p.Prepare(ctx, a, b.dev)
+		if err != nil {
+			t.Fatalf("round %d: prepare: %v", i, err)
+		}
+		if err := b.p.Unprepare(ctx, a, prepared.Undo); err != nil {
+			t.Fatalf("round %d: unprepare: %v", i, err)
+		}
+		if _, err := b.p.Prepare(ctx, a, b.dev); err != nil {
+			t.Fatalf("round %d: prepare again: %v", i, err)
+		}
+		b.p.WaitReaped()
+		if _, err := node.LinkByName(netdev.LinkName(a.ShareKey())); err != nil {
+			t.Fatalf("round %d: the share's interface went with the old removal: %v", i, err)
+		}
+		if shares, _ := b.shaper.Shares(); len(shares) != 2 {
+			t.Fatalf("round %d: classifier entries %v, want egress and ingress", i, shares)
+		}
+		if err := b.p.Unprepare(ctx, a, nil); err != nil {
+			t.Fatalf("round %d: last unprepare: %v", i, err)
+		}
+	}
+	b.checkParentClean(t)
+}
