@@ -61,7 +61,7 @@ func writeAttachSpec(path string, spec AttachSpec) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(path, b, 0o644)
+	return atomicfile.Replace(path, b, 0o644)
 }
 
 // ReadAttachSpec reads the spec the preparer wrote.

@@ -90,32 +90,19 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		// share sent 700 Mbit/s to its neighbour on this machine).
 		return prepare.Prepared{}, errors.New("macvlanMode bridge would let a bandwidth share bypass its limit towards other shares of the parent; use vepa (the default) or private")
 	}
-	// Recorded first: with it, Unprepare finds the parent of a share
-	// whose preparation was cut short and whose interface has moved.
-	specPath := p.specPath(u.Link)
-	owner := p.ownerOf(a)
-	owner.HostName, owner.Parent = u.Link, dev.NIC.Name
-	if err := writeAttachSpec(specPath, owner); err != nil {
-		return prepare.Prepared{}, err
-	}
 	lower := parent
 	if cfg.VLAN != 0 {
 		if lower, err = p.lockedVLAN(parent, cfg.VLAN); err != nil {
 			return prepare.Prepared{}, err
 		}
 	}
+	// The interface's name and MAC derive from the share's key: a crash
+	// from here on is undone from the allocation alone (the interface,
+	// still in the node's namespace, names its parent).
 	if err := p.ensureChild(lower, cfg, u.Link, ShareMAC(key), mtu); err != nil {
 		return prepare.Prepared{}, err
 	}
 	crash.Point("nic-link-created")
-
-	// Addresses: static ones as given, and one from each pool.
-	u.Addresses = append(u.Addresses, cfg.Addresses...)
-	if len(cfg.Pools) > 0 {
-		if err := p.allocateFromPools(cfg.Pools, key, owner, specPath, u); err != nil {
-			return prepare.Prepared{}, err
-		}
-	}
 
 	// Enforcement: egress by source MAC on the parent, ingress by
 	// destination MAC on the parent's IFB, under the parent's lock.
@@ -124,13 +111,17 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 			return prepare.Prepared{}, err
 		}
 	}
-
 	crash.Point("nic-shaped")
-	spec := owner
+
+	// The attach spec, written once: what the hook does in the pod, and
+	// the share's addresses, static ones as given and one from each pool.
+	specPath := p.specPath(u.Link)
+	spec := p.ownerOf(a)
+	spec.HostName, spec.Parent = u.Link, dev.NIC.Name
 	spec.Kind, spec.Mode, spec.VLAN = childKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
 	mac := ShareMAC(key)
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
-	spec.Addresses, spec.Routes = u.Addresses, cfg.Routes
+	spec.Routes = cfg.Routes
 	if p.opts.Shaper != nil && p.opts.PinDir != "" {
 		// Every share of a shaped parent, limited or not: a share
 		// without an egress class is then never charged to another.
@@ -139,9 +130,18 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
 		}
 	}
-	if err := writeAttachSpec(specPath, spec); err != nil {
-		return prepare.Prepared{}, err
+	u.Addresses = append(u.Addresses, cfg.Addresses...)
+	if len(cfg.Pools) > 0 {
+		if err := p.allocateFromPools(cfg.Pools, key, spec, specPath, u); err != nil {
+			return prepare.Prepared{}, err
+		}
+	} else {
+		spec.Addresses = u.Addresses
+		if err := writeAttachSpec(specPath, spec); err != nil {
+			return prepare.Prepared{}, err
+		}
 	}
+	spec.Addresses = u.Addresses
 	p.mu.Lock()
 	p.labels[u.MAC] = labelsOf(a)
 	p.mu.Unlock()

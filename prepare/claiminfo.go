@@ -85,7 +85,7 @@ func (d *Driver) writeClaimInfo(rec ClaimRecord) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(d.claimInfoPath(rec.UID), b, 0o644)
+	return atomicfile.Replace(d.claimInfoPath(rec.UID), b, 0o644)
 }
 
 // removeStaleClaimFiles removes the claim files left by an earlier boot:

@@ -231,6 +231,8 @@ type alloc struct {
 	request, device string
 	share           bool
 	egress          string
+	// ingress is the share's ingress bandwidth; "" for none.
+	ingress string
 }
 
 // makeClaim creates a claim and writes its allocation as the scheduler would.
@@ -255,6 +257,9 @@ func makeClaim(t testing.TB, cs kubernetes.Interface, node, name string, allocs 
 		if a.share {
 			r.ShareID = ptr.To(types.UID(uuid.NewUUID()))
 			r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(a.egress)}
+			if a.ingress != "" {
+				r.ConsumedCapacity["ingressBandwidth"] = resource.MustParse(a.ingress)
+			}
 		}
 		created.Status.Allocation.Devices.Results = append(created.Status.Allocation.Devices.Results, r)
 	}

@@ -8,9 +8,26 @@ import (
 	"path/filepath"
 )
 
-// Write writes a file so that a crash leaves either the old or the
-// new content, never a torn one.
+// Write writes a file so that a crash, of the process or of the machine,
+// leaves either the old or the new content, never a torn one: the data and
+// the directory entry are synced.
 func Write(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, true)
+}
+
+// Replace writes a file so that a crash of the process leaves either the
+// old or the new content, never a torn one, without waiting for the disk.
+// It is for files that describe this boot only: the attach specs of network
+// shares (their interfaces and classes die with the boot, and carve removes
+// the specs of an earlier boot at start) and the claim files containers
+// read. A power cut may leave such a file empty or old, and the next boot
+// discards it anyway; two fsyncs per file would buy nothing, and they are on
+// the kubelet's path.
+func Replace(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+func write(path string, data []byte, perm os.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -25,15 +42,20 @@ func Write(path string, data []byte, perm os.FileMode) error {
 		tmp.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("replace %s: %w", path, err)
+	}
+	if !durable {
+		return nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {
