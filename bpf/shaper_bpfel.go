@@ -13,6 +13,20 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type shaperAddrKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint8
+	Pad     [3]uint8
+	Addr    [16]uint8
+}
+
+type shaperAddrOwner struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad [2]uint8
+}
+
 type shaperLearnedKey struct {
 	_   structs.HostLayout
 	Mac [6]uint8
@@ -64,6 +78,7 @@ type shaperShareVal struct {
 const (
 	shaperMapIfbOf            = "ifb_of"
 	shaperMapLearnedMacs      = "learned_macs"
+	shaperMapShareAddrs       = "share_addrs"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareRates       = "share_rates"
 	shaperMapShareStats       = "share_stats"
@@ -128,6 +143,7 @@ type shaperProgramSpecs struct {
 type shaperMapSpecs struct {
 	IfbOf       *ebpf.MapSpec `ebpf:"ifb_of"`
 	LearnedMacs *ebpf.MapSpec `ebpf:"learned_macs"`
+	ShareAddrs  *ebpf.MapSpec `ebpf:"share_addrs"`
 	ShareNetns  *ebpf.MapSpec `ebpf:"share_netns"`
 	ShareRates  *ebpf.MapSpec `ebpf:"share_rates"`
 	ShareStats  *ebpf.MapSpec `ebpf:"share_stats"`
@@ -162,6 +178,7 @@ func (o *shaperObjects) Close() error {
 type shaperMaps struct {
 	IfbOf       *ebpf.Map `ebpf:"ifb_of"`
 	LearnedMacs *ebpf.Map `ebpf:"learned_macs"`
+	ShareAddrs  *ebpf.Map `ebpf:"share_addrs"`
 	ShareNetns  *ebpf.Map `ebpf:"share_netns"`
 	ShareRates  *ebpf.Map `ebpf:"share_rates"`
 	ShareStats  *ebpf.Map `ebpf:"share_stats"`
@@ -172,6 +189,7 @@ func (m *shaperMaps) Close() error {
 	return _ShaperClose(
 		m.IfbOf,
 		m.LearnedMacs,
+		m.ShareAddrs,
 		m.ShareNetns,
 		m.ShareRates,
 		m.ShareStats,
