@@ -69,6 +69,11 @@ func (s *Shaper) SetShareAddr(parent int, addr netip.Addr, mac net.HardwareAddr)
 	if len(mac) != 6 {
 		return fmt.Errorf("MAC %q is not 6 bytes", mac)
 	}
+	// The classifier looks addresses up only once this is set; set
+	// before the entry, so that the entry is never there unseen.
+	if err := s.objs.AddrsUsed.Put(uint32(0), uint32(1)); err != nil {
+		return fmt.Errorf("turn on address lookups: %w", err)
+	}
 	var v shaperAddrOwner
 	copy(v.Mac[:], mac)
 	// NOEXIST, then who holds it: never overwrite another share's. A

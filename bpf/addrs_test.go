@@ -196,3 +196,38 @@ func TestAddressKeyedShare(t *testing.T) {
 		t.Errorf("after deleting its addresses the share still takes its frames (priority %#x)", prio)
 	}
 }
+
+// BenchmarkClassifyByAddress measures classify_egress per packet with
+// BPF_PROG_RUN once a share is keyed by address: "hit" (the frame's source
+// address is the share's) and "miss" (another address: what unshaped
+// traffic pays on a node with address-keyed shares; BenchmarkClassify/miss
+// is the same where there are none).
+func BenchmarkClassifyByAddress(b *testing.B) {
+	b.Run("hit", func(b *testing.B) { benchClassifyByAddress(b, "10.9.0.5", 0x10010) })
+	b.Run("miss", func(b *testing.B) { benchClassifyByAddress(b, "10.9.0.6", 0) })
+}
+
+func benchClassifyByAddress(b *testing.B, src string, want uint32) {
+	needRoot(b)
+	s := openShaper(b, testPinDir(b))
+	defer s.Close()
+	if err := s.SetShareAddr(1, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.SetShareByAddress(Egress, mac1, 0x10010); err != nil {
+		b.Fatal(err)
+	}
+	frame := ipFrame(mac2, net.HardwareAddr{0, 0, 0, 0, 0, 0}, src, "10.9.0.1", false)
+	frame = append(frame, make([]byte, 64-len(frame))...)
+	var out skbCtx
+	_, err := s.objs.ClassifyEgress.Run(&ebpf.RunOptions{Data: frame, Context: skbCtx{}, ContextOut: &out})
+	netdevtest.SkipIfLacks(b, err, netdevtest.BPF("BPF_PROG_RUN"))
+	if out.Priority != want {
+		b.Fatalf("priority %#x, want %#x", out.Priority, want)
+	}
+	ret, per, err := s.objs.ClassifyEgress.Benchmark(frame, b.N, b.ResetTimer)
+	if err != nil || int32(ret) != -1 {
+		b.Fatalf("returned %d, %v; want TCX_NEXT (-1)", int32(ret), err)
+	}
+	b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+}

@@ -76,6 +76,7 @@ type shaperShareVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	shaperMapAddrsUsed        = "addrs_used"
 	shaperMapIfbOf            = "ifb_of"
 	shaperMapLearnedMacs      = "learned_macs"
 	shaperMapShareAddrs       = "share_addrs"
@@ -141,6 +142,7 @@ type shaperProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperMapSpecs struct {
+	AddrsUsed   *ebpf.MapSpec `ebpf:"addrs_used"`
 	IfbOf       *ebpf.MapSpec `ebpf:"ifb_of"`
 	LearnedMacs *ebpf.MapSpec `ebpf:"learned_macs"`
 	ShareAddrs  *ebpf.MapSpec `ebpf:"share_addrs"`
@@ -176,6 +178,7 @@ func (o *shaperObjects) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperMaps struct {
+	AddrsUsed   *ebpf.Map `ebpf:"addrs_used"`
 	IfbOf       *ebpf.Map `ebpf:"ifb_of"`
 	LearnedMacs *ebpf.Map `ebpf:"learned_macs"`
 	ShareAddrs  *ebpf.Map `ebpf:"share_addrs"`
@@ -187,6 +190,7 @@ type shaperMaps struct {
 
 func (m *shaperMaps) Close() error {
 	return _ShaperClose(
+		m.AddrsUsed,
 		m.IfbOf,
 		m.LearnedMacs,
 		m.ShareAddrs,
