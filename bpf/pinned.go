@@ -18,6 +18,9 @@ import (
 type Pinned struct {
 	pinDir               string
 	shares, stats, rates *ebpf.Map
+	// addrs is nil where the agent that pinned the maps predates
+	// address-keyed shares.
+	addrs *ebpf.Map
 }
 
 // OpenPinned opens the maps pinned under pinDir; an error wrapping
@@ -36,13 +39,20 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 		}
 		*m.dst = mp
 	}
+	path := filepath.Join(pinDir, shaperMapShareAddrs)
+	mp, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		p.Close()
+		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
+	}
+	p.addrs = mp
 	return p, nil
 }
 
 // Close releases the maps; the pins stay.
 func (p *Pinned) Close() error {
 	var err error
-	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates} {
+	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates, p.addrs} {
 		if m != nil {
 			err = errors.Join(err, m.Close())
 		}
@@ -55,6 +65,15 @@ func (p *Pinned) Shares() (map[Key]uint32, error) { return readShares(p.shares) 
 
 // Stats returns each share's counters summed over CPUs, as Shaper.Stats.
 func (p *Pinned) Stats() (map[Key]Counters, error) { return readStats(p.stats) }
+
+// ShareAddrs returns the addresses of shares told apart by address, as
+// Shaper.ShareAddrs; none where the maps predate them.
+func (p *Pinned) ShareAddrs() ([]AddrShare, error) {
+	if p.addrs == nil {
+		return nil, nil
+	}
+	return readAddrs(p.addrs)
+}
 
 // Rates returns the EDT pace of each share's egress in bits/s, by MAC.
 func (p *Pinned) Rates() (map[string]uint64, error) {

@@ -7,12 +7,15 @@
 // writes the share's HTB class handle into skb->priority. HTB classifies by
 // skb->priority before running any filter, so no tc filter is needed on the
 // HTB qdisc (skb->tc_classid, the cls_bpf route, is only 16 bits wide and
-// cannot carry a full major:minor handle).
+// cannot carry a full major:minor handle). A share whose interface has no
+// MAC of its own (an ipvlan child carries its parent's) is found by its IP
+// addresses instead (share_addrs), and still named by a MAC of carve's.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
+#include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
 // linux-libc-dev on Debian 12 predates TCX (6.6), so spell the verdict out.
@@ -36,8 +39,13 @@ struct share_key {
 
 struct share_val {
 	__u32 classid; // HTB class handle, major<<16 | minor
-	__u32 flags;   // reserved, zero
+	__u32 flags;   // SHARE_BY_ADDR or zero
 };
+
+// The share is found by its addresses (share_addrs) and its pod's netns,
+// never by a frame's MAC: an ipvlan child sends and receives with its
+// parent's MAC, and the MAC that names such a share is on no interface.
+#define SHARE_BY_ADDR 1
 
 struct share_counters {
 	__u64 bytes; // skb->len: whole frames, GSO super-packets included
@@ -116,6 +124,46 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ifb_of SEC(".maps");
 
+// Shares told apart by address (ipvlan children, which all carry their
+// parent's MAC): each address a share was given (its claim's static
+// addresses and pool addresses, written by the agent only) on its parent,
+// mapped to the MAC that names the share's entries in `shares` and its
+// counters. Egress frames are found by source address, ingress frames by
+// destination address. Never learned from frames: see addr_share.
+struct addr_key {
+	__u32 ifindex; // the parent's
+	__u8 family;   // 4 or 6
+	__u8 pad[3];   // always zero
+	__u8 addr[16]; // IPv4 in the first four bytes, the rest zero
+};
+
+struct addr_owner {
+	__u8 mac[ETH_ALEN]; // the share's
+	__u8 pad[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct addr_key);
+	__type(value, struct addr_owner);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} share_addrs SEC(".maps");
+
+// Nonzero once an address has been recorded in share_addrs of this pin
+// directory, and never cleared (a stale 1 only costs the lookups, while
+// clearing it could race an agent adding an address): nodes without
+// address-keyed shares skip the address lookup, whose parsing and hashing
+// every frame of no share would otherwise pay (about 20 ns a frame:
+// BenchmarkClassifyByAddress/miss against BenchmarkClassify/miss).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} addrs_used SEC(".maps");
+
 // EDT pacing, an alternative to HTB for kernels with sch_fq: the program
 // stamps each frame with the earliest time it may leave and fq on the
 // device holds it until then. Without fq nothing honours the stamp.
@@ -174,14 +222,142 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5];
 }
 
+// mac_share finds the share named by key->mac, unless that share is found
+// by address only (SHARE_BY_ADDR).
+static __always_inline struct share_val *mac_share(struct share_key *key)
+{
+	struct share_val *v = bpf_map_lookup_elem(&shares, key);
+	if (v && (v->flags & SHARE_BY_ADDR))
+		return NULL;
+	return v;
+}
+
+// l3_addr copies the source (egress) or destination (ingress) address of
+// the IPv4 or IPv6 header at l3 into k; -1 where the header is not there.
+static __always_inline int l3_addr(void *l3, void *end, __u16 proto, __u8 dir, struct addr_key *k)
+{
+	if (proto == bpf_htons(ETH_P_IP)) {
+		if (l3 + 20 > end)
+			return -1;
+		k->family = 4;
+		if (dir == DIR_EGRESS)
+			__builtin_memcpy(k->addr, l3 + 12, 4);
+		else
+			__builtin_memcpy(k->addr, l3 + 16, 4);
+		return 0;
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		if (l3 + 40 > end)
+			return -1;
+		k->family = 6;
+		if (dir == DIR_EGRESS)
+			__builtin_memcpy(k->addr, l3 + 8, 16);
+		else
+			__builtin_memcpy(k->addr, l3 + 24, 16);
+		return 0;
+	}
+	return -1;
+}
+
+// frame_addr reads a frame's source (egress) or destination (ingress) IPv4
+// or IPv6 address into k, past one VLAN tag where the tag is in the frame
+// (an accelerated tag is not); anything else is no share's. The headers
+// are read in place where they are in the skb's linear data (nearly
+// always; cheaper than copying them out), else copied.
+static __always_inline int frame_addr(struct __sk_buff *skb, __u8 dir, struct addr_key *k)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u16 proto;
+
+	if (data + ETH_HLEN + 4 <= end) {
+		void *l3 = data + ETH_HLEN;
+		proto = *(__u16 *)(data + 2 * ETH_ALEN);
+		if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+			proto = *(__u16 *)(data + 2 * ETH_ALEN + 4);
+			l3 += 4;
+		}
+		if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
+			return -1;
+		if (l3_addr(l3, end, proto, dir, k) == 0)
+			return 0;
+	}
+	// The IP header is not all in the linear data: copy it out.
+	__u32 off = ETH_HLEN;
+	if (bpf_skb_load_bytes(skb, 2 * ETH_ALEN, &proto, sizeof(proto)) < 0)
+		return -1;
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		if (bpf_skb_load_bytes(skb, 2 * ETH_ALEN + 4, &proto, sizeof(proto)) < 0)
+			return -1;
+		off += 4;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		k->family = 4;
+		return bpf_skb_load_bytes(skb, off + (dir == DIR_EGRESS ? 12 : 16), k->addr, 4);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		k->family = 6;
+		return bpf_skb_load_bytes(skb, off + (dir == DIR_EGRESS ? 8 : 24), k->addr, 16);
+	}
+	return -1;
+}
+
+// addr_owner sets key->mac to the share whose address the frame carries on
+// parent (its source address for egress, destination for ingress), and
+// reports whether there is one. Addresses are never learned from frames: a
+// pod could teach the node's own address, or one the node routes elsewhere,
+// and so pull other traffic into its class. An address a pod adds on its
+// own is therefore no share's, and an address of another share is charged
+// to that share, the one whose claim holds it.
+static __always_inline int addr_owner(struct __sk_buff *skb, __u32 parent, struct share_key *key)
+{
+	__u32 zero = 0;
+	__u32 *used = bpf_map_lookup_elem(&addrs_used, &zero);
+	if (!used || !*used)
+		return 0;
+	struct addr_key ak = { .ifindex = parent };
+	if (frame_addr(skb, key->dir, &ak) < 0)
+		return 0;
+	struct addr_owner *o = bpf_map_lookup_elem(&share_addrs, &ak);
+	if (!o)
+		return 0;
+	__builtin_memcpy(key->mac, o->mac, ETH_ALEN);
+	return 1;
+}
+
+// addr_share finds the share entry of a frame by address (see addr_owner).
+static __always_inline struct share_val *addr_share(struct __sk_buff *skb, __u32 parent, struct share_key *key)
+{
+	if (!addr_owner(skb, parent, key))
+		return NULL;
+	return bpf_map_lookup_elem(&shares, key);
+}
+
+// by_addr reports whether the share named by mac is found by address: its
+// frames carry its parent's MAC, which must never be learned for it.
+static __always_inline int by_addr(const __u8 *mac)
+{
+	struct share_key k = { .dir = DIR_INGRESS };
+	__builtin_memcpy(k.mac, mac, ETH_ALEN);
+	struct share_val *v = bpf_map_lookup_elem(&shares, &k);
+	if (!v) {
+		k.dir = DIR_EGRESS;
+		v = bpf_map_lookup_elem(&shares, &k);
+	}
+	return v && (v->flags & SHARE_BY_ADDR);
+}
+
 // learn maps the source MAC of a pod's frame to the pod's share, where it
-// is not the share's own MAC nor another share's (see learned_macs).
+// is not the share's own MAC nor another share's (see learned_macs), and
+// the share is not one found by address.
 static __always_inline void learn(struct __sk_buff *skb, struct netns_val *n)
 {
 	struct learned_key src = {};
 	if (bpf_skb_load_bytes(skb, ETH_ALEN, src.mac, ETH_ALEN) < 0)
 		return;
 	if (mac_eq(src.mac, n->mac))
+		return;
+	if (by_addr(n->mac))
 		return;
 	struct share_key k = { .dir = DIR_INGRESS };
 	__builtin_memcpy(k.mac, src.mac, ETH_ALEN);
@@ -195,28 +371,39 @@ static __always_inline void learn(struct __sk_buff *skb, struct netns_val *n)
 	bpf_map_update_elem(&learned_macs, &src, &owner, BPF_ANY);
 }
 
-// ingress_share finds the ingress entry of the share a frame is for: by
-// its destination MAC, else by the share that MAC was learned for. key is
-// set to the share's own MAC, which names its counters.
-static __always_inline struct share_val *ingress_share(struct __sk_buff *skb, struct share_key *key)
+// ingress_share finds the ingress entry of the share a frame that arrived
+// on parent is for: by its destination MAC (where by_mac), else by its
+// destination address, else (where by_mac) by the share its destination
+// MAC was learned for. Addresses come before learned MACs: an address is
+// the agent's word, a learned MAC a guess from a pod's frames. key is set
+// to the share's own MAC, which names its counters.
+static __always_inline struct share_val *ingress_share(struct __sk_buff *skb, struct share_key *key, __u32 parent, int by_mac)
 {
-	if (bpf_skb_load_bytes(skb, 0, key->mac, ETH_ALEN) < 0)
-		return NULL;
-	struct share_val *v = bpf_map_lookup_elem(&shares, key);
-	if (v)
-		return v;
 	struct learned_key dst = {};
-	__builtin_memcpy(dst.mac, key->mac, ETH_ALEN);
+	struct share_val *v;
+
+	if (bpf_skb_load_bytes(skb, 0, dst.mac, ETH_ALEN) < 0)
+		return NULL;
+	if (by_mac) {
+		__builtin_memcpy(key->mac, dst.mac, ETH_ALEN);
+		v = mac_share(key);
+		if (v)
+			return v;
+	}
+	v = addr_share(skb, parent, key);
+	if (v || !by_mac)
+		return v;
 	struct learned_key *owner = bpf_map_lookup_elem(&learned_macs, &dst);
 	if (!owner)
 		return NULL;
 	__builtin_memcpy(key->mac, owner->mac, ETH_ALEN);
-	return bpf_map_lookup_elem(&shares, key);
+	return mac_share(key);
 }
 
 static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 {
 	struct share_key key = { .dir = dir };
+	struct share_val *v;
 
 	if (dir == DIR_EGRESS) {
 		struct netns_val *n = netns_share(skb);
@@ -229,25 +416,20 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 				count(&key, skb->len);
 			return CARVE_TCX_NEXT;
 		}
-	} else {
-		struct share_val *v = ingress_share(skb, &key);
-		if (!v)
+		// Otherwise by source MAC (bytes 6..11 of the frame), else by
+		// source address.
+		if (bpf_skb_load_bytes(skb, ETH_ALEN, key.mac, ETH_ALEN) < 0)
 			return CARVE_TCX_NEXT;
-		skb->priority = v->classid;
-		count(&key, skb->len);
-		return CARVE_TCX_NEXT;
+		v = mac_share(&key);
+		if (!v)
+			v = addr_share(skb, skb->ifindex, &key);
+	} else {
+		// On the IFB, the frame's ingress_ifindex is the parent it
+		// arrived on; redirect_ingress chose it there.
+		v = ingress_share(skb, &key, skb->ingress_ifindex, 1);
 	}
-	// Egress shares are otherwise found by source MAC (bytes 6..11 of
-	// the frame), ingress shares by destination MAC (bytes 0..5).
-	__u32 off = dir == DIR_EGRESS ? ETH_ALEN : 0;
-
-	if (bpf_skb_load_bytes(skb, off, key.mac, ETH_ALEN) < 0)
-		return CARVE_TCX_NEXT;
-
-	struct share_val *v = bpf_map_lookup_elem(&shares, &key);
 	if (!v)
 		return CARVE_TCX_NEXT;
-
 	skb->priority = v->classid;
 	count(&key, skb->len);
 	return CARVE_TCX_NEXT;
@@ -267,20 +449,23 @@ int classify_ingress(struct __sk_buff *skb)
 	return classify(skb, DIR_INGRESS);
 }
 
-// On the parent's ingress: frames towards a share (by destination MAC) go
-// to the parent's IFB to be shaped; everything else, the host's traffic,
-// broadcast and multicast included, goes on untouched.
+// On the parent's ingress: frames towards a share go to the parent's IFB to
+// be shaped; everything else, the host's traffic, broadcast and multicast
+// included, goes on untouched. A share's frames are those for another MAC
+// than the parent's (a macvlan child's), found by MAC or address, and those
+// for the parent's own MAC whose destination address is a share's (an
+// ipvlan child's).
 SEC("tc")
 int redirect_ingress(struct __sk_buff *skb)
 {
 	struct share_key key = { .dir = DIR_INGRESS };
 	__u32 ifindex = skb->ifindex;
 
-	// Frames for the node itself (its own MAC) are never a share's, even
-	// if a pod forged that MAC as a source and it was learned.
-	if (skb->pkt_type != PACKET_OTHERHOST)
+	// Frames for the node's own MAC are never a share's by MAC, even if
+	// a pod forged that MAC as a source and it was learned.
+	if (skb->pkt_type != PACKET_OTHERHOST && skb->pkt_type != PACKET_HOST)
 		return CARVE_TCX_NEXT;
-	if (!ingress_share(skb, &key))
+	if (!ingress_share(skb, &key, ifindex, skb->pkt_type == PACKET_OTHERHOST))
 		return CARVE_TCX_NEXT;
 	__u32 *ifb = bpf_map_lookup_elem(&ifb_of, &ifindex);
 	if (!ifb)
@@ -288,8 +473,8 @@ int redirect_ingress(struct __sk_buff *skb)
 	return bpf_redirect(*ifb, 0); // to the IFB's egress, its HTB
 }
 
-// Egress only: keyed by the sending pod's netns, else by source MAC, like
-// classify_egress.
+// Egress only: keyed by the sending pod's netns, else by source MAC, else
+// by source address, like classify_egress.
 SEC("tc")
 int edt_egress(struct __sk_buff *skb)
 {
@@ -301,6 +486,8 @@ int edt_egress(struct __sk_buff *skb)
 	else if (bpf_skb_load_bytes(skb, ETH_ALEN, key.mac, ETH_ALEN) < 0)
 		return CARVE_TCX_NEXT;
 	struct share_rate *r = bpf_map_lookup_elem(&share_rates, &key);
+	if (!r && !n && addr_owner(skb, skb->ifindex, &key))
+		r = bpf_map_lookup_elem(&share_rates, &key);
 	if (!r || r->bytes_per_sec == 0)
 		return CARVE_TCX_NEXT;
 	count(&key, skb->len);

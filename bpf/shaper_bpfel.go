@@ -13,6 +13,20 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type shaperAddrKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint8
+	Pad     [3]uint8
+	Addr    [16]uint8
+}
+
+type shaperAddrOwner struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad [2]uint8
+}
+
 type shaperLearnedKey struct {
 	_   structs.HostLayout
 	Mac [6]uint8
@@ -62,8 +76,10 @@ type shaperShareVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	shaperMapAddrsUsed        = "addrs_used"
 	shaperMapIfbOf            = "ifb_of"
 	shaperMapLearnedMacs      = "learned_macs"
+	shaperMapShareAddrs       = "share_addrs"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareRates       = "share_rates"
 	shaperMapShareStats       = "share_stats"
@@ -126,8 +142,10 @@ type shaperProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperMapSpecs struct {
+	AddrsUsed   *ebpf.MapSpec `ebpf:"addrs_used"`
 	IfbOf       *ebpf.MapSpec `ebpf:"ifb_of"`
 	LearnedMacs *ebpf.MapSpec `ebpf:"learned_macs"`
+	ShareAddrs  *ebpf.MapSpec `ebpf:"share_addrs"`
 	ShareNetns  *ebpf.MapSpec `ebpf:"share_netns"`
 	ShareRates  *ebpf.MapSpec `ebpf:"share_rates"`
 	ShareStats  *ebpf.MapSpec `ebpf:"share_stats"`
@@ -160,8 +178,10 @@ func (o *shaperObjects) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperMaps struct {
+	AddrsUsed   *ebpf.Map `ebpf:"addrs_used"`
 	IfbOf       *ebpf.Map `ebpf:"ifb_of"`
 	LearnedMacs *ebpf.Map `ebpf:"learned_macs"`
+	ShareAddrs  *ebpf.Map `ebpf:"share_addrs"`
 	ShareNetns  *ebpf.Map `ebpf:"share_netns"`
 	ShareRates  *ebpf.Map `ebpf:"share_rates"`
 	ShareStats  *ebpf.Map `ebpf:"share_stats"`
@@ -170,8 +190,10 @@ type shaperMaps struct {
 
 func (m *shaperMaps) Close() error {
 	return _ShaperClose(
+		m.AddrsUsed,
 		m.IfbOf,
 		m.LearnedMacs,
+		m.ShareAddrs,
 		m.ShareNetns,
 		m.ShareRates,
 		m.ShareStats,

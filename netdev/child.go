@@ -49,13 +49,19 @@ func childKind(mode string) string {
 func newChild(lower netlink.Link, mode, name string, mac net.HardwareAddr, mtu int) (netlink.Link, error) {
 	la := netlink.NewLinkAttrs()
 	la.Name, la.ParentIndex, la.MTU = name, lower.Attrs().Index, mtu
+	// ipvlan in vepa: like macvlan's default, a share's frames to
+	// another child of the parent leave through the parent (and its
+	// shaper) instead of being handed across inside the kernel. ipvlan
+	// keeps one mode and one set of flags per parent, set by the child
+	// made last, so every ipvlan child carve makes is vepa.
+	const vepa = netlink.IPVLAN_FLAG_VEPA
 	switch mode {
 	case "ipvlan-l2":
-		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L2}, nil
+		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L2, Flag: vepa}, nil
 	case "ipvlan-l3":
-		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L3}, nil
+		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L3, Flag: vepa}, nil
 	case "ipvlan-l3s":
-		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L3S}, nil
+		return &netlink.IPVlan{LinkAttrs: la, Mode: netlink.IPVLAN_MODE_L3S, Flag: vepa}, nil
 	}
 	la.HardwareAddr = mac
 	switch mode {

@@ -7,9 +7,11 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/netdev/netdevtest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
@@ -62,8 +64,11 @@ func TestAddressPool(t *testing.T) {
 }
 
 // ipvlan shares where the kernel has ipvlan: the interface reaches the pod
-// with its address; a bandwidth share of one is refused, since the
-// classifier keys on MACs and ipvlan children share the parent's.
+// with its address, in vepa (so that nothing a share sends to a neighbour
+// on the parent bypasses the parent's shaper); a bandwidth share of one,
+// told apart by its address (its frames carry the parent's MAC), is held
+// to its rate both ways. The address path itself is also exercised where
+// there is no ipvlan, on macvlan (TestAddressKeyedShareHoldsItsRate).
 func TestIPVlanShare(t *testing.T) {
 	b := newBench(t)
 	node, _ := netlink.NewHandleAt(b.tp.Node)
@@ -77,11 +82,20 @@ func TestIPVlanShare(t *testing.T) {
 	defer pod.Close()
 	if l, err := pod.LinkByName("net1"); err != nil || l.Type() != "ipvlan" {
 		t.Errorf("net1 in the pod: %v %v", l, err)
+	} else if ipv, ok := l.(*netlink.IPVlan); !ok || ipv.Flag != netlink.IPVLAN_FLAG_VEPA {
+		t.Errorf("net1 in the pod: %+v, want ipvlan in vepa", l)
 	}
-	raw, _ := json.Marshal(prepare.EffectiveConfig{Network: &v1alpha1.NetworkConfig{Mode: "ipvlan"}})
-	a := b.alloc("ipv-bw", "100M", "")
-	a.Config = raw
-	if _, err := b.p.Prepare(context.Background(), a, b.dev); err == nil || !strings.Contains(err.Error(), "ipvlan") {
-		t.Errorf("bandwidth share of an ipvlan: %v, want refused", err)
+
+	shaped := b.add("ipv-bw", "20M", "20M", &v1alpha1.NetworkConfig{Mode: "ipvlan", IPVlanMode: "l2", Pools: []string{"test"}})
+	if keyed, _ := b.shaper.AddressKeyed(); !keyed[bpf.Key{MAC: shaped.mac, Dir: bpf.Egress}] || !keyed[bpf.Key{MAC: shaped.mac, Dir: bpf.Ingress}] {
+		t.Errorf("the ipvlan share's entries %v are not keyed by address", keyed)
+	}
+	for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+		goodput, l2 := b.measure(dir, []*share{shaped}, 1500*time.Millisecond)
+		gpRatio, l2Ratio := goodput[0]/rate("20M"), l2[0]/rate("20M")
+		t.Logf("%s of an ipvlan share of 20M: goodput ratio %.3f, L2 ratio %.3f", dir, gpRatio, l2Ratio)
+		if gpRatio < 0.956*0.9 || gpRatio > 0.956*1.1 || l2Ratio < 0.9 {
+			t.Errorf("%s of an ipvlan share of 20M: goodput ratio %.3f is outside 0.956 ± 10%%, or L2 ratio %.3f under 0.9", dir, gpRatio, l2Ratio)
+		}
 	}
 }

@@ -79,10 +79,12 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	if (egress > 0 || ingress > 0) && p.opts.Shaper == nil {
 		return prepare.Prepared{}, errors.New("this agent has no BPF classifier, so it cannot hold a bandwidth share")
 	}
-	if cfg.Mode == "ipvlan" && (egress > 0 || ingress > 0) {
-		// ipvlan children share the parent's MAC; the classifier keys
-		// on MACs. Refused rather than left unenforced.
-		return prepare.Prepared{}, errors.New("bandwidth shares of ipvlan interfaces are not enforced yet; use mode macvlan")
+	// ipvlan children carry the parent's MAC: told apart by address.
+	byAddress := (egress > 0 || ingress > 0) && p.keysByAddress(cfg)
+	if byAddress {
+		if err := checkAddressable(cfg); err != nil {
+			return prepare.Prepared{}, err
+		}
 	}
 	if cfg.MacvlanMode == "bridge" && (egress > 0 || ingress > 0) {
 		// Bridge mode hands frames between children of the parent
@@ -105,7 +107,8 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	crash.Point("nic-link-created")
 
 	// Enforcement: egress by source MAC on the parent, ingress by
-	// destination MAC on the parent's IFB, under the parent's lock.
+	// destination MAC on the parent's IFB, under the parent's lock; by
+	// address instead where the share is told apart by address.
 	if egress > 0 || ingress > 0 {
 		if err := p.enforce(parent, key, egress, ingress, u); err != nil {
 			return prepare.Prepared{}, err
@@ -142,6 +145,13 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 	spec.Addresses = u.Addresses
+	// Where the share is told apart by address (ipvlan), its classifier
+	// entries are keyed on the addresses it now has.
+	if byAddress {
+		if err := p.keyByAddress(parent, ShareMAC(key), u); err != nil {
+			return prepare.Prepared{}, err
+		}
+	}
 	p.mu.Lock()
 	p.labels[u.MAC] = labelsOf(a)
 	p.mu.Unlock()

@@ -54,6 +54,9 @@ type NICPreparer struct {
 	mu     sync.Mutex
 	minors map[string]map[uint16]string
 	labels map[string]shareLabels
+	// addressKeys tells every bandwidth share apart by address, not only
+	// ipvlan's (tests, see KeyByAddress in export_test.go).
+	addressKeys bool
 	// noFQ is set once adding fq failed: the kernel has no sch_fq.
 	noFQ bool
 	// noFQCodel is set once adding fq_codel failed: leaves are bfifos.
@@ -104,6 +107,9 @@ type undoRecord struct {
 	IngressMinor uint16   `json:"ingressMinor,omitempty"`
 	Addresses    []string `json:"addresses,omitempty"`
 	PoolAddrs    []string `json:"poolAddresses,omitempty"`
+	// AddressKeyed is set where the classifier tells the share apart by
+	// its addresses (ipvlan), not by its MAC.
+	AddressKeyed bool `json:"addressKeyed,omitempty"`
 }
 
 // Restore takes back, at the agent's start, the addresses and classes of

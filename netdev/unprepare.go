@@ -47,6 +47,9 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		errs = append(errs, p.opts.Shaper.SetRate(mac, 0))
 		// The hook's pod entries, found by the share's MAC alone.
 		errs = append(errs, p.opts.Shaper.DeletePodShares(mac))
+		// Addresses of a share told apart by address (ipvlan); without
+		// a record any share may have some.
+		errs = append(errs, p.forgetAddresses(mac, u.AddressKeyed || len(raw) == 0))
 	}
 	if err := errors.Join(errs...); err != nil {
 		// Nothing queued: the kubelet retries, and the entries that

@@ -2,6 +2,7 @@ package sharelist
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/netdev"
@@ -17,6 +18,9 @@ type node interface {
 	shares() (map[bpf.Key]uint32, error)
 	stats() (map[bpf.Key]bpf.Counters, error)
 	rates() (map[string]uint64, error)
+	// shareAddrs lists the addresses of shares told apart by address
+	// (ipvlan).
+	shareAddrs() ([]bpf.AddrShare, error)
 	links() ([]bpf.PinnedLink, error)
 	// netnsIno is the inode of the node's network namespace, which names
 	// its pinned links.
@@ -60,6 +64,9 @@ func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
 			st.needLink(n, r, "classify_egress", u.Parent, parent, false)
 		}
 	}
+	if u.AddressKeyed {
+		st.needAddrs(r, u, parent)
+	}
 	if r.IngressBandwidth > 0 {
 		name := netdev.IFBName(parent)
 		ifb, err := st.index(n, name)
@@ -93,6 +100,31 @@ func (st *state) needClass(n node, r *Row, dir, dev string, ifindex int, mac str
 		r.Problems = append(r.Problems, fmt.Sprintf("%s: no classifier entry for %s", dir, mac))
 	} else if got != handle {
 		r.Problems = append(r.Problems, fmt.Sprintf("%s: classifier sends %s to class %x, not 1:%x", dir, mac, got, minor))
+	}
+}
+
+// needAddrs checks that every address of a share told apart by address
+// names it on its parent: an address missing there leaves its traffic
+// unshaped.
+func (st *state) needAddrs(r *Row, u netdev.ShareRecord, parent int) {
+	if len(u.Addresses) == 0 {
+		r.Problems = append(r.Problems, "keyed by address, but has none")
+	}
+	for _, s := range u.Addresses {
+		pfx, err := netip.ParsePrefix(s)
+		addr := pfx.Addr()
+		if err != nil {
+			addr, err = netip.ParseAddr(s)
+		}
+		if err != nil {
+			r.Problems = append(r.Problems, fmt.Sprintf("address %q: %v", s, err))
+			continue
+		}
+		if got, ok := st.addrs[bpf.AddrShare{Parent: parent, Addr: addr}]; !ok {
+			r.Problems = append(r.Problems, fmt.Sprintf("no classifier entry for address %s on %s", addr, u.Parent))
+		} else if got != u.MAC {
+			r.Problems = append(r.Problems, fmt.Sprintf("classifier gives address %s on %s to share %s", addr, u.Parent, got))
+		}
 	}
 }
 

@@ -130,8 +130,11 @@ func interfaceOf(rec prepare.ClaimRecord, a prepare.Allocation) string {
 
 // state is what the node holds for every share, read once per listing.
 type state struct {
-	shares   map[bpf.Key]uint32
-	rates    map[string]uint64
+	shares map[bpf.Key]uint32
+	rates  map[string]uint64
+	// addrs maps each share address (by parent and address, MAC empty)
+	// to the MAC of the share it names.
+	addrs    map[bpf.AddrShare]string
 	links    []bpf.PinnedLink
 	before   map[bpf.Key]bpf.Counters
 	after    map[bpf.Key]bpf.Counters
@@ -157,6 +160,14 @@ func readState(ctx context.Context, n node, interval time.Duration) (*state, err
 	}
 	if st.links, err = n.links(); err != nil {
 		return nil, err
+	}
+	addrs, err := n.shareAddrs()
+	if err != nil {
+		return nil, err
+	}
+	st.addrs = make(map[bpf.AddrShare]string, len(addrs))
+	for _, a := range addrs {
+		st.addrs[bpf.AddrShare{Parent: a.Parent, Addr: a.Addr}] = a.MAC
 	}
 	start := time.Now()
 	if st.before, err = n.stats(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -28,14 +29,16 @@ type fakeNode struct {
 	classes   map[int]map[uint32]uint64
 	reads     int
 	dumps     []int
+	addrs     []bpf.AddrShare
 }
 
-func (f *fakeNode) mapsErr() error                      { return nil }
-func (f *fakeNode) shares() (map[bpf.Key]uint32, error) { return f.sharesMap, nil }
-func (f *fakeNode) rates() (map[string]uint64, error)   { return nil, nil }
-func (f *fakeNode) links() ([]bpf.PinnedLink, error)    { return f.pinned, nil }
-func (f *fakeNode) netnsIno() uint64                    { return 77 }
-func (f *fakeNode) legacyFilter(int, bool, string) bool { return false }
+func (f *fakeNode) mapsErr() error                       { return nil }
+func (f *fakeNode) shares() (map[bpf.Key]uint32, error)  { return f.sharesMap, nil }
+func (f *fakeNode) rates() (map[string]uint64, error)    { return nil, nil }
+func (f *fakeNode) links() ([]bpf.PinnedLink, error)     { return f.pinned, nil }
+func (f *fakeNode) netnsIno() uint64                     { return 77 }
+func (f *fakeNode) shareAddrs() ([]bpf.AddrShare, error) { return f.addrs, nil }
+func (f *fakeNode) legacyFilter(int, bool, string) bool  { return false }
 func (f *fakeNode) stats() (map[bpf.Key]bpf.Counters, error) {
 	f.reads++
 	out := map[bpf.Key]bpf.Counters{}
@@ -158,6 +161,43 @@ func TestNICSharesEnforcement(t *testing.T) {
 	}
 	if err := Write(&out, rows, "xml"); err == nil {
 		t.Error("xml accepted")
+	}
+}
+
+// A share told apart by address (ipvlan) is enforced only while every one
+// of its addresses names it on its parent.
+func TestNICSharesAddressKeyed(t *testing.T) {
+	dir := t.TempDir()
+	bootID, err := checkpoint.ReadBootID("/")
+	if err != nil {
+		t.Skip(err)
+	}
+	cp, err := prepare.OpenCheckpoint(dir, bootID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := netdev.ShareRecord{Parent: "eth0", Link: "cv0000000003", MAC: "02:00:00:00:00:03", EgressMinor: 0x30,
+		Addresses: []string{"10.0.0.5/24", "fd00::5/64"}, AddressKeyed: true}
+	share(t, cp, "u4", "d-ipvlan", "100M", "0", u, true)
+	n := &fakeNode{
+		sharesMap: map[bpf.Key]uint32{{MAC: u.MAC, Dir: bpf.Egress}: netdev.ClassHandle(0x30)},
+		pinned:    []bpf.PinnedLink{{Program: "classify_egress", NetnsIno: 77, Ifindex: 2}},
+		ifindex:   map[string]int{"eth0": 2},
+		classes:   map[int]map[uint32]uint64{2: {netdev.ClassHandle(0x30): 0}},
+		addrs: []bpf.AddrShare{{Parent: 2, Addr: netip.MustParseAddr("10.0.0.5"), MAC: u.MAC},
+			{Parent: 3, Addr: netip.MustParseAddr("fd00::5"), MAC: u.MAC}}, // another parent's
+	}
+	rows, err := List(context.Background(), &NICSource{StateDir: dir, node: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Enforced || strings.Join(rows[0].Problems, ";") != "no classifier entry for address fd00::5 on eth0" {
+		t.Errorf("share missing an address entry = %+v", rows)
+	}
+	n.addrs[1].Parent = 2
+	rows, _ = List(context.Background(), &NICSource{StateDir: dir, node: n})
+	if len(rows) != 1 || !rows[0].Enforced {
+		t.Errorf("share with all its address entries = %+v", rows)
 	}
 }
 
