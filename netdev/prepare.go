@@ -161,10 +161,17 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	if err != nil {
 		return prepare.Prepared{}, err
 	}
+	// The MAC the pod's interface has: an ipvlan child carries its
+	// parent's; the share's own MAC then only names its classifier
+	// entries.
+	podMAC := spec.MAC
+	if spec.Kind == "ipvlan" {
+		podMAC = lower.Attrs().HardwareAddr.String()
+	}
 	prefix := a.EnvPrefix()
 	edits := cdispec.ContainerEdits{
 		Env: []string{prefix + "PARENT=" + dev.NIC.Name, prefix + "INTERFACE=" + spec.PodName, prefix + "MTU=" + strconv.Itoa(mtu),
-			prefix + "MAC=" + spec.MAC},
+			prefix + "MAC=" + podMAC},
 		Hooks: []*cdispec.Hook{{HookName: "createRuntime", Path: p.opts.HookPath,
 			Args: append(append([]string(nil), p.hookArgs()...), "--spec", specPath), Timeout: ptr.To(hookTimeoutSeconds)}},
 	}
@@ -172,7 +179,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		edits.Env = append(edits.Env, prefix+"ADDRESSES="+strings.Join(u.Addresses, ","))
 	}
 	return prepare.Prepared{Edits: edits, Undo: raw, Network: &resourceapi.NetworkDeviceData{
-		InterfaceName: spec.PodName, IPs: u.Addresses, HardwareAddress: spec.MAC}}, nil
+		InterfaceName: spec.PodName, IPs: u.Addresses, HardwareAddress: podMAC}}, nil
 }
 
 // allocateFromPools gives the share one address from each pool, under the
