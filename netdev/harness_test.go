@@ -175,13 +175,10 @@ func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d
 		}
 		marks = append(marks, st)
 	}
-	var res []netdevtest.Result
-	var err error
 	if proto == "udp" {
-		res, err = netdevtest.RunUDP(flows, 1400, 500*time.Millisecond, d, mark)
-	} else {
-		res, err = netdevtest.RunFlows(flows, time.Second, d, mark)
+		b.t.Fatal("measureProto: UDP is measured by measureUDP, with an offered rate")
 	}
+	res, err := netdevtest.RunFlows(flows, time.Second, d, mark)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -191,6 +188,39 @@ func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d
 		l2 = append(l2, float64(marks[1][k].Bytes-marks[0][k].Bytes)*8/res[i].Duration.Seconds())
 	}
 	return goodput, l2
+}
+
+// measureUDP offers each share offered[i] bits/s of UDP with iperf3 in
+// direction dir, and returns what was offered and received (payload bits/s)
+// and the classifier's count over the same window (frame bits/s).
+func (b *bench) measureUDP(dir bpf.Direction, shares []*share, offered []float64, d time.Duration) (res []netdevtest.UDPResult, l2 []float64) {
+	b.t.Helper()
+	var flows []netdevtest.Flow
+	for i, s := range shares {
+		port := 5201 + i
+		if dir == bpf.Egress {
+			flows = append(flows, netdevtest.Flow{From: s.pod, To: b.tp.Server, ToAddr: fmt.Sprintf("%s:%d", b.tp.ServerIP, port)})
+		} else {
+			flows = append(flows, netdevtest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
+		}
+	}
+	var marks []map[bpf.Key]bpf.Counters
+	mark := func() {
+		st, err := b.shaper.Stats()
+		if err != nil {
+			b.t.Error(err)
+		}
+		marks = append(marks, st)
+	}
+	res, err := netdevtest.RunIperfUDP(flows, 1400, offered, time.Second, d, mark)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	for i, s := range shares {
+		k := bpf.Key{MAC: s.mac, Dir: dir}
+		l2 = append(l2, float64(marks[1][k].Bytes-marks[0][k].Bytes)*8/res[i].Duration.Seconds())
+	}
+	return res, l2
 }
 
 // specOf reads the attach spec of a prepared allocation.
