@@ -172,7 +172,7 @@ func used(ctx context.Context, o ListOptions, out []Share, seen map[int]police.S
 		u, ok := seen[i]
 		switch {
 		case !ok:
-			out[i].UsedUnknown = "the agent has not recorded this share's pods and use"
+			out[i].UsedUnknown = "no reading by the agent yet"
 			if o.Live == nil && o.LiveUnknown != "" {
 				out[i].UsedUnknown += "; no NVML here: " + o.LiveUnknown
 			}
