@@ -50,7 +50,7 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	g.police = police.New(popts)
 	go g.police.Run(ctx)
 	control := gpu.FindFile(g.env.DriverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
-	mopts := memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, memslice.SharesDir), ShmDir: filepath.Join(opts.StateDir, "mps-shm"),
+	mopts := memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, memslice.SharesDir), ShmDir: filepath.Join(opts.StateDir, "mps-shm"), ShmSize: opts.MPSShmSize,
 		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger}
 	if root := firstSet(opts.Root); root != "/" {
 		// Containers get the host's view of the tmpfs: check that it has
