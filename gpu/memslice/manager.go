@@ -201,8 +201,9 @@ func (m *Manager) checkLeft(ctx context.Context, r Request, others []Request) er
 	return nil
 }
 
-// setUp brings the GPU to serve shares: its state file, its compute mode,
-// its daemon and ceiling. Every step is idempotent.
+// setUp brings the GPU to serve shares: the node's shared memory tmpfs, the
+// GPU's state file, its compute mode, its daemon and ceiling. Every step is
+// idempotent.
 func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
 	if err := m.shm(); err != nil {
 		return err
@@ -333,7 +334,8 @@ func (m *Manager) shm() error {
 	}
 	if v := m.opts.ShmHostView; v != "" && !mps.SameShm(m.opts.ShmDir, v) {
 		return fmt.Errorf("the MPS shared memory tmpfs at %s does not show on the host (%s): containers would not share it with the daemon; "+
-			"the state directory's mount must propagate to the host (chart: stateDirPropagation: Bidirectional)", m.opts.ShmDir, v)
+			"the state directory's mount must propagate to the host (chart: stateDirPropagation: Bidirectional, which needs / shared on the host) "+
+			"and the host's mounts to the agent (hostRootPropagation: HostToContainer)", m.opts.ShmDir, v)
 	}
 	return nil
 }
