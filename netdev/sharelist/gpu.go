@@ -60,7 +60,7 @@ func (s *GPUSource) Shares(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	opts := memslice.ListOptions{StateDir: s.StateDir, BootID: bootID, ProcRoot: filepath.Join(root, "proc"),
-		CgroupRoot: filepath.Join(root, dmem.DefaultRoot), LiveUnknown: "not asked"}
+		CgroupRoot: filepath.Join(root, dmem.DefaultRoot)}
 	shares, err := memslice.ListShares(ctx, opts)
 	if err != nil {
 		return nil, err
