@@ -86,11 +86,12 @@ func hook(name string) (func(io.Reader) error, *flag.FlagSet, error) {
 		fs.StringVar(&l.Region, "region", "", "the GPU's dmem region (nvidia/<pci>/vidmem)")
 		fs.Uint64Var(&l.Max, "max", 0, "the slice in bytes (dmem.max)")
 		fs.Uint64Var(&l.Min, "min", 0, "the guarantee in bytes (dmem.min); 0 leaves it")
+		record := fs.String("record", "", "directory to record the limited pod cgroup in, for carve shares; empty records nothing")
 		return func(stdin io.Reader) error {
 			if l.Region == "" || l.Max == 0 {
 				return usageError("--region and --max are required")
 			}
-			return dmem.RunHook(stdin, *root, *proc, l)
+			return dmem.RunHook(stdin, *root, *proc, l, *record)
 		}, fs, nil
 	}
 	return nil, nil, fmt.Errorf("carve-hook: no hook %q\n%s", name, usage)

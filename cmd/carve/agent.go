@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -22,6 +23,7 @@ type agentFlags struct {
 	registrarDir, pluginsDir, cdiDir, stateDir            string
 	metricsAddr, healthAddr, podUID, hostNetns, bpfPinDir string
 	nvidiaDriverRoot, nvidiaCDIHook, nvmlReplay           string
+	mpsShmSize                                            string
 	rescan, nvmlTimeout                                   time.Duration
 	qps                                                   float64
 	burst                                                 int
@@ -60,6 +62,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.nvidiaCDIHook, "nvidia-cdi-hook", "", "the host's nvidia-cdi-hook, to run the NVIDIA container hooks; without it carve mounts the libraries' soname links and sets LD_LIBRARY_PATH itself")
 	fs.StringVar(&f.nvmlReplay, "nvml-replay", "", "answer NVML from this replay file instead of the library (tests, what-if)")
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
+	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs that GPU memory shares' containers and the MPS daemons have as /dev/shm (a quantity); pages are charged to the pods that write them")
 	must(cmd.MarkFlagFilename("kubeconfig"))
 	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
 	must(cmd.MarkFlagDirname("root"))
@@ -70,6 +73,10 @@ func runAgent(ctx context.Context, f agentFlags) error {
 	cfg, err := nodeconfig.Load(f.configFile)
 	if err != nil {
 		return err
+	}
+	shm, err := resource.ParseQuantity(f.mpsShmSize)
+	if err != nil || shm.Sign() <= 0 {
+		return fmt.Errorf("--mps-shm-size %q: want a positive quantity such as 1Gi", f.mpsShmSize)
 	}
 	restCfg, err := restConfig(f.kubeconfig)
 	if err != nil {
@@ -88,6 +95,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		MetricsAddr: f.metricsAddr, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
 		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLTimeout: f.nvmlTimeout,
+		MPSShmSize: uint64(shm.Value()),
 	})
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/snapshot"
 	"github.com/carve-dra/carve/gpu/gpuopen"
+	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -97,8 +98,16 @@ func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res := slices.Build(inv, cfg, f.nodeName)
 	logger := klog.FromContext(ctx)
+	// Each GPU's memoryEnforcement as the agent would choose it here (the
+	// agent's pod sees the host below its --root).
+	if inv.NVML != nil {
+		inv.GPUMemory = memslice.Tiers(inv.NVML, memslice.EnvBelow(f.root, f.nvml.driverRoot))
+		for uuid, m := range inv.GPUMemory {
+			logger.Info("GPU memory enforcement", "gpu", uuid, "tier", m.Enforcement, "reason", m.Reason)
+		}
+	}
+	res := slices.Build(inv, cfg, f.nodeName)
 	for _, n := range res.Notices {
 		logger.Info("Notice", "msg", n)
 	}

@@ -76,14 +76,14 @@ func netnsAttach(specFile, root string, ociState io.Reader) error {
 // the share's slice to dmem.max (and dmem.min) of the container's pod
 // cgroup, for the GPU's region. The pod cannot write its own limits.
 func newDmemLimitCommand() *cobra.Command {
-	var root, proc string
+	var root, proc, record string
 	var l dmem.Limit
 	cmd := &cobra.Command{
 		Use:   "dmem-limit --region REGION --max BYTES [--min BYTES] < OCI state",
 		Short: "hold a pod to its GPU memory slice through the dmem cgroup controller (createRuntime hook)",
 		Args:  noArgs,
 		RunE: work(func(cmd *cobra.Command) error {
-			return dmem.RunHook(cmd.InOrStdin(), root, proc, l)
+			return dmem.RunHook(cmd.InOrStdin(), root, proc, l, record)
 		}),
 	}
 	cmd.Flags().StringVar(&root, "cgroup-root", dmem.DefaultRoot, "where cgroup v2 is mounted")
@@ -91,6 +91,7 @@ func newDmemLimitCommand() *cobra.Command {
 	cmd.Flags().StringVar(&l.Region, "region", "", "the GPU's dmem region (nvidia/<pci>/vidmem)")
 	cmd.Flags().Uint64Var(&l.Max, "max", 0, "the slice in bytes (dmem.max)")
 	cmd.Flags().Uint64Var(&l.Min, "min", 0, "the guarantee in bytes (dmem.min); 0 leaves it")
+	cmd.Flags().StringVar(&record, "record", "", "directory to record the limited pod cgroup in, for carve shares; empty records nothing")
 	must(cmd.MarkFlagRequired("region"))
 	must(cmd.MarkFlagRequired("max"))
 	return cmd

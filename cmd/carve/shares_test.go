@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/checkpoint"
 )
@@ -53,3 +54,42 @@ func TestSharesCommand(t *testing.T) {
 		t.Errorf("-o yaml: exit %d, want 2", code)
 	}
 }
+
+// A GPU memory share is listed beside the NIC ones. On this machine (no
+// NVML, no agent) its use is unknown, and says so; its daemon not running,
+// it is not enforced and the command exits 1.
+func TestSharesCommandGPU(t *testing.T) {
+	state, pins := t.TempDir(), t.TempDir()
+	bootID, err := checkpoint.ReadBootID("/")
+	if err != nil {
+		t.Skip(err)
+	}
+	cp, err := prepare.OpenCheckpoint(state, bootID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := types.UID("s1")
+	undo, _ := json.Marshal(memslice.Record{Tier: memslice.TierMPSPoliced, UUID: "GPU-1", Slice: 10 << 30})
+	rec := prepare.ClaimRecord{UID: "u1", Namespace: "ns", Name: "train", State: prepare.ClaimCompleted, Allocations: []prepare.Allocation{{
+		ClaimUID: "u1", ClaimNamespace: "ns", ClaimName: "train", Request: "gpu", Device: "gpu-0000-19-00-0", Kind: "gpu", ShareID: &id,
+		Consumed: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}}}, Undo: []json.RawMessage{undo}}
+	if err := cp.Update(func(c map[types.UID]prepare.ClaimRecord) error { c[rec.UID] = rec; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "-o", "json", "--nvidia-driver-root", t.TempDir())
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 1 {
+		t.Fatalf("stdout %q: %v\n%s", stdout, err, stderr)
+	}
+	g, _ := rows[0]["gpu"].(map[string]any)
+	if code != 1 || rows[0]["kind"] != "gpu" || rows[0]["enforced"] != false || g["usedBytes"] != nil || !strings.Contains(str(g["usedUnknown"]), "NVML") {
+		t.Errorf("exit %d, row %v", code, rows[0])
+	}
+	stdout, _, code = runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "--nvidia-driver-root", t.TempDir())
+	t.Logf("carve shares:\n%s", stdout)
+	if code != 1 || !strings.Contains(stdout, "ns/train") || !strings.Contains(stdout, "unknown:") || !strings.Contains(stdout, "MPS control daemon of GPU-1 is not running") {
+		t.Errorf("table: exit %d\n%s", code, stdout)
+	}
+}
+
+func str(v any) string { s, _ := v.(string); return s }

@@ -67,7 +67,7 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
 		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
 		"--set", "kubeletDir=" + env["KUBELET_ROOT_DIR"], "--set", "cdiDir=" + env["CARVE_CDI_DIR"], "--set", "stateDir=" + stateDir,
-		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "bpfPinDir=" + e2ePins, "--set", "metricsHost=127.0.0.1", "--set", "metricsPort=" + agentMetrics, "--set", "healthPort=29465",
+		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "stateDirPropagation=None", "--set", "bpfPinDir=" + e2ePins, "--set", "metricsHost=127.0.0.1", "--set", "metricsPort=" + agentMetrics, "--set", "healthPort=29465",
 		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1",
 		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=" + env["CARVE_APISERVER_PORT"],
 		"--set-file", "nodeConfig=" + cfg}

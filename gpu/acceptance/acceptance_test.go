@@ -56,6 +56,9 @@ type pod struct {
 	dir   string
 	env   []string
 	slice uint64
+	// shm is what the share's container has as /dev/shm: the tmpfs its
+	// GPU's daemon sees as its own.
+	shm string
 }
 
 func TestAcceptance(t *testing.T) {
@@ -76,7 +79,7 @@ func TestAcceptance(t *testing.T) {
 		t.Fatalf("no GPU: %v", err)
 	}
 	dev0 := inv.Devices[0]
-	choice := memslice.Detect(inv, dmem.DefaultRoot, "/")[dev0.UUID]
+	choice := memslice.Detect(inv, memslice.EnvBelow("/", "/"))[dev0.UUID]
 	t.Logf("GPU 0 %s (%s, driver %s): tier %s %s", dev0.UUID, dev0.Name, inv.DriverVersion, choice.Tier, choice.Reason)
 	if choice.Tier == memslice.TierNone {
 		t.Fatalf("GPU 0 cannot be sliced: %s", choice.Reason)
@@ -112,7 +115,7 @@ func TestAcceptance(t *testing.T) {
 		if err != nil {
 			t.Fatalf("prepare %s: %v", allocs[i].ClaimName, err)
 		}
-		pd.env = shareEnv(out)
+		pd.env, pd.shm = shareEnv(out)
 		if choice.Tier == memslice.TierDMEM { // what the createRuntime hook does
 			if err := dmem.Apply(dmem.DefaultRoot, pd.dir, dmem.Limit{Region: choice.Region, Max: pd.slice, Min: pd.slice}); err != nil {
 				t.Fatal(err)
@@ -169,20 +172,23 @@ func share(e slices.Entry, name, size string) prepare.Allocation {
 }
 
 // shareEnv is the share's MPS environment as a process on the host sees
-// it: the pipe directory's host path.
-func shareEnv(out prepare.Prepared) []string {
-	var env []string
+// it: the pipe directory's host path; and the host path of what the
+// container has as /dev/shm.
+func shareEnv(out prepare.Prepared) (env []string, shm string) {
 	for _, e := range out.Edits.Env {
 		if strings.HasPrefix(e, "CUDA_MPS_") && !strings.HasPrefix(e, "CUDA_MPS_PIPE_DIRECTORY=") {
 			env = append(env, e)
 		}
 	}
 	for _, m := range out.Edits.Mounts {
-		if m.ContainerPath == memslice.ContainerPipeDir {
+		switch {
+		case strings.HasPrefix(m.ContainerPath, memslice.ContainerPipeRoot+"/"):
 			env = append(env, "CUDA_MPS_PIPE_DIRECTORY="+m.HostPath)
+		case m.ContainerPath == "/dev/shm":
+			shm = m.HostPath
 		}
 	}
-	return env
+	return env, shm
 }
 
 func newPod(t *testing.T, uid string, slice uint64) *pod {

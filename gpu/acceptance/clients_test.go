@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 )
 
@@ -26,7 +27,8 @@ type proc struct {
 	done chan error
 }
 
-// run starts client.py in the pod's cgroup with the share's environment.
+// run starts client.py in the pod's cgroup with the share's environment
+// and, as its container would have, the share's /dev/shm.
 func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib, hold float64, compute bool) *proc {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "report.json")
@@ -38,7 +40,7 @@ func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib
 	c := exec.Command("sh", args...)
 	c.Env = append(append(os.Environ(), pd.env...), extra...)
 	c.Stdout, c.Stderr = os.Stderr, os.Stderr
-	if err := c.Start(); err != nil {
+	if err := mps.StartWithShm(c, pd.shm); err != nil {
 		t.Fatal(err)
 	}
 	p := &proc{cmd: c, file: file, done: make(chan error, 1)}

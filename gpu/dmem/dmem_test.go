@@ -67,7 +67,8 @@ func unwrapAll(err error) error {
 func TestHookWritesPodLimits(t *testing.T) {
 	root, proc, pod := fakeCgroupfs(t)
 	l := Limit{Region: "nvidia/0000:19:00.0/vidmem", Max: 10 << 30, Min: 10 << 30}
-	must(t, RunHook(strings.NewReader(`{"ociVersion":"1.2.0","id":"c","pid":4242}`), root, proc, l))
+	record := filepath.Join(t.TempDir(), "record")
+	must(t, RunHook(strings.NewReader(`{"ociVersion":"1.2.0","id":"c","pid":4242}`), root, proc, l, record))
 	for _, f := range []string{"dmem.max", "dmem.min"} {
 		got, err := Read(filepath.Join(pod, f), l.Region)
 		must(t, err)
@@ -92,6 +93,33 @@ func TestHookWritesPodLimits(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(pod, "cri-containerd-ff.scope", "dmem.max")); len(b) != 0 {
 		t.Errorf("container dmem.max written: %q", b)
 	}
+	// The pod is recorded, and the record checks out: held to the slice,
+	// with what the pod holds from dmem.current.
+	pods, err := Recorded(record, root)
+	must(t, err)
+	if len(pods) != 1 || pods[0] != pod {
+		t.Fatalf("recorded %v, want [%s]", pods, pod)
+	}
+	must(t, os.WriteFile(filepath.Join(pod, "dmem.current"), []byte(l.Region+" 4096\n"), 0o644))
+	if used, problems := Held(pods, l.Region, l.Max); used != 4096 || len(problems) != 0 {
+		t.Errorf("Held = %d, %v", used, problems)
+	}
+	if _, problems := Held(pods, l.Region, l.Max-1); len(problems) != 1 {
+		t.Errorf("a limit over a smaller slice passed: %v", problems)
+	}
+	// Its limit gone (the file rewritten to max, as a cgroup made again
+	// has it): not held.
+	must(t, os.WriteFile(filepath.Join(pod, "dmem.max"), []byte(l.Region+" max\n"), 0o644))
+	if _, problems := Held(pods, l.Region, l.Max); len(problems) != 1 || !strings.Contains(problems[0], "no limit") {
+		t.Errorf("an unlimited pod passed: %v", problems)
+	}
+	// A pod that ended is not a problem.
+	if _, problems := Held([]string{filepath.Join(root, "gone")}, l.Region, l.Max); len(problems) != 0 {
+		t.Errorf("a gone pod: %v", problems)
+	}
+	if got, err := Recorded(filepath.Join(t.TempDir(), "none"), root); err != nil || len(got) != 0 {
+		t.Errorf("no record directory: %v, %v", got, err)
+	}
 }
 
 func TestHookRefusals(t *testing.T) {
@@ -107,7 +135,7 @@ func TestHookRefusals(t *testing.T) {
 			must(t, os.MkdirAll(filepath.Join(proc, "1"), 0o755))
 			must(t, os.WriteFile(filepath.Join(proc, "1", "cgroup"), []byte("0::/init.scope\n"), 0o644))
 		}
-		if err := RunHook(strings.NewReader(state), root, proc, l); err == nil {
+		if err := RunHook(strings.NewReader(state), root, proc, l, ""); err == nil {
 			t.Errorf("%s: hook succeeded", name)
 		}
 	}

@@ -39,9 +39,10 @@ func PodCgroup(root, procRoot string, pid int) (string, error) {
 
 // RunHook is the createRuntime hook of a dmem share: it reads the OCI state
 // on stdin and applies the limit to the pod's cgroup of the container's
-// process. Every container of the pod runs it; the limit is the pod's, so
+// process, then records that cgroup in recordDir (see Record) unless it is
+// empty. Every container of the pod runs it; the limit is the pod's, so
 // the later runs change nothing.
-func RunHook(stdin io.Reader, root, procRoot string, l Limit) error {
+func RunHook(stdin io.Reader, root, procRoot string, l Limit, recordDir string) error {
 	var state struct {
 		Pid int `json:"pid"`
 	}
@@ -58,5 +59,8 @@ func RunHook(stdin io.Reader, root, procRoot string, l Limit) error {
 	if err := Apply(root, pod, l); err != nil {
 		return fmt.Errorf("pod cgroup %s: %w", pod, err)
 	}
-	return nil
+	if recordDir == "" {
+		return nil
+	}
+	return Record(recordDir, root, pod)
 }

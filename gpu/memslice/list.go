@@ -8,25 +8,53 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/carve-dra/carve/gpu/dmem"
+	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare"
 	kinds "github.com/carve-dra/carve/slices"
 )
 
+// SharesDir is the manager's Dir below the agent's state directory.
+const SharesDir = "gpushare"
+
 // UsageFile is the policing loop's state file below the state directory.
-const UsageFile = "gpushare/usage.json"
+const UsageFile = SharesDir + "/usage.json"
+
+// Where a share's used memory was read.
+const (
+	// UsedFromNVML: measured now, NVML's processes of the share's pods.
+	UsedFromNVML = "nvml"
+	// UsedFromAgent: the policing loop's last reading (NVML's, every
+	// 50 ms while the agent runs).
+	UsedFromAgent = "agent"
+	// UsedFromDmem: the kernel's count, dmem.current of the share's pods.
+	UsedFromDmem = "dmem.current"
+)
 
 // Share is one GPU share as `carve shares` lists it.
 type Share struct {
-	Claim     string `json:"claim"`
-	ClaimUID  string `json:"claimUID"`
-	ShareID   string `json:"shareID"`
-	UUID      string `json:"gpuUUID"`
-	Slice     uint64 `json:"sliceBytes"`
-	Used      uint64 `json:"usedBytes"`
-	Processes int    `json:"processes"`
-	Tier      Tier   `json:"tier"`
-	Kills     uint64 `json:"kills"`
+	Claim    string `json:"claim"`
+	ClaimUID string `json:"claimUID"`
+	ShareID  string `json:"shareID"`
+	// Device is the published device the share is of.
+	Device string `json:"device"`
+	UUID   string `json:"gpuUUID"`
+	Slice  uint64 `json:"sliceBytes"`
+	// Used is what the share's pods hold of the GPU, read from UsedFrom;
+	// nil where it cannot be known here, UsedUnknown saying why.
+	Used        *uint64 `json:"usedBytes"`
+	UsedFrom    string  `json:"usedFrom,omitempty"`
+	UsedUnknown string  `json:"usedUnknown,omitempty"`
+	Processes   int     `json:"processes"`
+	Tier        Tier    `json:"tier"`
+	Kills       uint64  `json:"kills"`
+	// Enforced is true where what holds the share to its slice is in
+	// place: the GPU's MPS daemon running (mps-policed), the slice in
+	// dmem.max of every pod it was written to that still runs (dmem).
+	// Problems says what is missing where not.
+	Enforced bool     `json:"enforced"`
+	Problems []string `json:"problems,omitempty"`
 }
 
 // ListOptions say where the shares are read from.
@@ -35,16 +63,30 @@ type ListOptions struct {
 	// (checkpoint.ReadBootID), without which the checkpoint reads empty.
 	StateDir string
 	BootID   string
-	// Live, when set, measures each share's used memory now from NVML
-	// (its pods' processes, found through ProcRoot); without it, used is
-	// what the policing loop last recorded.
-	Live     police.Processes
+	// Live, when set, measures each mps-policed share's used memory now
+	// from NVML (its pods' processes, found through ProcRoot); without it,
+	// used is what the policing loop last recorded, where it did.
+	Live police.Processes
+	// LiveUnknown says why Live is nil (no NVML here), for UsedUnknown.
+	LiveUnknown string
+	// ProcRoot is the host's /proc (the MPS daemons' and the GPU
+	// processes' PIDs); /proc when empty.
 	ProcRoot string
+	// CgroupRoot is the host's cgroup v2 mount (dmem shares' pods);
+	// dmem.DefaultRoot when empty.
+	CgroupRoot string
 }
 
 // ListShares lists every prepared GPU memory share of the node, from the
-// checkpoint, with its used memory and kills so far.
+// checkpoint, with its used memory, kills so far and whether it is
+// enforced.
 func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
+	if o.ProcRoot == "" {
+		o.ProcRoot = "/proc"
+	}
+	if o.CgroupRoot == "" {
+		o.CgroupRoot = dmem.DefaultRoot
+	}
 	cp, err := prepare.OpenCheckpoint(o.StateDir, o.BootID, nil)
 	if err != nil {
 		return nil, err
@@ -57,31 +99,48 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Share
-	live := map[string][]police.ShareUsage{}
+	out := []Share{}
+	seen := map[int]police.ShareUsage{} // by index in out: what the policing loop recorded
 	for _, c := range claims {
-		if c.State != prepare.ClaimCompleted {
-			continue
-		}
 		for i, a := range c.Allocations {
-			if a.Kind != kinds.KindGPU || a.ShareID == nil || i >= len(c.Undo) {
+			if a.Kind != kinds.KindGPU || a.ShareID == nil {
+				continue
+			}
+			if c.State != prepare.ClaimCompleted || i >= len(c.Undo) || len(c.Undo[i]) == 0 {
+				// Being prepared, or left half prepared by a crash: what
+				// holds it may not be in place.
+				out = append(out, Share{Claim: c.Namespace + "/" + c.Name, ClaimUID: string(c.UID), ShareID: string(*a.ShareID), Device: a.Device,
+					UsedUnknown: "preparation not completed", Problems: []string{"preparation not completed"}})
 				continue
 			}
 			var rec Record
 			if err := json.Unmarshal(c.Undo[i], &rec); err != nil {
 				return nil, fmt.Errorf("claim %s/%s: GPU share record: %w", c.Namespace, c.Name, err)
 			}
-			u := usage[a.ShareKey()]
-			s := Share{Claim: c.Namespace + "/" + c.Name, ClaimUID: string(c.UID), ShareID: string(*a.ShareID), UUID: rec.UUID,
-				Slice: rec.Slice, Used: u.UsedBytes, Processes: u.Processes, Tier: rec.Tier, Kills: u.Kills}
+			s := Share{Claim: c.Namespace + "/" + c.Name, ClaimUID: string(c.UID), ShareID: string(*a.ShareID), Device: a.Device,
+				UUID: rec.UUID, Slice: rec.Slice, Tier: rec.Tier}
+			switch rec.Tier {
+			case TierMPSPoliced:
+				if u, ok := usage[a.ShareKey()]; ok {
+					s.Kills, seen[len(out)] = u.Kills, u
+				}
+				checkDaemon(&s, o)
+			case TierDMEM:
+				cgroups, err := dmem.Recorded(RecordDir(filepath.Join(o.StateDir, SharesDir), rec.UUID, a.ShareKey()), o.CgroupRoot)
+				if err != nil {
+					return nil, fmt.Errorf("claim %s: GPU share %s: %w", s.Claim, s.ShareID, err)
+				}
+				used, problems := dmem.Held(cgroups, rec.Region, rec.Slice)
+				s.Used, s.UsedFrom, s.Problems = &used, UsedFromDmem, problems
+			default:
+				s.Problems = append(s.Problems, fmt.Sprintf("tier %q holds no slice", rec.Tier))
+			}
+			s.Enforced = len(s.Problems) == 0
 			out = append(out, s)
-			live[rec.UUID] = append(live[rec.UUID], u)
 		}
 	}
-	if o.Live != nil {
-		if err := measure(ctx, o, out, live); err != nil {
-			return nil, err
-		}
+	if err := used(ctx, o, out, seen); err != nil {
+		return nil, err
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].UUID != out[j].UUID {
@@ -92,37 +151,54 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 	return out, nil
 }
 
-// measure sets each share's used memory from NVML now: the processes on
-// its GPU whose pod is one of the share's pods.
-func measure(ctx context.Context, o ListOptions, out []Share, usage map[string][]police.ShareUsage) error {
-	procRoot := o.ProcRoot
-	if procRoot == "" {
-		procRoot = "/proc"
+// checkDaemon: an mps-policed share is held only while its GPU's control
+// daemon runs (its ceiling, its clients' only way in).
+func checkDaemon(s *Share, o ListOptions) {
+	d := mps.Daemon{Dir: filepath.Join(o.StateDir, SharesDir, s.UUID, "mps"), UUID: s.UUID, ProcRoot: o.ProcRoot}
+	if _, alive := d.PID(); !alive {
+		s.Problems = append(s.Problems, fmt.Sprintf("the MPS control daemon of %s is not running (pipe %s)", s.UUID, d.PipeDir()))
 	}
-	index := map[string]int{}
-	for uuid := range usage {
-		index[uuid] = 0
+}
+
+// used fills in the mps-policed shares' used memory: measured now from NVML
+// where Live is given and the share's pods are known, else the policing
+// loop's last reading, else unknown with the reason.
+func used(ctx context.Context, o ListOptions, out []Share, seen map[int]police.ShareUsage) error {
+	byGPU := map[string][]int{}
+	for i := range out {
+		if out[i].Tier != TierMPSPoliced {
+			continue
+		}
+		u, ok := seen[i]
+		switch {
+		case !ok:
+			out[i].UsedUnknown = "no reading by the agent yet"
+			if o.Live == nil && o.LiveUnknown != "" {
+				out[i].UsedUnknown += "; no NVML here: " + o.LiveUnknown
+			}
+		case o.Live != nil:
+			byGPU[out[i].UUID] = append(byGPU[out[i].UUID], i)
+		default:
+			v := u.UsedBytes
+			out[i].Used, out[i].UsedFrom, out[i].Processes = &v, UsedFromAgent, u.Processes
+		}
 	}
-	for uuid := range index {
+	for uuid, idx := range byGPU {
 		procs, err := o.Live.Processes(ctx, uuid)
 		if err != nil {
 			return fmt.Errorf("GPU %s: %w", uuid, err)
 		}
-		n := 0
-		for i := range out {
-			if out[i].UUID != uuid {
-				continue
-			}
-			u := usage[uuid][n]
-			n++
-			out[i].Used, out[i].Processes = 0, 0
+		for _, i := range idx {
+			var v uint64
+			n := 0
 			for _, p := range procs {
-				pod, err := police.PodOf(procRoot, int(p.PID))
-				if err == nil && slices.Contains(u.Pods, pod) {
-					out[i].Used += p.UsedBytes
-					out[i].Processes++
+				pod, err := police.PodOf(o.ProcRoot, int(p.PID))
+				if err == nil && slices.Contains(seen[i].Pods, pod) {
+					v += p.UsedBytes
+					n++
 				}
 			}
+			out[i].Used, out[i].UsedFrom, out[i].Processes = &v, UsedFromNVML, n
 		}
 	}
 	return nil

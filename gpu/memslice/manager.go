@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -21,9 +22,14 @@ import (
 	"github.com/carve-dra/carve/prepare/atomicfile"
 )
 
-// ContainerPipeDir is where a share's container sees its GPU's MPS pipe
-// directory.
-const ContainerPipeDir = "/run/nvidia-mps"
+// ContainerPipeRoot holds, in a share's container, the MPS pipe directory
+// of each GPU it has a share of, at ContainerPipeRoot/<GPU UUID>: a
+// container with shares of two GPUs sees both daemons.
+const ContainerPipeRoot = "/run/nvidia-mps"
+
+// ContainerPipeDir is where a share's container sees the pipe directory of
+// GPU uuid's daemon.
+func ContainerPipeDir(uuid string) string { return ContainerPipeRoot + "/" + uuid }
 
 // NVML is what the manager asks of the node's NVML (gpu.Session).
 type NVML interface {
@@ -45,6 +51,17 @@ type Options struct {
 	HookArgs []string
 	// CgroupRoot is the host's cgroup v2 mount, as the hook sees it.
 	CgroupRoot string
+	// ShmDir is the tmpfs every MPS daemon and every share's container
+	// see as /dev/shm (see mps.MountShm); <Dir>/../mps-shm when empty.
+	// It must be a host path, as Dir is.
+	ShmDir string
+	// ShmSize bounds it; mps.DefaultShmSize when 0.
+	ShmSize uint64
+	// ShmHostView, when set, is ShmDir as the host sees it (below the
+	// host root mount). A share is refused unless the tmpfs shows there
+	// too: containers are given the host's view, which has the tmpfs only
+	// where the mount of the state directory propagates to the host.
+	ShmHostView string
 	// Police holds mps-policed shares to their slices; nil refuses them.
 	Police *police.Police
 	// KeepComputeMode leaves the GPU's compute mode alone (the
@@ -95,13 +112,16 @@ type Manager struct {
 
 // New returns the manager; Restore brings back what the checkpoint holds.
 func New(opts Options) *Manager {
+	if opts.ShmDir == "" {
+		opts.ShmDir = filepath.Join(filepath.Dir(opts.Dir), "mps-shm")
+	}
 	return &Manager{opts: opts, shares: map[string]Request{}}
 }
 
 func (m *Manager) gpuDir(uuid string) string { return filepath.Join(m.opts.Dir, uuid) }
 
 func (m *Manager) daemon(uuid string, tier Tier) mps.Daemon {
-	d := mps.Daemon{Path: m.opts.MPSControl, Dir: filepath.Join(m.gpuDir(uuid), "mps"), UUID: uuid}
+	d := mps.Daemon{Path: m.opts.MPSControl, Dir: filepath.Join(m.gpuDir(uuid), "mps"), UUID: uuid, ShmDir: m.opts.ShmDir}
 	if tier == TierDMEM {
 		d.Protocol = 3
 	}
@@ -181,9 +201,13 @@ func (m *Manager) checkLeft(ctx context.Context, r Request, others []Request) er
 	return nil
 }
 
-// setUp brings the GPU to serve shares: its state file, its compute mode,
-// its daemon and ceiling. Every step is idempotent.
+// setUp brings the GPU to serve shares: the node's shared memory tmpfs, the
+// GPU's state file, its compute mode, its daemon and ceiling. Every step is
+// idempotent.
 func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
+	if err := m.shm(); err != nil {
+		return err
+	}
 	if err := m.holdComputeMode(ctx, r.UUID, r.Choice.Tier); err != nil {
 		return err
 	}
@@ -242,25 +266,78 @@ func (m *Manager) holdComputeMode(ctx context.Context, uuid string, tier Tier) e
 	return nil
 }
 
+// edits give the container its GPU's daemon: the pipe directory at
+// ContainerPipeDir(uuid), the shared memory tmpfs as /dev/shm, and the
+// variables that point a client at them. CDI keeps one value of a variable
+// and one mount of a path, the last device's, so that a container with
+// shares of several GPUs gets one daemon's CUDA_MPS_PIPE_DIRECTORY and
+// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, always of one share; each share's own
+// pair stays in CARVE_<REQUEST>_MPS_PIPE_DIRECTORY and
+// CARVE_<REQUEST>_MPS_PINNED_DEVICE_MEM_LIMIT. A process reaches one daemon,
+// so one process uses one shared GPU.
 func (m *Manager) edits(r Request) cdispec.ContainerEdits {
 	d := m.daemon(r.UUID, r.Choice.Tier)
+	pipe := ContainerPipeDir(r.UUID)
 	e := cdispec.ContainerEdits{
 		Env: []string{
-			"CUDA_MPS_PIPE_DIRECTORY=" + ContainerPipeDir,
+			"CUDA_MPS_PIPE_DIRECTORY=" + pipe,
+			r.EnvPrefix + "MPS_PIPE_DIRECTORY=" + pipe,
 			r.EnvPrefix + "GPU_MEMORY_SLICE=" + strconv.FormatUint(r.Slice, 10),
 			r.EnvPrefix + "GPU_MEMORY_ENFORCEMENT=" + string(r.Choice.Tier),
 		},
-		Mounts: []*cdispec.Mount{{HostPath: d.PipeDir(), ContainerPath: ContainerPipeDir, Options: []string{"rbind", "rw", "nosuid", "nodev"}}},
+		Mounts: []*cdispec.Mount{
+			{HostPath: d.PipeDir(), ContainerPath: pipe, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+			{HostPath: m.opts.ShmDir, ContainerPath: "/dev/shm", Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		},
 	}
 	switch r.Choice.Tier {
 	case TierMPSPoliced:
-		e.Env = append(e.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+mps.ClientLimit(r.Slice))
+		limit := mps.ClientLimit(r.Slice)
+		e.Env = append(e.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+limit, r.EnvPrefix+"MPS_PINNED_DEVICE_MEM_LIMIT="+limit)
 	case TierDMEM:
 		args := append(append([]string(nil), m.opts.HookArgs...), "--cgroup-root", m.opts.CgroupRoot,
-			"--region", r.Choice.Region, "--max", strconv.FormatUint(r.Slice, 10), "--min", strconv.FormatUint(r.Slice, 10))
+			"--region", r.Choice.Region, "--max", strconv.FormatUint(r.Slice, 10), "--min", strconv.FormatUint(r.Slice, 10),
+			"--record", m.recordDir(r.UUID, r.Key))
 		e.Hooks = []*cdispec.Hook{{HookName: "createRuntime", Path: m.opts.HookPath, Args: args}}
 	}
 	return e
+}
+
+// recordDir is where a dmem share's hook records the pod cgroups it
+// limited, for `carve shares` to check.
+func (m *Manager) recordDir(uuid, key string) string {
+	return RecordDir(m.opts.Dir, uuid, key)
+}
+
+// RecordDir is a dmem share's record directory below the shares' Dir.
+func RecordDir(dir, uuid, key string) string {
+	return filepath.Join(dir, uuid, "dmem", fileName(key))
+}
+
+// fileName makes a share key ("<claim uid>/<request>/<share id>") a file
+// name.
+func fileName(key string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '.':
+			return r
+		}
+		return '_'
+	}, key)
+}
+
+// shm mounts the shared memory tmpfs unless it is, and checks that the
+// host sees it where containers will mount it from.
+func (m *Manager) shm() error {
+	if err := mps.MountShm(m.opts.ShmDir, m.opts.ShmSize); err != nil {
+		return err
+	}
+	if v := m.opts.ShmHostView; v != "" && !mps.SameShm(m.opts.ShmDir, v) {
+		return fmt.Errorf("the MPS shared memory tmpfs at %s does not show on the host (%s): containers would not share it with the daemon; "+
+			"the state directory's mount must propagate to the host (chart: stateDirPropagation: Bidirectional, which needs / shared on the host) "+
+			"and the host's mounts to the agent (hostRootPropagation: HostToContainer)", m.opts.ShmDir, v)
+	}
+	return nil
 }
 
 func policeShare(r Request) police.Share {

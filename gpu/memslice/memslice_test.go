@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/gputest"
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 )
@@ -29,7 +30,7 @@ type fakeNVML struct {
 }
 
 func (f *fakeNVML) Memory(_ context.Context, uuid string) (nvml.Memory, error) {
-	if uuid != "GPU-1" {
+	if uuid != "GPU-1" && uuid != "GPU-2" {
 		return nvml.Memory{}, fmt.Errorf("no GPU %s", uuid)
 	}
 	return nvml.Memory{Total: 80 * gib, Free: f.free, Used: 80*gib - f.free}, nil
@@ -57,14 +58,17 @@ type env struct {
 	nv   *fakeNVML
 	dir  string
 	log  string
+	mark string
 	pol  *police.Police
 	opts Options
 }
 
 // newEnv puts the fake nvidia-cuda-mps-control on PATH (it records every
-// command in a log) and makes a manager's options over a fake NVML.
+// command in a log) and makes a manager's options over a fake NVML. The
+// shared memory tmpfs is real: the tests run as root.
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	gputest.NeedRoot(t)
 	bin, err := filepath.Abs("../mps/testdata")
 	if err != nil {
 		t.Fatal(err)
@@ -72,15 +76,21 @@ func newEnv(t *testing.T) *env {
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	e := &env{nv: &fakeNVML{free: 79 * gib}, dir: filepath.Join(t.TempDir(), "gpushare"), log: filepath.Join(t.TempDir(), "commands")}
 	t.Setenv("FAKE_MPS_LOG", e.log)
+	e.mark = fmt.Sprintf("carve-memslice-test-%d", os.Getpid())
+	t.Setenv("FAKE_MPS_SHM_MARK", e.mark)
 	e.pol = police.New(police.Options{Processes: noProcs{}})
 	e.opts = Options{NVML: e.nv, Dir: e.dir, MPSControl: mps.Binary, HookPath: "/var/lib/carve/bin/carve",
-		HookArgs: []string{"carve", "hook", "dmem-limit"}, CgroupRoot: "/sys/fs/cgroup", Police: e.pol}
+		HookArgs: []string{"carve", "hook", "dmem-limit"}, CgroupRoot: "/sys/fs/cgroup", Police: e.pol,
+		ShmDir: filepath.Join(filepath.Dir(e.dir), "mps-shm"), ShmSize: 8 << 20}
 	t.Cleanup(func() {
-		for _, tier := range []Tier{TierMPSPoliced, TierDMEM} {
-			if pid, alive := New(e.opts).daemon("GPU-1", tier).PID(); alive {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+		for _, uuid := range []string{"GPU-1", "GPU-2"} {
+			for _, tier := range []Tier{TierMPSPoliced, TierDMEM} {
+				if pid, alive := New(e.opts).daemon(uuid, tier).PID(); alive {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
 			}
 		}
+		_ = mps.UnmountShm(e.opts.ShmDir)
 	})
 	return e
 }
@@ -116,13 +126,23 @@ func TestMPSPolicedLifecycle(t *testing.T) {
 		t.Errorf("record %+v", rec)
 	}
 	envs := strings.Join(edits.Env, " ")
-	for _, want := range []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=" + ContainerPipeDir, "CARVE_GPU_GPU_MEMORY_ENFORCEMENT=mps-policed"} {
+	for _, want := range []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps/GPU-1", "CARVE_GPU_GPU_MEMORY_ENFORCEMENT=mps-policed",
+		"CARVE_GPU_MPS_PIPE_DIRECTORY=/run/nvidia-mps/GPU-1", "CARVE_GPU_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"} {
 		if !strings.Contains(envs, want) {
 			t.Errorf("env %q lacks %s", envs, want)
 		}
 	}
-	if len(edits.Mounts) != 1 || edits.Mounts[0].HostPath != filepath.Join(e.dir, "GPU-1", "mps", "pipe") {
+	// The container gets the daemon's pipe directory and the shared memory
+	// tmpfs as its /dev/shm, which is the daemon's /dev/shm too.
+	if len(edits.Mounts) != 2 || edits.Mounts[0].HostPath != filepath.Join(e.dir, "GPU-1", "mps", "pipe") || edits.Mounts[0].ContainerPath != "/run/nvidia-mps/GPU-1" ||
+		edits.Mounts[1].HostPath != e.opts.ShmDir || edits.Mounts[1].ContainerPath != "/dev/shm" {
 		t.Errorf("mounts %+v", edits.Mounts)
+	}
+	if ok, err := mps.IsShm(e.opts.ShmDir); !ok || err != nil {
+		t.Errorf("the shared memory tmpfs is not mounted: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.opts.ShmDir, e.mark)); err != nil {
+		t.Errorf("the daemon's /dev/shm is not the tmpfs its clients mount: %v", err)
 	}
 	if _, _, err := m.Prepare(ctx, share("b", 20*gib, TierMPSPoliced)); err != nil {
 		t.Fatal(err)
@@ -162,6 +182,9 @@ func TestMPSPolicedLifecycle(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "GPU-1")); !os.IsNotExist(err) {
 		t.Errorf("GPU directory left: %v", err)
+	}
+	if _, err := os.Stat(e.opts.ShmDir); !os.IsNotExist(err) {
+		t.Errorf("the shared memory tmpfs was left after the last share: %v", err)
 	}
 	if len(e.pol.Usage()) != 0 {
 		t.Errorf("still policed: %v", e.pol.Usage())
@@ -211,7 +234,8 @@ func TestDMEMAndNone(t *testing.T) {
 		t.Fatalf("record %+v, hooks %+v", rec, edits.Hooks)
 	}
 	h := edits.Hooks[0]
-	if h.HookName != "createRuntime" || strings.Join(h.Args, " ") != "carve hook dmem-limit --cgroup-root /sys/fs/cgroup --region nvidia/0000:19:00.0/vidmem --max 10737418240 --min 10737418240" {
+	record := filepath.Join(e.dir, "GPU-1", "dmem", "a")
+	if h.HookName != "createRuntime" || strings.Join(h.Args, " ") != "carve hook dmem-limit --cgroup-root /sys/fs/cgroup --region nvidia/0000:19:00.0/vidmem --max 10737418240 --min 10737418240 --record "+record {
 		t.Errorf("hook %+v", h)
 	}
 	if strings.Contains(strings.Join(edits.Env, " "), "PINNED_DEVICE_MEM_LIMIT") {

@@ -2,20 +2,13 @@ package memslice
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/police"
-	"github.com/carve-dra/carve/prepare"
-	kinds "github.com/carve-dra/carve/slices"
 )
 
 // A crash after the daemon started and before the claim was recorded as
@@ -122,56 +115,5 @@ func TestChoose(t *testing.T) {
 		if got.Tier != c.tier || !strings.Contains(got.Reason, c.why) {
 			t.Errorf("%s: %+v, want %s with %q", c.name, got, c.tier, c.why)
 		}
-	}
-}
-
-type oneProc struct{ pid uint32 }
-
-func (o oneProc) Processes(context.Context, string) ([]gpu.Process, error) {
-	return []gpu.Process{{PID: o.pid, UsedBytes: 3 * gib}, {PID: 99999, UsedBytes: gib}}, nil
-}
-
-func TestListShares(t *testing.T) {
-	state := t.TempDir()
-	cp, err := prepare.OpenCheckpoint(state, "boot-1", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid := types.UID("share-1")
-	rec, _ := json.Marshal(Record{Tier: TierMPSPoliced, UUID: "GPU-1", Slice: 10 * gib})
-	alloc := prepare.Allocation{ClaimUID: "c1", ClaimNamespace: "ns", ClaimName: "small", Request: "gpu", Device: "gpu-0000-19-00-0", Kind: kinds.KindGPU, ShareID: &sid}
-	nic := prepare.Allocation{ClaimUID: "c1", Request: "net", Device: "nic-x", Kind: kinds.KindNIC, ShareID: &sid}
-	err = cp.Update(func(claims map[types.UID]prepare.ClaimRecord) error {
-		claims["c1"] = prepare.ClaimRecord{UID: "c1", Namespace: "ns", Name: "small", State: prepare.ClaimCompleted,
-			Allocations: []prepare.Allocation{nic, alloc}, Undo: []json.RawMessage{json.RawMessage(`{}`), rec}}
-		claims["c2"] = prepare.ClaimRecord{UID: "c2", Namespace: "ns", Name: "started", State: prepare.ClaimStarted, Allocations: []prepare.Allocation{alloc}}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	proc := t.TempDir()
-	pod := types.UID("aaaaaaaa-0000-0000-0000-000000000001")
-	_ = os.MkdirAll(filepath.Join(proc, "4242"), 0o755)
-	_ = os.WriteFile(filepath.Join(proc, "4242", "cgroup"), []byte("0::/kubepods/pod"+string(pod)+"/c\n"), 0o644)
-	usage, _ := json.Marshal(police.Usage{alloc.ShareKey(): {UsedBytes: 2 * gib, Processes: 1, Kills: 3, Pods: []types.UID{pod}}})
-	_ = os.MkdirAll(filepath.Join(state, "gpushare"), 0o755)
-	if err := os.WriteFile(filepath.Join(state, UsageFile), usage, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	got, err := ListShares(context.Background(), ListOptions{StateDir: state, BootID: "boot-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := Share{Claim: "ns/small", ClaimUID: "c1", ShareID: "share-1", UUID: "GPU-1", Slice: 10 * gib, Used: 2 * gib, Processes: 1, Tier: TierMPSPoliced, Kills: 3}
-	if len(got) != 1 || got[0] != want {
-		t.Fatalf("shares %+v, want [%+v]", got, want)
-	}
-	got, err = ListShares(context.Background(), ListOptions{StateDir: state, BootID: "boot-1", Live: oneProc{pid: 4242}, ProcRoot: proc})
-	if err != nil || len(got) != 1 || got[0].Used != 3*gib || got[0].Processes != 1 {
-		t.Errorf("live: %+v, %v", got, err)
-	}
-	if got, _ := ListShares(context.Background(), ListOptions{StateDir: state, BootID: "boot-2"}); len(got) != 0 {
-		t.Errorf("another boot's shares listed: %+v", got)
 	}
 }

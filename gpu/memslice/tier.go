@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/mps"
@@ -54,6 +56,11 @@ type Facts struct {
 	DmemErr error
 	// MPSControl is nvidia-cuda-mps-control's path; empty where absent.
 	MPSControl string
+	// HostPIDs says why this process does not see the host's PIDs; nil
+	// where it does. Policing kills the processes NVML names by their
+	// host PIDs, which a process in a PID namespace of its own (a pod
+	// without hostPID) can neither map to pods nor kill.
+	HostPIDs error
 }
 
 // The stack MPS v3 memory partitioning needs.
@@ -88,28 +95,85 @@ func Choose(f Facts) Choice {
 	if len(why) == 0 {
 		return Choice{Tier: TierDMEM, Region: region}
 	}
+	if f.HostPIDs != nil {
+		return Choice{Tier: TierNone, Reason: fmt.Sprintf("no kernel limit (%s), and no policing: %v", strings.Join(why, "; "), f.HostPIDs)}
+	}
 	return Choice{Tier: TierMPSPoliced, Reason: "no kernel limit: " + strings.Join(why, "; ")}
 }
 
-// Detect chooses every GPU's tier: the dmem regions under cgroupRoot (the
-// host's cgroup v2 mount) and the MPS control binary below driverRoot.
-func Detect(inv *nvmlinfo.Inventory, cgroupRoot, driverRoot string) map[string]Choice {
+// Env is where Detect looks: the host as this process sees it.
+type Env struct {
+	// CgroupRoot is the host's cgroup v2 mount (its dmem.capacity).
+	CgroupRoot string
+	// DriverRoot is the NVIDIA driver root (nvidia-cuda-mps-control below
+	// it).
+	DriverRoot string
+	// ProcRoot is the host's /proc: its init process's PID namespace is
+	// the host's.
+	ProcRoot string
+}
+
+// EnvBelow is the Env of a host mounted at root (the agent's --root) with
+// its driver at driverRoot on that host.
+func EnvBelow(root, driverRoot string) Env {
+	if root == "" {
+		root = "/"
+	}
+	return Env{CgroupRoot: filepath.Join(root, dmem.DefaultRoot), DriverRoot: filepath.Join(root, driverRoot), ProcRoot: filepath.Join(root, "proc")}
+}
+
+// hostPIDs is nil where this process is in the PID namespace of the host's
+// init process (<procRoot>/1).
+func hostPIDs(procRoot string) error {
+	host, err := os.Readlink(filepath.Join(procRoot, "1", "ns", "pid"))
+	if err != nil {
+		return fmt.Errorf("the host's PID namespace: %w", err)
+	}
+	own, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return fmt.Errorf("this process's PID namespace: %w", err)
+	}
+	if own != host {
+		return fmt.Errorf("this process's PID namespace %s is not the host's %s (the agent's pod needs hostPID)", own, host)
+	}
+	return nil
+}
+
+// GPUMemory is the choice as discovery publishes it.
+func (c Choice) GPUMemory() discovery.GPUMemory {
+	return discovery.GPUMemory{Enforcement: string(c.Tier), Reason: c.Reason, Region: c.Region}
+}
+
+// Tiers is the inventory's GPUMemory: every GPU's tier as Detect chooses
+// it. `carve discover` publishes it; the agent chooses once per GPU.
+func Tiers(inv *nvmlinfo.Inventory, env Env) map[string]discovery.GPUMemory {
+	out := map[string]discovery.GPUMemory{}
+	for uuid, c := range Detect(inv, env) {
+		out[uuid] = c.GPUMemory()
+	}
+	return out
+}
+
+// Detect chooses every GPU's tier from what env shows: the dmem regions,
+// the MPS control binary, and whether this process sees the host's PIDs.
+func Detect(inv *nvmlinfo.Inventory, env Env) map[string]Choice {
 	out := map[string]Choice{}
 	if inv == nil {
 		return out
 	}
-	capacity, err := dmem.Capacity(cgroupRoot)
+	capacity, err := dmem.Capacity(env.CgroupRoot)
 	if errors.Is(err, os.ErrNotExist) {
-		err = fmt.Errorf("%s/dmem.capacity absent: kernel without CONFIG_CGROUP_DMEM, or not cgroup v2", cgroupRoot)
+		err = fmt.Errorf("%s/dmem.capacity absent: kernel without CONFIG_CGROUP_DMEM, or not cgroup v2", env.CgroupRoot)
 	}
-	control := gpu.FindFile(driverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
+	control := gpu.FindFile(env.DriverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
+	pids := hostPIDs(env.ProcRoot)
 	for _, d := range inv.Devices {
 		addr, aerr := nvmlinfo.NormalizeBusID(d.PCIBusID)
 		if aerr != nil {
 			addr = d.PCIBusID
 		}
 		out[d.UUID] = Choose(Facts{DriverVersion: inv.DriverVersion, CUDADriverVersion: inv.CUDADriverVersion,
-			MIGEnabled: d.MIGEnabled, PCIAddress: addr, Dmem: capacity, DmemErr: err, MPSControl: control})
+			MIGEnabled: d.MIGEnabled, PCIAddress: addr, Dmem: capacity, DmemErr: err, MPSControl: control, HostPIDs: pids})
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/mps"
 )
 
 // Unprepare takes a share back. The last share of a GPU stops its daemon
@@ -34,6 +35,9 @@ func (m *Manager) Unprepare(ctx context.Context, key, uuid string) error {
 			return err
 		}
 	}
+	if err := os.RemoveAll(m.recordDir(uuid, key)); err != nil {
+		return fmt.Errorf("GPU share %s: %w", key, err)
+	}
 	delete(m.shares, key)
 	if m.opts.Police != nil {
 		m.opts.Police.Remove(key)
@@ -47,7 +51,10 @@ func (m *Manager) tearDown(ctx context.Context, uuid string) error {
 	dir := m.gpuDir(uuid)
 	raw, err := os.ReadFile(filepath.Join(dir, "gpu.json"))
 	if errors.Is(err, os.ErrNotExist) {
-		return os.RemoveAll(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+		return m.releaseShm()
 	}
 	if err != nil {
 		return fmt.Errorf("GPU %s: %w", uuid, err)
@@ -72,7 +79,22 @@ func (m *Manager) tearDown(ctx context.Context, uuid string) error {
 		return fmt.Errorf("GPU %s: %w", uuid, err)
 	}
 	m.opts.Logger.Info("Gave a shared GPU back", "gpu", uuid, "computeMode", st.FormerComputeMode)
-	return nil
+	return m.releaseShm()
+}
+
+// releaseShm unmounts the shared memory tmpfs once no GPU is set up for
+// shares (no daemon uses it).
+func (m *Manager) releaseShm() error {
+	entries, err := os.ReadDir(m.opts.Dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			return nil
+		}
+	}
+	return mps.UnmountShm(m.opts.ShmDir)
 }
 
 // Restore runs at start with the shares the checkpoint holds as prepared:
@@ -108,6 +130,9 @@ func (m *Manager) Restore(ctx context.Context, shares []Request) error {
 		if err := m.tearDown(ctx, e.Name()); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(byGPU) == 0 {
+		errs = append(errs, m.releaseShm())
 	}
 	return errors.Join(errs...)
 }

@@ -41,6 +41,10 @@ type Daemon struct {
 	// ProcRoot is where the daemon's /proc entry is read; /proc when
 	// empty.
 	ProcRoot string
+	// ShmDir, when set, is the tmpfs (MountShm) the daemon and its servers
+	// see as /dev/shm, in a mount namespace of their own: the one its
+	// clients' containers mount.
+	ShmDir string
 }
 
 // PipeDir is the daemon's CUDA_MPS_PIPE_DIRECTORY.
@@ -117,7 +121,11 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 	if d.Protocol != 0 {
 		args = append(args, "-p", strconv.Itoa(d.Protocol))
 	}
-	if _, err := d.run(ctx, "", args...); err != nil {
+	start := func(c *exec.Cmd) error { return c.Start() }
+	if d.ShmDir != "" {
+		start = func(c *exec.Cmd) error { return StartWithShm(c, d.ShmDir) }
+	}
+	if _, err := d.runWith(ctx, start, "", args...); err != nil {
 		return false, fmt.Errorf("start MPS daemon of %s: %w", d.UUID, err)
 	}
 	// -d returns once it has forked; wait for the daemon to answer.
@@ -145,6 +153,11 @@ func (d Daemon) Command(ctx context.Context, cmd string) (string, error) {
 }
 
 func (d Daemon) run(ctx context.Context, stdin string, args ...string) (string, error) {
+	return d.runWith(ctx, func(c *exec.Cmd) error { return c.Start() }, stdin, args...)
+}
+
+// runWith runs the control binary, started by start.
+func (d Daemon) runWith(ctx context.Context, start func(*exec.Cmd) error, stdin string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	path := d.Path
@@ -156,7 +169,11 @@ func (d Daemon) run(ctx context.Context, stdin string, args ...string) (string, 
 	c.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
-	if err := c.Run(); err != nil {
+	err := start(c)
+	if err == nil {
+		err = c.Wait()
+	}
+	if err != nil {
 		return "", fmt.Errorf("%s %s%s: %w: %s", path, strings.Join(args, " "), strings.TrimSpace(stdin), err, strings.TrimSpace(errb.String()+out.String()))
 	}
 	return strings.TrimSpace(out.String()), nil
@@ -204,8 +221,10 @@ func (d Daemon) SetCeiling(ctx context.Context, bytes uint64) error {
 // so that a limit never exceeds the slice.
 func limitString(bytes uint64) string { return fmt.Sprintf("%dM", bytes>>20) }
 
-// ClientLimit is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for a client of one GPU
-// (device 0 of those it sees).
+// ClientLimit is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for a client of a GPU's
+// daemon. The daemon sees only its GPU (CUDA_VISIBLE_DEVICES), and an MPS
+// server shows its clients the daemon's devices, renumbered from 0, so the
+// GPU is device 0 to every client of it, whatever else its container holds.
 func ClientLimit(bytes uint64) string { return "0=" + limitString(bytes) }
 
 // Stop quits the daemon (and its servers) and waits for it to exit; no

@@ -2,11 +2,14 @@ package mps
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/carve-dra/carve/gpu/gputest"
 )
 
 // fakeDaemon puts the fake control binary on PATH and returns a daemon
@@ -111,5 +114,50 @@ func TestStartFailure(t *testing.T) {
 	}
 	if ClientLimit(10<<30) != "0=10240M" {
 		t.Errorf("ClientLimit = %q", ClientLimit(10<<30))
+	}
+}
+
+// The daemon sees the shared memory tmpfs as its /dev/shm, in a mount
+// namespace of its own: the file it leaves in /dev/shm is in the tmpfs, and
+// not in the /dev/shm of the process that started it. The tmpfs is a mount
+// point until UnmountShm, which leaves nothing behind.
+func TestDaemonSeesTheSharedMemoryTmpfs(t *testing.T) {
+	gputest.NeedRoot(t)
+	ctx := context.Background()
+	d, _ := fakeDaemon(t)
+	d.ShmDir = filepath.Join(t.TempDir(), "shm")
+	if err := MountShm(d.ShmDir, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = UnmountShm(d.ShmDir) })
+	if err := MountShm(d.ShmDir, 8<<20); err != nil {
+		t.Fatalf("mounting again: %v", err)
+	}
+	if ok, err := IsShm(d.ShmDir); !ok || err != nil {
+		t.Fatalf("IsShm = %v, %v after MountShm", ok, err)
+	}
+	if ok, _ := IsShm(filepath.Dir(d.ShmDir)); ok {
+		t.Error("a plain directory taken for the tmpfs")
+	}
+	mark := fmt.Sprintf("carve-mps-test-%d", os.Getpid())
+	t.Setenv("FAKE_MPS_SHM_MARK", mark)
+	t.Cleanup(func() { _ = os.Remove(filepath.Join("/dev/shm", mark)) })
+	if _, err := d.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(d.ShmDir, mark)); err != nil {
+		t.Errorf("the daemon's /dev/shm is not the tmpfs: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", mark)); err == nil {
+		t.Error("the daemon wrote into the starting process's /dev/shm")
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := UnmountShm(d.ShmDir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.ShmDir); !os.IsNotExist(err) {
+		t.Errorf("tmpfs directory left: %v", err)
 	}
 }

@@ -41,6 +41,7 @@ type idle struct{}
 func (idle) Processes(context.Context, string) ([]gpu.Process, error) { return nil, nil }
 
 func TestMemoryShareOfAWholeGPU(t *testing.T) {
+	gputest.NeedRoot(t)
 	f := newFixture(t, gputest.H100Node())
 	_, ctx := ktesting.NewTestContext(t)
 	bin, _ := filepath.Abs("../mps/testdata")
@@ -61,6 +62,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 		if pid, alive := d.PID(); alive {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+		_ = mps.UnmountShm(filepath.Join(filepath.Dir(dir), "mps-shm"))
 	})
 
 	sid := types.UID("s1")
@@ -72,7 +74,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := strings.Join(out.Edits.Env, " ")
-	for _, want := range []string{"CARVE_GPU_GPU_UUID=" + gputest.H100UUID(1), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps"} {
+	for _, want := range []string{"CARVE_GPU_GPU_UUID=" + gputest.H100UUID(1), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps/" + gputest.H100UUID(1)} {
 		if !strings.Contains(env, want) {
 			t.Errorf("env %q lacks %s", env, want)
 		}

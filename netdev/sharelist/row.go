@@ -17,7 +17,8 @@ import (
 )
 
 // Row is one share on the node. The JSON keys are a contract (carve shares
-// -o json); a kind without bandwidth leaves the network fields zero.
+// -o json); a kind without bandwidth leaves the network fields zero, and a
+// GPU share adds its own under "gpu".
 type Row struct {
 	// Claim is namespace/name.
 	Claim    string `json:"claim"`
@@ -45,6 +46,9 @@ type Row struct {
 	// allocation is in place; Problems says what is missing where not.
 	Enforced bool     `json:"enforced"`
 	Problems []string `json:"problems,omitempty"`
+	// GPU is set on GPU memory shares (kind gpu), whose Parent is the
+	// GPU's UUID and whose network fields are zero.
+	GPU *GPU `json:"gpu,omitempty"`
 }
 
 // Source lists the shares of one kind.
@@ -90,19 +94,42 @@ func Write(w io.Writer, rows []Row, format string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	case "table", "":
-		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tENFORCED")
+		var nics, gpus []Row
 		for _, r := range rows {
-			enforced := "yes"
-			if !r.Enforced {
-				enforced = "no: " + strings.Join(r.Problems, "; ")
+			if r.GPU != nil {
+				gpus = append(gpus, r)
+			} else {
+				nics = append(nics, r)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
-				bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, enforced)
+		}
+		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		if len(nics) > 0 || len(gpus) == 0 {
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tENFORCED")
+			for _, r := range nics {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
+					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, enforced(r))
+			}
+		}
+		if len(gpus) > 0 {
+			if len(nics) > 0 {
+				fmt.Fprintln(tw)
+			}
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tGPU\tTIER\tSLICE\tUSED\tKILLS\tENFORCED")
+			for _, r := range gpus {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.GPU.UUID), orDash(r.GPU.Tier),
+					iec(r.GPU.SliceBytes), r.GPU.used(), r.GPU.Kills, enforced(r))
+			}
 		}
 		return tw.Flush()
 	}
 	return fmt.Errorf("output format %q: want table or json", format)
+}
+
+func enforced(r Row) string {
+	if r.Enforced {
+		return "yes"
+	}
+	return "no: " + strings.Join(r.Problems, "; ")
 }
 
 // bits formats bits/s as 100M or 95.12M; "-" for none.

@@ -75,6 +75,9 @@ type Options struct {
 	NVMLReplay string
 	// NVMLTimeout bounds every NVML call (gpu.DefaultTimeout when 0).
 	NVMLTimeout time.Duration
+	// MPSShmSize bounds the tmpfs GPU memory shares' containers and the
+	// MPS daemons have as /dev/shm (mps.DefaultShmSize when 0).
+	MPSShmSize uint64
 }
 
 // Run runs the kubelet plugin until ctx is done or a fatal error occurs,

@@ -25,11 +25,11 @@ import (
 // gpuMemory chooses each GPU's memory enforcement tier once, the first
 // time the GPU is seen, and runs the policing loop of mps-policed shares.
 type gpuMemory struct {
-	cgroupRoot, driverRoot string
-	mu                     sync.Mutex
-	chosen                 map[string]memslice.Choice
-	police                 *police.Police
-	shares                 *memslice.Manager
+	env    memslice.Env
+	mu     sync.Mutex
+	chosen map[string]memslice.Choice
+	police *police.Police
+	shares *memslice.Manager
 }
 
 // openGPUMemory wires GPU memory shares: the manager, the policing loop
@@ -37,7 +37,7 @@ type gpuMemory struct {
 // from the API server.
 func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookBinary) *gpuMemory {
 	logger := klog.FromContext(ctx).WithName("gpumem")
-	g := &gpuMemory{cgroupRoot: filepath.Join(firstSet(opts.Root), dmem.DefaultRoot), driverRoot: driverRoot(opts), chosen: map[string]memslice.Choice{}}
+	g := &gpuMemory{env: memslice.EnvBelow(opts.Root, opts.NVIDIADriverRoot), chosen: map[string]memslice.Choice{}}
 	if s == nil {
 		return g
 	}
@@ -49,9 +49,15 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	}
 	g.police = police.New(popts)
 	go g.police.Run(ctx)
-	control := gpu.FindFile(g.driverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
-	g.shares = memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, "gpushare"), MPSControl: control,
-		HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger})
+	control := gpu.FindFile(g.env.DriverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
+	mopts := memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, memslice.SharesDir), ShmDir: filepath.Join(opts.StateDir, "mps-shm"), ShmSize: opts.MPSShmSize,
+		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger}
+	if root := firstSet(opts.Root); root != "/" {
+		// Containers get the host's view of the tmpfs: check that it has
+		// one, through the host root mount.
+		mopts.ShmHostView = filepath.Join(root, mopts.ShmDir)
+	}
+	g.shares = memslice.New(mopts)
 	return g
 }
 
@@ -72,7 +78,7 @@ func (g *gpuMemory) tiers(ctx context.Context, inv *nvmlinfo.Inventory) map[stri
 		}
 	}
 	if fresh != nil {
-		for uuid, c := range memslice.Detect(fresh, g.cgroupRoot, g.driverRoot) {
+		for uuid, c := range memslice.Detect(fresh, g.env) {
 			g.chosen[uuid] = c
 			klog.FromContext(ctx).Info("GPU memory enforcement chosen", "gpu", uuid, "tier", c.Tier, "reason", c.Reason)
 		}
@@ -83,7 +89,7 @@ func (g *gpuMemory) tiers(ctx context.Context, inv *nvmlinfo.Inventory) map[stri
 		if g.shares == nil {
 			c = memslice.Choice{Tier: memslice.TierNone, Reason: "no NVML session"}
 		}
-		out[d.UUID] = discovery.GPUMemory{Enforcement: string(c.Tier), Reason: c.Reason, Region: c.Region}
+		out[d.UUID] = c.GPUMemory()
 	}
 	return out
 }

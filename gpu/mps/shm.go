@@ -1,0 +1,133 @@
+package mps
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// The control daemon, its servers and their clients meet in two places: the
+// pipe directory and POSIX shared memory, which lives in /dev/shm. A pod has
+// a /dev/shm of its own, so a client in a pod cannot attach to a daemon that
+// sees another one. carve therefore gives every daemon and every share's
+// container one tmpfs as /dev/shm: mounted once per node (MountShm), bound
+// over /dev/shm in a mount namespace of the daemon's own (StartWithShm), and
+// mounted over the container's /dev/shm by the share's CDI edits. Two daemons
+// with their own pipe directories ran clients on one GPU with one /dev/shm
+// between them (the measured H100), so one tmpfs serves every GPU's daemon.
+
+// DefaultShmSize bounds the tmpfs. Its pages are charged to the memory
+// cgroup of the process that writes them (the pod), so the size is a cap,
+// not a reservation.
+const DefaultShmSize = 1 << 30
+
+// MountShm mounts a tmpfs of size bytes at dir (made if missing) unless one
+// is mounted there already.
+func MountShm(dir string, size uint64) error {
+	if size == 0 {
+		size = DefaultShmSize
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("MPS shared memory %s: %w", dir, err)
+	}
+	if ok, err := IsShm(dir); err != nil || ok {
+		return err
+	}
+	// 1777: clients run as any user in their pods; sticky, as /dev/shm is,
+	// so that none removes another's files.
+	opts := "mode=1777,size=" + strconv.FormatUint(size, 10)
+	if err := unix.Mount("carve-mps-shm", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("mount the MPS shared memory tmpfs at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// IsShm reports whether dir is the mount point of a tmpfs: a tmpfs whose
+// device differs from its parent's (a directory on a tmpfs, as /dev/shm
+// itself is, is not one).
+func IsShm(dir string) (bool, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("MPS shared memory %s: %w", dir, err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		return false, nil
+	}
+	var self, parent unix.Stat_t
+	if err := unix.Stat(dir, &self); err != nil {
+		return false, fmt.Errorf("MPS shared memory %s: %w", dir, err)
+	}
+	if err := unix.Stat(filepath.Dir(dir), &parent); err != nil {
+		return false, fmt.Errorf("MPS shared memory %s: %w", dir, err)
+	}
+	return self.Dev != parent.Dev, nil
+}
+
+// SameShm reports whether a and b are the same tmpfs (one superblock), as
+// the agent's view of its mount and the host's view through the host root
+// mount are where the mount propagates to the host.
+func SameShm(a, b string) bool {
+	var sa, sb unix.Stat_t
+	if unix.Stat(a, &sa) != nil || unix.Stat(b, &sb) != nil {
+		return false
+	}
+	okA, _ := IsShm(a)
+	okB, _ := IsShm(b)
+	return okA && okB && sa.Dev == sb.Dev
+}
+
+// UnmountShm detaches the tmpfs at dir (containers that bound it keep
+// theirs until they end) and removes the directory. No mount, no directory:
+// nothing to do.
+func UnmountShm(dir string) error {
+	if ok, err := IsShm(dir); err != nil {
+		return err
+	} else if ok {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount the MPS shared memory tmpfs at %s: %w", dir, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// StartWithShm starts cmd in a mount namespace of its own in which shm is
+// bound over /dev/shm; what cmd forks (the daemon, its servers) stays there.
+// The namespace is made on a thread locked for the purpose, which forks the
+// child and then ends, so that no other goroutine ever runs in it. Mounts
+// are slaves of the caller's, so that the bind never reaches the caller nor
+// the host.
+func StartWithShm(cmd *exec.Cmd, shm string) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread with the goroutine,
+		// and with it the namespace.
+		runtime.LockOSThread()
+		errc <- startInMountNS(cmd, shm)
+	}()
+	return <-errc
+}
+
+func startInMountNS(cmd *exec.Cmd, shm string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("a mount namespace for %s: %w", cmd.Path, err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("mounts of %s as slaves: %w", cmd.Path, err)
+	}
+	if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s over /dev/shm for %s: %w", shm, cmd.Path, err)
+	}
+	return cmd.Start()
+}
