@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -155,7 +156,7 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 			return fmt.Errorf("add %s to %s: %w", a, spec.PodName, err)
 		}
 	}
-	if err := pod.LinkSetUp(link); err != nil {
+	if err := setUpWhenFree(pod, link); err != nil {
 		return fmt.Errorf("set %s up: %w", spec.PodName, err)
 	}
 	for _, r := range spec.Routes {
@@ -175,4 +176,23 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 		}
 	}
 	return nil
+}
+
+// macFreeWait bounds how long the hook waits for a dying interface to give
+// up the share's MAC; well inside the hook's own time limit.
+const macFreeWait = 5 * time.Second
+
+// setUpWhenFree brings link up. A macvlan cannot come up while another on
+// its parent has its MAC (EADDRINUSE): after a sandbox is recreated, the
+// old interface goes with its namespace, which the kernel tears down in the
+// background. It is waited for, not fought.
+func setUpWhenFree(pod *netlink.Handle, link netlink.Link) error {
+	deadline := time.Now().Add(macFreeWait)
+	for {
+		err := pod.LinkSetUp(link)
+		if !errors.Is(err, unix.EADDRINUSE) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -51,3 +51,13 @@ func (p *NICPreparer) freeMinors(key string) {
 		maps.DeleteFunc(set, func(_ uint16, k string) bool { return k == key })
 	}
 }
+
+// unpickMinor gives back a minor that pickMinor handed key but that the
+// kernel says is taken.
+func (p *NICPreparer) unpickMinor(device string, minor uint16, key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.minorSet(device)[minor] == key {
+		delete(p.minorSet(device), minor)
+	}
+}

@@ -212,12 +212,20 @@ func (p *NICPreparer) allocateFromPools(pools []string, key string, spec AttachS
 
 // enforce holds the share to its egress and ingress rates (bits/s; 0 for
 // none) under the parent's lock, recording in u what it made.
-func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress uint64, u *undoRecord) error {
+func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress uint64, u *undoRecord) (err error) {
 	unlock, err := p.lockParent(parent)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	defer func() {
+		if err != nil {
+			// The next prepare looks at the parent's HTB and IFB
+			// again, whatever happened to them.
+			p.setUp.forget("htb", parent.Attrs().Index)
+			p.setUp.forgetIFB(parent.Attrs().Index)
+		}
+	}()
 	mac := ShareMAC(key)
 	if egress > 0 {
 		if p.edtOn(parent) {

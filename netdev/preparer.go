@@ -68,6 +68,8 @@ type NICPreparer struct {
 	// reaper removes unprepared shares' kernel objects off the
 	// kubelet's path.
 	reaper *reaper
+	// setUp is what carve set up on each device, known without a dump.
+	setUp setUpCache
 }
 
 var (

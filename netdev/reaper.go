@@ -276,7 +276,11 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	}
 	var out []error
 	if egress {
-		out = append(out, removeHTBIfIdle(p.h, parent))
+		removed, err := removeHTBIfIdle(p.h, parent)
+		if removed || err != nil {
+			p.setUp.forget("htb", parent.Attrs().Index)
+		}
+		out = append(out, err)
 	}
 	if ingress {
 		out = append(out, p.removeIngressIFBIfIdle(parent))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -103,4 +104,40 @@ func TestPrepareAgainNeverCollidesWithItsRemoval(t *testing.T) {
 		}
 	}
 	b.checkParentClean(t)
+}
+
+// What carve set up on a parent and remembers is looked at again once it
+// is gone: a prepare after someone removed the IFB and the HTB by hand
+// fails at most once, and the next one sets them up again and holds.
+func TestSetUpIsLookedAtAgainWhenGone(t *testing.T) {
+	b := newBench(t)
+	ctx := context.Background()
+	b.add("resident", "100M", "100M", nil)
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	parent, _ := node.LinkByName(b.tp.Parent)
+	ifb, err := node.LinkByName("cvifb" + strconv.Itoa(parent.Attrs().Index))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.LinkDel(ifb); err != nil {
+		t.Fatal(err)
+	}
+	root := &netlink.Htb{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT}}
+	if err := node.QdiscDel(root); err != nil {
+		t.Fatal(err)
+	}
+	a := b.alloc("after", "100M", "100M")
+	if _, err := b.p.Prepare(ctx, a, b.dev); err != nil {
+		t.Logf("first prepare after the removal: %v", err)
+		if _, err := b.p.Prepare(ctx, a, b.dev); err != nil {
+			t.Fatalf("second prepare after the removal: %v", err)
+		}
+	}
+	if q, _ := node.QdiscList(parent); !hasKind(q, "htb") {
+		t.Errorf("no HTB on the parent after prepare: %v", q)
+	}
+	if _, err := node.LinkByName("cvifb" + strconv.Itoa(parent.Attrs().Index)); err != nil {
+		t.Errorf("no IFB after prepare: %v", err)
+	}
 }

@@ -1,6 +1,7 @@
 package netdev
 
 import (
+	"errors"
 	"fmt"
 	"net"
 
@@ -12,18 +13,17 @@ import (
 // shape gives the share a class of rate bits/s on dev and points the
 // classifier at it.
 func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr) (uint16, error) {
-	if err := ensureHTB(p.h, dev); err != nil {
-		return 0, err
+	// The device's HTB is made once and then known (under the parent's
+	// lock): a steady-state prepare makes no qdisc dump.
+	if !p.setUp.has("htb", dev.Attrs().Index) {
+		if err := ensureHTB(p.h, dev); err != nil {
+			return 0, err
+		}
+		p.setUp.add("htb", dev.Attrs().Index)
 	}
-	taken, err := shareClasses(p.h, dev)
+	minor, err := p.addClass(dev, key, rate)
 	if err != nil {
-		return 0, err
-	}
-	minor, own, err := p.pickMinor(dev.Attrs().Name, key, taken)
-	if err != nil {
-		return 0, err
-	}
-	if err := setClass(p.h, dev, minor, rate, own); err != nil {
+		p.setUp.forget("htb", dev.Attrs().Index)
 		return 0, err
 	}
 	// From here on the class exists: the minor is returned with any
@@ -41,11 +41,41 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	return minor, nil
 }
 
+// addClass gives key a class of rate bits/s on dev and returns its minor.
+// The minor is picked from this agent's own record of the device's classes;
+// only where the kernel says it is taken (another agent's, during a rolling
+// update) are the device's classes listed and the pick made again.
+func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (uint16, error) {
+	minor, own, err := p.pickMinor(dev.Attrs().Name, key, nil)
+	if err != nil {
+		return 0, err
+	}
+	err = setClass(p.h, dev, minor, rate, own)
+	if !errors.Is(err, errClassTaken) {
+		return minor, err
+	}
+	p.unpickMinor(dev.Attrs().Name, minor, key)
+	taken, err := shareClasses(p.h, dev)
+	if err != nil {
+		return 0, err
+	}
+	if minor, own, err = p.pickMinor(dev.Attrs().Name, key, taken); err != nil {
+		return 0, err
+	}
+	return minor, setClass(p.h, dev, minor, rate, own)
+}
+
 // edtOn reports whether the parent's egress is paced with EDT: where the
 // kernel has sch_fq, carve puts fq at the parent's root (unless carve's HTB
 // already holds it) and stamps each share's frames with their earliest
 // departure time, which costs less than HTB's class tree.
 func (p *NICPreparer) edtOn(parent netlink.Link) bool {
+	p.mu.Lock()
+	noFQ := p.noFQ
+	p.mu.Unlock()
+	if noFQ {
+		return false // no sch_fq in this kernel, so no fq root either
+	}
 	qdiscs, err := p.h.QdiscList(parent)
 	if err != nil {
 		return false
@@ -60,12 +90,6 @@ func (p *NICPreparer) edtOn(parent netlink.Link) bool {
 		case q.Type() == "htb" && q.Attrs().Handle == rootHandle:
 			return false
 		}
-	}
-	p.mu.Lock()
-	noFQ := p.noFQ
-	p.mu.Unlock()
-	if noFQ {
-		return false
 	}
 	if _, err := checkRootReplaceable(p.h, parent); err != nil {
 		return false // HTB's ensureHTB refuses it, saying why

@@ -88,13 +88,16 @@ func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint6
 		err = h.ClassChange(class)
 	}
 	if errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("HTB class 1:%x on %s belongs to another share", minor, link.Attrs().Name)
+		return fmt.Errorf("HTB class 1:%x on %s: %w", minor, link.Attrs().Name, errClassTaken)
 	}
 	if err != nil {
 		return fmt.Errorf("set HTB class 1:%x on %s to %d bit/s: %w", minor, link.Attrs().Name, rateBits, err)
 	}
 	return nil
 }
+
+// errClassTaken is a class number that another share holds.
+var errClassTaken = errors.New("the class belongs to another share")
 
 // quantum keeps HTB's DRR quantum within the kernel's preferred bounds, so
 // it does not warn and share out bursts unfairly.
@@ -132,16 +135,16 @@ func shareClasses(h *netlink.Handle, link netlink.Link) (map[uint16]uint64, erro
 }
 
 // removeHTBIfIdle removes carve's root qdisc once no share class is left.
-func removeHTBIfIdle(h *netlink.Handle, link netlink.Link) error {
+func removeHTBIfIdle(h *netlink.Handle, link netlink.Link) (removed bool, err error) {
 	left, err := shareClasses(h, link)
 	if err != nil || len(left) > 0 {
-		return err
+		return false, err
 	}
 	q := &netlink.Htb{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: rootHandle, Parent: netlink.HANDLE_ROOT}}
 	if err := h.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("remove HTB root qdisc of %s: %w", link.Attrs().Name, err)
+		return false, fmt.Errorf("remove HTB root qdisc of %s: %w", link.Attrs().Name, err)
 	}
-	return nil
+	return true, nil
 }
 
 // ifbName is the IFB device that shapes a parent's ingress.
@@ -154,6 +157,17 @@ func ifbName(parent netlink.Link) string { return "cvifb" + strconv.Itoa(parent.
 // IFB (the classifier's redirect_ingress on the parent picks it by
 // destination MAC); the node's own traffic stays off its single queue.
 func (p *NICPreparer) ensureIngressIFB(parent netlink.Link) (netlink.Link, error) {
+	if ifb, ok := p.setUp.ifb(parent.Attrs().Index); ok {
+		return ifb, nil
+	}
+	ifb, err := p.makeIngressIFB(parent)
+	if err == nil {
+		p.setUp.setIFB(parent.Attrs().Index, ifb)
+	}
+	return ifb, err
+}
+
+func (p *NICPreparer) makeIngressIFB(parent netlink.Link) (netlink.Link, error) {
 	h := p.h
 	name := ifbName(parent)
 	ifb, err := h.LinkByName(name)
@@ -216,12 +230,14 @@ func (p *NICPreparer) removeIngressIFBIfIdle(parent netlink.Link) error {
 	h := p.h
 	ifb, err := h.LinkByName(ifbName(parent))
 	if err != nil {
+		p.setUp.forgetIFB(parent.Attrs().Index)
 		return nil
 	}
 	left, err := shareClasses(h, ifb)
 	if err != nil || len(left) > 0 {
 		return err
 	}
+	p.setUp.forgetIFB(parent.Attrs().Index)
 	if p.opts.Shaper != nil {
 		if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
 			return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)

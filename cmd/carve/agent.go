@@ -22,6 +22,7 @@ type agentFlags struct {
 	configFile                                            string
 	registrarDir, pluginsDir, cdiDir, stateDir            string
 	metricsAddr, healthAddr, podUID, hostNetns, bpfPinDir string
+	profiling                                             bool
 	nvidiaDriverRoot, nvidiaCDIHook, nvmlReplay           string
 	mpsShmSize                                            string
 	rescan, nvmlTimeout                                   time.Duration
@@ -51,6 +52,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.cdiDir, "cdi-dir", "/var/run/cdi", "directory for the CDI specs of prepared claims")
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/carve", "directory for the checkpoint and claim files")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "127.0.0.1:9464", "address for /metrics and /healthz over HTTP (loopback by default: with hostNetwork anything wider is the node's own address); empty turns it off")
+	fs.BoolVar(&f.profiling, "profiling", false, "serve Go's pprof profiles under /debug/pprof/ on --metrics-addr (CPU, heap, goroutines, execution traces); off by default, as they expose the agent's internals")
 	fs.StringVar(&f.healthAddr, "health-addr", "127.0.0.1:9465", "address for the gRPC health service; the chart binds the pod IP, which the kubelet's liveness probe dials; empty turns it off")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "the agent pod's UID (downward API) for seamless rolling updates; empty turns them off")
 	fs.DurationVar(&f.rescan, "rescan-interval", time.Minute, "how often to rediscover hardware; link events rediscover at once")
@@ -92,7 +94,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 	return agent.Run(ctx, agent.Options{
 		NodeName: f.nodeName, KubeClient: client, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Config: cfg,
 		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
-		MetricsAddr: f.metricsAddr, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
+		MetricsAddr: f.metricsAddr, Profiling: f.profiling, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
 		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLTimeout: f.nvmlTimeout,
 		MPSShmSize: uint64(shm.Value()),

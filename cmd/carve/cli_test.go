@@ -138,6 +138,7 @@ func TestAgentFlags(t *testing.T) {
 		{"cdi-dir", "", "/var/run/cdi"},
 		{"state-dir", "", "/var/lib/carve"},
 		{"metrics-addr", "", "127.0.0.1:9464"},
+		{"profiling", "", "false"},
 		{"health-addr", "", "127.0.0.1:9465"},
 		{"pod-uid", "", "uid-a"},
 		{"rescan-interval", "", "1m0s"},

@@ -154,7 +154,7 @@ func (h *agentHost) start(env ...string) {
 	h.proc = exec.Command(carveBinary(h.t), "agent", "--kubeconfig", h.kubeconfig, "--node-name", h.node, "--root", h.root,
 		"--kubelet-registrar-dir", h.path("plugins_registry"), "--kubelet-plugins-dir", h.path("plugins"),
 		"--cdi-dir", h.path("cdi"), "--state-dir", h.path("state"), "--metrics-addr", h.metrics, "--health-addr", h.health,
-		"--rescan-interval", h.rescan, "--host-netns", h.netns, "--bpf-pin-dir", h.pins, "-v", "1")
+		"--rescan-interval", h.rescan, "--host-netns", h.netns, "--bpf-pin-dir", h.pins, "--profiling", "-v", "1")
 	h.proc.Env = append(os.Environ(), env...)
 	h.logs = &bytes.Buffer{}
 	h.proc.Stdout, h.proc.Stderr = h.logs, h.logs

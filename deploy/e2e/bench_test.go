@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,6 +197,9 @@ func benchPrepare(b *testing.B, concurrency int, firstShare bool) {
 					b.StartTimer()
 				}
 			}
+			if dir := os.Getenv("CARVE_BENCH_PROFILE"); dir != "" && host != nil {
+				go profileAgent(b, host, dir, b.Name())
+			}
 			start := time.Now()
 			b.ResetTimer()
 			for b.Loop() {
@@ -214,6 +219,30 @@ func benchPrepare(b *testing.B, concurrency int, firstShare bool) {
 				b.ReportMetric(cycle, "claims/s")
 			}
 		})
+	}
+}
+
+// profileAgent saves a 3-second CPU profile and execution trace of the
+// agent under load into dir (CARVE_BENCH_PROFILE), named after the
+// benchmark: `go tool pprof` and `go tool trace` read them.
+func profileAgent(b *testing.B, h *agentHost, dir, name string) {
+	name = strings.NewReplacer("/", "-").Replace(name)
+	for _, p := range []struct{ path, file string }{{"profile?seconds=3", name + ".cpu.pprof"}, {"trace?seconds=3", name + ".trace"}} {
+		go func() {
+			resp, err := http.Get("http://" + h.metrics + "/debug/pprof/" + p.path)
+			if err != nil {
+				b.Logf("profile %s: %v", p.path, err)
+				return
+			}
+			defer resp.Body.Close()
+			f, err := os.Create(filepath.Join(dir, p.file))
+			if err != nil {
+				b.Logf("profile %s: %v", p.path, err)
+				return
+			}
+			defer f.Close()
+			_, _ = io.Copy(f, resp.Body)
+		}()
 	}
 }
 

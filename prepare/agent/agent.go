@@ -51,6 +51,8 @@ type Options struct {
 	StateDir   string
 	// MetricsAddr serves /metrics and /healthz over HTTP when not empty.
 	MetricsAddr string
+	// Profiling serves net/http/pprof under /debug/pprof/ on MetricsAddr.
+	Profiling bool
 	// HealthAddr serves the gRPC health service (for a grpc liveness
 	// probe) when not empty.
 	HealthAddr string
@@ -175,7 +177,7 @@ func Run(ctx context.Context, opts Options) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if opts.MetricsAddr != "" {
-		srv := &http.Server{Addr: opts.MetricsAddr, Handler: metricsMux(reg, helper), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Addr: opts.MetricsAddr, Handler: metricsMux(reg, helper, opts.Profiling), ReadHeaderTimeout: 5 * time.Second}
 		if err := serveHTTP(ctx, &wg, srv); err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -19,8 +20,15 @@ import (
 	"k8s.io/klog/v2"
 )
 
-func metricsMux(reg *prometheus.Registry, helper *kubeletplugin.Helper) *http.ServeMux {
+func metricsMux(reg *prometheus.Registry, helper *kubeletplugin.Helper, profiling bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if st := helper.RegistrationStatus(); st != nil && !st.PluginRegistered {
