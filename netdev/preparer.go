@@ -170,8 +170,18 @@ func (p *NICPreparer) resumeReaper(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Reading the reaper's queue; shares it held may need removing by hand")
 		return
 	}
+	queued := map[string]bool{}
 	for _, it := range items {
 		p.reserveMinors(it.Key, it.Parent, it.EgressMinor, it.IngressMinor)
+		queued[p.specPath(it.Link)+reapingSuffix] = true
+	}
+	// Specs set aside for a reaping that no queue holds (an earlier
+	// boot's, whose queue was dropped) describe nothing left.
+	aside, _ := filepath.Glob(filepath.Join(p.opts.StateDir, "netdev", "*"+reapingSuffix))
+	for _, f := range aside {
+		if !queued[f] {
+			_ = os.Remove(f)
+		}
 	}
 	if len(items) > 0 {
 		klog.FromContext(ctx).Info("Resuming the removal of unprepared shares", "count", len(items))

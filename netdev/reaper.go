@@ -43,6 +43,10 @@ type reapItem struct {
 	IngressMinor uint16 `json:"ingressMinor,omitempty"`
 }
 
+// reapingSuffix marks the attach spec of a share being reaped: no longer
+// read as a share's (its addresses are free), removed with the rest.
+const reapingSuffix = ".reaping"
+
 // reapGroup is the interface group the reaper puts a batch's interfaces in,
 // to delete them with one request (one RCU grace period for all). Only the
 // reaper sets it, only on share interfaces it is removing.
@@ -230,8 +234,10 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 	var reaped []string
 	for i, it := range items {
 		if errs[i] == nil {
-			if err := os.Remove(p.specPath(it.Link)); err != nil && !os.IsNotExist(err) {
-				errs[i] = err
+			for _, path := range []string{p.specPath(it.Link), p.specPath(it.Link) + reapingSuffix} {
+				if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+					errs[i] = errors.Join(errs[i], err)
+				}
 			}
 		}
 		if errs[i] != nil {

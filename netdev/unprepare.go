@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 
 	"github.com/vishvananda/netlink"
 	"k8s.io/klog/v2"
@@ -64,6 +65,12 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		} else {
 			u.Parent = p.parentOf(u.Link)
 		}
+	}
+	// The spec is set aside first: the addresses it names are free again
+	// (pool allocation reads the specs on disk), while the reaper still
+	// has to remove the interface.
+	if err := os.Rename(p.specPath(u.Link), p.specPath(u.Link)+reapingSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("set the attach spec of %s aside: %w", u.Link, err)
 	}
 	if err := p.reaper.enqueue(reapItem{Key: key, Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor}); err != nil {
 		return err
