@@ -3,10 +3,12 @@ package netdev
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
@@ -31,6 +33,48 @@ func WatchLinks(ctx context.Context, ns netns.NsHandle) (<-chan struct{}, error)
 // relevant reports whether an update can change what discovery finds.
 func relevant(u netlink.LinkUpdate) bool {
 	return u.Link == nil || u.Link.Attrs() == nil || !discovery.IsCarveLink(u.Link.Attrs().Name)
+}
+
+// linkFacts are what discovery reads of a link through netlink's eyes.
+// The kernel sends a parent an RTM_NEWLINK each time a child is added or
+// removed (a share's macvlan), with none of these changed; those must not
+// rediscover the node.
+type linkFacts struct {
+	name, kind, mac string
+	up              bool
+	oper            netlink.LinkOperState
+	mtu, master     int
+	vfs             int
+}
+
+func factsOf(l netlink.Link) linkFacts {
+	a := l.Attrs()
+	return linkFacts{name: a.Name, kind: l.Type(), mac: a.HardwareAddr.String(), up: a.Flags&net.FlagUp != 0,
+		oper: a.OperState, mtu: a.MTU, master: a.MasterIndex, vfs: len(a.Vfs)}
+}
+
+// changes tracks the links seen, by ifindex, and tells which updates change
+// something discovery reads.
+type changes map[int32]linkFacts
+
+func (c changes) changed(u netlink.LinkUpdate) bool {
+	if !relevant(u) {
+		return false
+	}
+	if u.Link == nil || u.Link.Attrs() == nil {
+		return true
+	}
+	idx := u.Index
+	if u.Header.Type == unix.RTM_DELLINK {
+		delete(c, idx)
+		return true
+	}
+	f := factsOf(u.Link)
+	if old, ok := c[idx]; ok && old == f {
+		return false
+	}
+	c[idx] = f
+	return true
 }
 
 func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber, retry time.Duration) (<-chan struct{}, error) {
@@ -59,6 +103,7 @@ func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber
 		default:
 		}
 	}
+	seen := changes{}
 	go func() {
 		defer func() { close(done) }()
 		for {
@@ -67,12 +112,13 @@ func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber
 				return
 			case u, ok := <-updates:
 				if ok {
-					if relevant(u) {
+					if seen.changed(u) {
 						signal()
 					}
 					continue
 				}
 				logger.Info("Link event subscription ended; subscribing again")
+				clear(seen) // events may have been missed
 				close(done)
 				for {
 					select {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // A subscription that dies is made again, and the watcher signals a change
@@ -81,4 +83,58 @@ func TestWatchLinksIgnoresCarveLinks(t *testing.T) {
 	}
 	feed <- update("ens1f0v3")
 	waitSignal(t, changed, "an event of a VF")
+}
+
+// The kernel tells of a parent each time a child of it is added or removed,
+// with nothing discovery reads changed: a share's prepare and unprepare then
+// make no rediscovery. A real change of the parent (its MTU, its state) does.
+func TestWatchLinksIgnoresAParentsChildrenComingAndGoing(t *testing.T) {
+	tp := netdevtest.New(t)
+	h, err := netlink.NewHandleAt(tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed, err := WatchLinks(ctx, tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, _ := h.LinkByName(tp.Parent)
+	// The first event of each link is news; make the parent known.
+	if err := h.LinkSetMTU(parent, 1400); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, changed, "the parent's first event")
+	drain := func() int {
+		n := 0
+		for {
+			select {
+			case <-changed:
+				n++
+			case <-time.After(300 * time.Millisecond):
+				return n
+			}
+		}
+	}
+	drain()
+	for i := 0; i < 5; i++ {
+		la := netlink.NewLinkAttrs()
+		la.Name, la.ParentIndex = "cv0123456789", parent.Attrs().Index
+		child := &netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_VEPA}
+		if err := h.LinkAdd(child); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkDel(child); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := drain(); n != 0 {
+		t.Errorf("%d rediscoveries signalled for a parent whose children came and went", n)
+	}
+	if err := h.LinkSetMTU(parent, 1300); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, changed, "the parent's MTU change")
 }
