@@ -1,6 +1,7 @@
 package netdev
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,6 +44,17 @@ type reapItem struct {
 	IngressMinor uint16 `json:"ingressMinor,omitempty"`
 }
 
+// merge fills what it does not know from an older item of the same share.
+func (it reapItem) merge(old reapItem) reapItem {
+	if old.Key != it.Key {
+		return it
+	}
+	it.Parent = cmp.Or(it.Parent, old.Parent)
+	it.EgressMinor = cmp.Or(it.EgressMinor, old.EgressMinor)
+	it.IngressMinor = cmp.Or(it.IngressMinor, old.IngressMinor)
+	return it
+}
+
 // reapingSuffix marks the attach spec of a share being reaped: no longer
 // read as a share's (its addresses are free), removed with the rest.
 const reapingSuffix = ".reaping"
@@ -51,6 +63,9 @@ const reapingSuffix = ".reaping"
 // to delete them with one request (one RCU grace period for all). Only the
 // reaper sets it, only on share interfaces it is removing.
 const reapGroup = 0xca7e
+
+// reapGather is how long the reaper lets a batch gather before it starts.
+const reapGather = 100 * time.Millisecond
 
 // reapRetry is how long a failed item waits before it is tried again.
 const reapRetry = time.Second
@@ -82,6 +97,9 @@ func newReaper(p *NICPreparer) (*reaper, error) {
 // enqueue records the item on disk, then hands it to the worker.
 func (r *reaper) enqueue(it reapItem) error {
 	if err := r.queue.Update(func(items map[types.UID]reapItem) error {
+		// A second unprepare of the share (a retry, without its
+		// record) knows less than the first: what is queued stays.
+		it = it.merge(items[types.UID(it.Key)])
 		items[types.UID(it.Key)] = it
 		return nil
 	}); err != nil {
@@ -94,10 +112,14 @@ func (r *reaper) enqueue(it reapItem) error {
 func (r *reaper) add(it reapItem) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pending[it.Key] = it
+	r.pending[it.Key] = it.merge(r.pending[it.Key])
 	if !r.running {
 		r.running = true
-		go r.run()
+		// The batch gathers for a moment: pods deleted together (a
+		// Job, a rollout) are reaped together, under one RTNL hold
+		// and grace period, instead of taking RTNL from the prepares
+		// that follow once per share.
+		time.AfterFunc(reapGather, r.run)
 	}
 }
 
@@ -150,7 +172,11 @@ func (r *reaper) run() {
 				r.add(it)
 			})
 		}
+		more := len(r.pending) > 0
 		r.mu.Unlock()
+		if more {
+			time.Sleep(reapGather) // the next batch gathers too
+		}
 	}
 }
 

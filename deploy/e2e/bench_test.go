@@ -157,14 +157,23 @@ func benchPrepare(b *testing.B, concurrency int, firstShare bool) {
 				}
 				defer func() { _ = p.Unprepare(ctx, resident) }()
 			}
-			claims := make([]kubeletstub.Claim, concurrency)
-			for i := range claims {
-				// Shares of one 25G NIC, 10M each: they all fit.
-				claims[i] = makeClaim(b, cs, node, fmt.Sprintf("%s-%d", node, i), share)
+			// Claims come and go: each round takes claims not used
+			// for the last two rounds at least (a pool of fresh
+			// ones, cycled), as pods with their own claims do.
+			// Shares of one 25G NIC, 10M each: they all fit.
+			pool := make([]kubeletstub.Claim, max(3*concurrency, minSamples+10))
+			for i := range pool {
+				pool[i] = makeClaim(b, cs, node, fmt.Sprintf("%s-%d", node, i), share)
 			}
+			next := 0
 			var prep, unprep []time.Duration
 			var mu sync.Mutex
 			round := func() {
+				claims := make([]kubeletstub.Claim, concurrency)
+				for i := range claims {
+					claims[i] = pool[next%len(pool)]
+					next++
+				}
 				for _, phase := range []func(kubeletstub.Claim) error{
 					func(c kubeletstub.Claim) error { _, err := p.Prepare(ctx, c); return err },
 					func(c kubeletstub.Claim) error { return p.Unprepare(ctx, c) },
