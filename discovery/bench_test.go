@@ -22,8 +22,10 @@ import (
 //     changed: that netdev read again, the rest checked.
 //   - vf-count-change: a rescan after the last VF of a PF was disabled or
 //     enabled again (alternately; the change itself is not timed), with the
-//     event of that VF's netdev: ghw asked again, as the PCI functions
-//     changed.
+//     event of that VF's netdev: the PCI functions changed, but ghw's last
+//     answer named the VF's IDs.
+//   - new-device-ids: a rescan after a function of IDs ghw's last answer
+//     did not name came or went (alternately, not timed): ghw asked again.
 func BenchmarkDiscoverLarge(b *testing.B) {
 	tree := sysfstest.Large(b.TempDir())
 	ctx := context.Background()
@@ -104,6 +106,32 @@ func BenchmarkDiscoverLarge(b *testing.B) {
 			inv, err := s.Scan(ctx, discovery.LinksChanged(vfNet))
 			cpu.stop()
 			check(b, inv, err, want)
+		}
+		cpu.report(b)
+	})
+	b.Run("new-device-ids", func(b *testing.B) {
+		s := warm(b)
+		const nvme = "0000:c0:00.0"
+		present := false
+		defer func() {
+			if present {
+				tree.RemovePCI(nvme)
+			}
+		}()
+		var cpu cpuTime
+		for b.Loop() {
+			b.StopTimer()
+			if present {
+				tree.RemovePCI(nvme)
+			} else {
+				tree.AddPCI(nvme, sysfstest.PCI{Vendor: 0x144d, Device: 0xa80a, Class: 0x010802, NUMANode: 0, Driver: "nvme"})
+			}
+			present = !present
+			b.StartTimer()
+			cpu.start()
+			inv, err := s.Scan(ctx, discovery.LinksChanged())
+			cpu.stop()
+			check(b, inv, err, 2064)
 		}
 		cpu.report(b)
 	})

@@ -25,7 +25,15 @@ type pciScan struct {
 	entries []dirEntry
 	ids     pciIDsStamp
 	fns     []PCIFunction
+	// named are the names ghw's last answer gave each vendor and device
+	// ID pair (from ids); nil where ghw gave none.
+	named map[pciID][2]string
 }
+
+// pciID is a function's vendor and device ID.
+type pciID struct{ vendor, device string }
+
+func idOf(f PCIFunction) pciID { return pciID{f.VendorID, f.DeviceID} }
 
 // lookup returns the function of an address.
 func (s *pciScan) lookup(addr string) (int, bool) {
@@ -36,10 +44,11 @@ func (s *pciScan) lookup(addr string) (int, bool) {
 // naming the functions.
 type pciRead struct {
 	scan *pciScan
-	// changed says the functions or pci.ids changed: their names are
-	// ghw's new answer (on names), or none where there is no pci.ids.
+	// changed says the functions or pci.ids changed since the last scan.
 	changed bool
-	names   chan ghwNames
+	// names brings ghw's answer where it was asked; where it was not,
+	// the names are known (taken from the last answer) or there are none.
+	names chan ghwNames
 }
 
 // ghwNames are the vendor and product names ghw gave, by address; why
@@ -52,15 +61,19 @@ type ghwNames struct {
 // startPCI reads every PCI function under the root. ghw enumerates them
 // too, and names them from pci.ids; their IDs, NUMA node and PCIe root are
 // read beside it, a few files per function.
-// ghw re-reads every function and parses pci.ids on each call (tens of
-// milliseconds and about 20 MB on a large node), so it is asked only where
-// the functions listed (by name and inode) or the pci.ids file changed
-// since last; it runs while the caller reads the netdevs, and wait merges
-// its names. A function last read keeps what cannot change while its entry
-// is the same, and only its driver link, which a rebind changes, is read
-// again. Where ghw cannot run (no pci.ids) or drops functions (it gives up
-// on the whole bus, without an error, when one function lacks a modalias),
-// the IDs read from sysfs are published without names.
+//
+// ghw re-reads every function and parses pci.ids on each call (about 100
+// ms of CPU and 20 MB on a large node), so it is asked only at the first
+// scan, where pci.ids changed, where its last answer gave no names, or
+// where a function appeared whose vendor and device IDs its last answer did
+// not name: its names are those of the IDs, so VFs enabled on a PF whose
+// VFs it named take their names from that answer. It runs while the caller
+// reads the netdevs, and wait merges its names. A function last read keeps
+// what cannot change while its entry (name and inode) is the same, and
+// only its driver link, which a rebind changes, is read again. Where ghw
+// cannot run (no pci.ids) or drops functions (it gives up on the whole bus,
+// without an error, when one function lacks a modalias), the IDs read from
+// sysfs are published without names.
 func (t tree) startPCI(ctx context.Context, last *pciScan) (*pciRead, error) {
 	entries, err := readDirInodes(t.path(pciDevicesDir))
 	if err != nil {
@@ -68,24 +81,53 @@ func (t tree) startPCI(ctx context.Context, last *pciScan) (*pciRead, error) {
 	}
 	scan := &pciScan{entries: entries, ids: pciIDsStampFor(t.root), fns: make([]PCIFunction, len(entries))}
 	r := &pciRead{scan: scan, changed: last == nil || scan.ids != last.ids || !slices.Equal(entries, last.entries)}
-	if r.changed && scan.ids.path != "" {
+	// Names that cannot come from the last answer are asked for at once,
+	// while the functions are read.
+	fresh := last == nil || scan.ids != last.ids || last.named == nil
+	ask := func() {
 		r.names = make(chan ghwNames, 1)
 		go func() { r.names <- t.ghwNames(len(entries)) }()
 	}
-	if len(entries) == 0 {
-		return r, nil
+	if r.changed && fresh && scan.ids.path != "" {
+		ask()
+	}
+	if err := t.readPCIFunctions(scan, last); err != nil {
+		return nil, err
+	}
+	switch {
+	case !r.changed:
+		scan.named = last.named
+	case !fresh:
+		scan.named = last.named
+		for i := range scan.fns {
+			n, ok := last.named[idOf(scan.fns[i])]
+			if !ok {
+				ask()
+				break
+			}
+			scan.fns[i].VendorName, scan.fns[i].ProductName = n[0], n[1]
+		}
+	}
+	return r, nil
+}
+
+// readPCIFunctions reads the functions scan lists; those last read under
+// the same entry are taken from it, with their driver read again.
+func (t tree) readPCIFunctions(scan, last *pciScan) error {
+	if len(scan.entries) == 0 {
+		return nil
 	}
 	devices, ok, err := t.openDir(pciDevicesDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if !ok { // gone since it was listed
 		scan.entries, scan.fns = nil, nil
-		return r, nil
+		return nil
 	}
 	defer devices.close()
-	err = forEach(len(entries), func(i int) (err error) {
-		e := entries[i]
+	return forEach(len(scan.entries), func(i int) (err error) {
+		e := scan.entries[i]
 		if last != nil {
 			if j, ok := slices.BinarySearchFunc(last.entries, e.name, func(l dirEntry, n string) int { return strings.Compare(l.name, n) }); ok && last.entries[j] == e {
 				scan.fns[i] = last.fns[j]
@@ -96,15 +138,11 @@ func (t tree) startPCI(ctx context.Context, last *pciScan) (*pciRead, error) {
 		scan.fns[i], err = t.readPCI(devices, e.name)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
 }
 
 // wait returns the enumeration, named by ghw where it was asked.
 func (r *pciRead) wait(ctx context.Context) *pciScan {
-	if !r.changed {
+	if r.names == nil && (!r.changed || r.scan.named != nil) {
 		return r.scan
 	}
 	names := ghwNames{why: "no pci.ids"}
@@ -114,9 +152,17 @@ func (r *pciRead) wait(ctx context.Context) *pciScan {
 	if names.why != "" {
 		klog.FromContext(ctx).V(4).Info("PCI functions without names", "reason", names.why)
 	}
+	r.scan.named = nil
+	if names.why == "" {
+		r.scan.named = map[pciID][2]string{}
+	}
 	for i := range r.scan.fns {
-		n := names.byAddr[r.scan.fns[i].Address]
-		r.scan.fns[i].VendorName, r.scan.fns[i].ProductName = n[0], n[1]
+		f := &r.scan.fns[i]
+		n := names.byAddr[f.Address]
+		f.VendorName, f.ProductName = n[0], n[1]
+		if r.scan.named != nil {
+			r.scan.named[idOf(*f)] = n
+		}
 	}
 	return r.scan
 }
