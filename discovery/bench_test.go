@@ -24,8 +24,8 @@ import (
 //     enabled again (alternately; the change itself is not timed), with the
 //     event of that VF's netdev: the PCI functions changed, but ghw's last
 //     answer named the VF's IDs.
-//   - new-device-ids: a rescan after a function of IDs ghw's last answer
-//     did not name came or went (alternately, not timed): ghw asked again.
+//   - new-device-ids: a rescan after a function whose IDs ghw's last
+//     answer did not name replaced another (not timed): ghw asked again.
 func BenchmarkDiscoverLarge(b *testing.B) {
 	tree := sysfstest.Large(b.TempDir())
 	ctx := context.Background()
@@ -111,22 +111,24 @@ func BenchmarkDiscoverLarge(b *testing.B) {
 	})
 	b.Run("new-device-ids", func(b *testing.B) {
 		s := warm(b)
-		const nvme = "0000:c0:00.0"
-		present := false
+		// Two addresses in turn: a function made again at once at the
+		// same address may get its inode back on this file system, never
+		// in sysfs.
+		addr := func(i int) string { return fmt.Sprintf("0000:c0:00.%d", i%2) }
+		var cpu cpuTime
+		i := 0
 		defer func() {
-			if present {
-				tree.RemovePCI(nvme)
+			if i > 0 {
+				tree.RemovePCI(addr(i - 1))
 			}
 		}()
-		var cpu cpuTime
-		for b.Loop() {
+		for ; b.Loop(); i++ {
+			// Each time a device ID no answer of ghw named yet.
 			b.StopTimer()
-			if present {
-				tree.RemovePCI(nvme)
-			} else {
-				tree.AddPCI(nvme, sysfstest.PCI{Vendor: 0x144d, Device: 0xa80a, Class: 0x010802, NUMANode: 0, Driver: "nvme"})
+			if i > 0 {
+				tree.RemovePCI(addr(i - 1))
 			}
-			present = !present
+			tree.AddPCI(addr(i), sysfstest.PCI{Vendor: 0x144d, Device: uint16(0x1000 + i), Class: 0x010802, NUMANode: 0, Driver: "nvme"})
 			b.StartTimer()
 			cpu.start()
 			inv, err := s.Scan(ctx, discovery.LinksChanged())

@@ -207,8 +207,11 @@ func isUnreadableAttribute(err error) bool {
 
 // dirEntry is a directory entry with its inode number. sysfs gives the
 // entries of a device it makes again (a function hot-plugged back, a netdev
-// re-created under the same name) a new inode, so names and inodes together
-// say whether what a directory lists is what an earlier read found.
+// re-created under the same name) a new inode (kernfs hands inode numbers
+// out in turn, not the freed one again), so names and inodes together say
+// whether what a directory lists is what an earlier read found. A fixture
+// on a disk file system may get a freed inode back at once: its tests make
+// sure they do not (see the Scanner tests).
 type dirEntry struct {
 	name string
 	ino  uint64
