@@ -35,8 +35,11 @@ type inventory struct {
 	// scanner is made at the first rescan and kept: it reads again only
 	// what can have changed.
 	scanner *discovery.Scanner
+	// found is what the last rescan found, its slices current.
+	found   *discovery.Inventory
 	current atomic.Pointer[slices.Result]
-	// health subscribers are woken after each rescan.
+	// health subscribers are woken after each rescan that found
+	// something new.
 	mu      sync.Mutex
 	waiters []chan struct{}
 }
@@ -58,6 +61,15 @@ func (i *inventory) rescan(ctx context.Context, changes discovery.Changes) (bool
 	if i.gpuMemory != nil {
 		inv.GPUMemory = i.gpuMemory(ctx, inv.NVML)
 	}
+	// The slices are a function of the inventory and the node config,
+	// which does not change: where discovery found what it found last,
+	// they are what was built last. Comparing inventories takes about a
+	// millisecond on a large node; building the slices and comparing them
+	// (reflect.DeepEqual of thousands of devices) about a hundred.
+	if i.found != nil && reflect.DeepEqual(i.found, inv) {
+		return false, nil
+	}
+	i.found = inv
 	res := slices.Build(inv, i.cfg, i.node)
 	old := i.current.Swap(&res)
 	i.mu.Lock()
