@@ -79,7 +79,7 @@ func (t tree) startPCI(ctx context.Context, last *pciScan) (*pciRead, error) {
 	if err != nil {
 		return nil, err
 	}
-	scan := &pciScan{entries: entries, ids: pciIDsStampFor(t.root), fns: make([]PCIFunction, len(entries))}
+	scan := &pciScan{entries: entries, ids: pciIDsStampFor(), fns: make([]PCIFunction, len(entries))}
 	r := &pciRead{scan: scan, changed: last == nil || scan.ids != last.ids || !slices.Equal(entries, last.entries)}
 	// Names that cannot come from the last answer are asked for at once,
 	// while the functions are read.

@@ -10,35 +10,44 @@ import (
 // searches them.
 var pciIDsPaths = []string{"usr/share/hwdata/pci.ids", "usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids.gz", "usr/share/misc/pci.ids.gz"}
 
-// pciIDsStamp names the pci.ids file PCI names can come from, by path, size
-// and modification time. ghw (v0.26 and v0.27) parses pci.ids again on every
-// ghw.PCI call: it keeps a database handed to it (option.WithPCIDB) in its
-// context but never reads it there, so a database loaded here would be
-// parsed once more for nothing (about 20 ms and 12 MB). A Scanner instead
-// calls ghw again only when the PCI functions or this stamp change: an
-// updated pci.ids renames what it lists.
+// pciIDsStamp names the pci.ids file ghw names PCI functions from, by path,
+// size and modification time. ghw (v0.26 and v0.27) parses pci.ids again on
+// every ghw.PCI call: it keeps a database handed to it (option.WithPCIDB) in
+// its context but never reads it there, so a database loaded here would be
+// parsed once more for nothing (about 20 ms and 12 MB on this machine). A
+// Scanner instead asks ghw again only when the PCI functions or this stamp
+// change: an updated pci.ids renames what it lists.
 type pciIDsStamp struct {
 	path    string
 	size    int64
 	modTime time.Time
 }
 
-// pciIDsStampFor finds pci.ids: $PCIDB_PATH where set (as for pcidb), else
-// below root, else below "/" (the agent's image carries one where the host
-// has none). The zero stamp means there is none: functions are then
-// published with IDs only.
-func pciIDsStampFor(root string) pciIDsStamp {
+// pciIDsStampFor finds the pci.ids ghw reads, as pcidb looks for it:
+// $PCIDB_PATH where set, else $PCIDB_CACHE_PATH (by default
+// ~/.cache/pci.ids), else the distributions' paths below $PCIDB_CHROOT
+// (by default "/": the agent's image, not --root). The zero stamp means
+// there is none: functions are then published with IDs only.
+func pciIDsStampFor() pciIDsStamp {
 	var candidates []string
 	if p := os.Getenv("PCIDB_PATH"); p != "" {
 		candidates = []string{p}
 	} else {
-		for _, r := range []string{root, "/"} {
-			for _, p := range pciIDsPaths {
-				candidates = append(candidates, filepath.Join(r, p))
+		cache, ok := os.LookupEnv("PCIDB_CACHE_PATH")
+		if !ok {
+			if home, err := os.UserHomeDir(); err == nil {
+				cache = filepath.Join(home, ".cache", "pci.ids")
 			}
-			if r == "/" || filepath.Clean(root) == "/" {
-				break
-			}
+		}
+		if cache != "" {
+			candidates = append(candidates, cache)
+		}
+		chroot := os.Getenv("PCIDB_CHROOT")
+		if chroot == "" {
+			chroot = "/"
+		}
+		for _, p := range pciIDsPaths {
+			candidates = append(candidates, filepath.Join(chroot, p))
 		}
 	}
 	for _, p := range candidates {
