@@ -62,3 +62,55 @@ func TestRescanReportsChanges(t *testing.T) {
 		t.Error("the device index still has ens1f0np0 up")
 	}
 }
+
+// BenchmarkRescanLarge is the agent's whole rescan after a link event on
+// the large node (see discovery.BenchmarkDiscoverLarge): discovery, and the
+// slices built again and compared with those published where the inventory
+// changed.
+//   - nothing-changed: the event's link is as it was.
+//   - link-flap: the link went down or came up again (alternately, the
+//     change not timed), which changes whether it is offered for sharing.
+func BenchmarkRescanLarge(b *testing.B) {
+	tree := sysfstest.Large(b.TempDir())
+	ctx := context.Background()
+	const link = "ens3f0v7"
+	newInventory := func(b *testing.B) *inventory {
+		inv := &inventory{root: tree.Root, cfg: nodeconfig.Default(), node: "bench", metrics: prepare.NewMetrics(nil)}
+		if _, err := inv.rescan(ctx, discovery.AnyChange()); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		return inv
+	}
+	b.Run("nothing-changed", func(b *testing.B) {
+		inv := newInventory(b)
+		for b.Loop() {
+			if changed, err := inv.rescan(ctx, discovery.LinksChanged(link)); err != nil || changed {
+				b.Fatalf("rescan: changed %v, %v", changed, err)
+			}
+		}
+	})
+	b.Run("link-flap", func(b *testing.B) {
+		inv := newInventory(b)
+		dir := tree.NetdevDir(link)
+		up := true
+		defer func() {
+			tree.Write(filepath.Join(dir, "operstate"), "up")
+			tree.Write(filepath.Join(dir, "carrier"), "1")
+		}()
+		for b.Loop() {
+			b.StopTimer()
+			up = !up
+			state, carrier := "down", "0"
+			if up {
+				state, carrier = "up", "1"
+			}
+			tree.Write(filepath.Join(dir, "operstate"), state)
+			tree.Write(filepath.Join(dir, "carrier"), carrier)
+			b.StartTimer()
+			if changed, err := inv.rescan(ctx, discovery.LinksChanged(link)); err != nil || !changed {
+				b.Fatalf("rescan: changed %v, %v", changed, err)
+			}
+		}
+	})
+}
