@@ -309,9 +309,7 @@ func policy(def, min, step int64) nodeconfig.Policy {
 }
 
 func newDevice(kind, name string) *resourceapi.Device {
-	// Sized for a NIC's attributes (up to 14), the most numerous devices:
-	// growing the map was a fifth of the bytes Build allocates on a large
-	// node, where the agent builds the slices again on every rescan.
+	// Sized for a NIC's (up to 14): growing it was a fifth of Build's bytes.
 	d := &resourceapi.Device{Name: name, Attributes: make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 14)}
 	setString(d, AttrKind, kind)
 	return d
@@ -352,13 +350,11 @@ func setBool(d *resourceapi.Device, name resourceapi.QualifiedName, v bool) {
 
 var nonNameChars = regexp.MustCompile(`[^a-z0-9-]+`)
 
-var pciAddrSeparators = strings.NewReplacer(":", "-", ".", "-")
-
 // pciName derives a device name from a PCI address: 0000:1a:00.0 becomes
 // <kind>-0000-1a-00-0. PCI addresses are stable across reboots; interface
 // names can change with udev rules.
 func pciName(kind, addr string) string {
-	return kind + "-" + pciAddrSeparators.Replace(addr)
+	return kind + "-" + strings.ReplaceAll(strings.ReplaceAll(addr, ":", "-"), ".", "-")
 }
 
 // nicName names a NIC by its PCI function, with the port where one function
