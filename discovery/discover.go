@@ -3,6 +3,8 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -37,49 +39,108 @@ type Options struct {
 	KernelProbe func(context.Context) (KernelFeatures, error)
 }
 
-// Discover reads the node's hardware under opts.Root. Missing optional files
-// give fewer attributes; a malformed file is an error that names it.
+// Discover reads the node's hardware under opts.Root, as the first scan of a
+// new Scanner. Missing optional files give fewer attributes; a malformed
+// file is an error that names it.
 func Discover(ctx context.Context, opts Options) (*Inventory, error) {
-	logger := klog.FromContext(ctx)
-	start := time.Now()
-	root := opts.Root
-	if root == "" {
-		root = "/"
-	}
-	t := tree{root: root}
+	return NewScanner(opts).Scan(ctx, AnyChange())
+}
 
-	pci, err := t.listPCI(ctx)
+// Scanner discovers one node again and again, reading again only what can
+// have changed since its last scan: the agent rescans on every link event
+// and every minute, and a large node has thousands of PCI functions and
+// netdevs. What it keeps is checked on every scan against what cannot
+// change unseen (see startPCI and readNetdevs), so a scan reports what a
+// first discovery would. It is safe for concurrent use; scans run one at a
+// time.
+type Scanner struct {
+	opts Options
+	mu   sync.Mutex
+	// What the last successful scan read, for the next.
+	pci, fpgaPCI *pciScan
+	netdevs      *netdevScan
+	kernelConfig kernelConfigCache
+}
+
+// NewScanner returns a Scanner of the node opts describe.
+func NewScanner(opts Options) *Scanner {
+	if opts.Root == "" {
+		opts.Root = "/"
+	}
+	return &Scanner{opts: opts}
+}
+
+// Changes says what may have changed since a Scanner's last scan.
+type Changes struct {
+	// links are the netdevs to read again; nil means all of them.
+	links map[string]bool
+}
+
+// AnyChange reads every netdev again: a periodic rescan, or link events
+// that may have been lost.
+func AnyChange() Changes { return Changes{} }
+
+// LinksChanged reads again only the netdevs netlink reported changed
+// (besides those that appeared or were made again, which a scan finds
+// itself). PCI functions and kernel features are checked as on every scan.
+func LinksChanged(names ...string) Changes {
+	c := Changes{links: make(map[string]bool, len(names))}
+	for _, n := range names {
+		c.links[n] = true
+	}
+	return c
+}
+
+func (c Changes) rereads(name string) bool { return c.links == nil || c.links[name] }
+
+// Scan discovers the node; changes says which netdevs to read again.
+func (s *Scanner) Scan(ctx context.Context, changes Changes) (*Inventory, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	logger := klog.FromContext(ctx)
+	opts := s.opts
+	start := time.Now()
+	t := tree{root: opts.Root}
+
+	pciRead, err := t.startPCI(ctx, s.pci)
 	if err != nil {
 		return nil, fmt.Errorf("discover PCI functions: %w", err)
 	}
-	inv := &Inventory{}
-	if inv.NICs, err = t.listNICs(opts.Net, pci); err != nil {
+	// ghw, where it was asked, names the functions meanwhile.
+	netdevs, err := t.readNetdevs(opts.Net, s.netdevs, changes)
+	if err != nil {
+		pciRead.wait(ctx)
 		return nil, fmt.Errorf("discover NICs: %w", err)
 	}
 	cacheTree := t
 	if opts.CPUCacheRoot != "" {
 		cacheTree = tree{root: opts.CPUCacheRoot}
 	}
+	inv := &Inventory{}
 	if inv.LLCs, err = cacheTree.listLLCs(); err != nil {
+		pciRead.wait(ctx)
 		return nil, fmt.Errorf("discover LLCs: %w", err)
 	}
-	fns := sortedPCI(pci)
-	fpgaTree, fpgaFns := t, fns
+	pci := pciRead.wait(ctx)
+	// The inventory's own copy: the scan kept is never handed out.
+	fns := slices.Clone(pci.fns)
+	inv.NICs = netdevs.nics(pci, fns)
+	fpgaTree, fpgaPCI := t, pci
 	if opts.FPGARoot != "" {
 		fpgaTree = tree{root: opts.FPGARoot}
-		fpgaPCI, err := fpgaTree.listPCI(ctx)
+		r, err := fpgaTree.startPCI(ctx, s.fpgaPCI)
 		if err != nil {
 			return nil, fmt.Errorf("discover FPGAs under %s: %w", opts.FPGARoot, err)
 		}
-		fpgaFns = sortedPCI(fpgaPCI)
+		fpgaPCI = r.wait(ctx)
 	}
-	inv.FPGAs = fpgaTree.listFPGAs(fpgaFns)
+	inv.FPGAs = fpgaTree.listFPGAs(fpgaPCI.fns)
 	for _, f := range fns {
 		if isNVIDIAGPU(f) {
 			inv.GPUs = append(inv.GPUs, GPU{PCIFunction: f})
 		}
 	}
-	if inv.Kernel, err = t.kernelFeatures(ctx, opts.KernelProbe); err != nil {
+	if inv.Kernel, err = t.kernelFeatures(ctx, opts.KernelProbe, &s.kernelConfig); err != nil {
 		return nil, fmt.Errorf("discover kernel features: %w", err)
 	}
 	if opts.NVML != nil {
@@ -88,7 +149,12 @@ func Discover(ctx context.Context, opts Options) (*Inventory, error) {
 			logger.V(2).Info("GPUs left out: NVML did not answer", "err", err)
 		}
 	}
-	logger.V(2).Info("Discovered hardware", "root", root, "nics", len(inv.NICs), "llcs", len(inv.LLCs),
-		"fpgas", len(inv.FPGAs), "gpus", len(inv.GPUs), "duration", time.Since(start))
+	s.pci, s.netdevs = pci, netdevs
+	if opts.FPGARoot != "" {
+		s.fpgaPCI = fpgaPCI
+	}
+	logger.V(2).Info("Discovered hardware", "root", opts.Root, "nics", len(inv.NICs), "llcs", len(inv.LLCs),
+		"fpgas", len(inv.FPGAs), "gpus", len(inv.GPUs), "pciChanged", pciRead.changed, "netdevsRead", netdevs.fresh,
+		"duration", time.Since(start))
 	return inv, nil
 }

@@ -2,11 +2,14 @@ package discovery
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -200,4 +203,62 @@ func readSmallAt(dirfd int, rel string) (string, error) {
 // but have no value now: EINVAL for the speed of a link that is down.
 func isUnreadableAttribute(err error) bool {
 	return errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENODEV)
+}
+
+// dirEntry is a directory entry with its inode number. sysfs gives the
+// entries of a device it makes again (a function hot-plugged back, a netdev
+// re-created under the same name) a new inode (kernfs hands inode numbers
+// out in turn, not the freed one again), so names and inodes together say
+// whether what a directory lists is what an earlier read found. A fixture
+// on a disk file system may get a freed inode back at once: its tests make
+// sure they do not (see the Scanner tests).
+type dirEntry struct {
+	name string
+	ino  uint64
+}
+
+// readDirInodes lists a directory with getdents, which gives each entry's
+// inode without a stat. The entries come sorted by name; a missing directory
+// is an empty list.
+func readDirInodes(path string) ([]dirEntry, error) {
+	fd, err := openat(unix.AT_FDCWD, path, unix.O_RDONLY|unix.O_DIRECTORY)
+	if errors.Is(err, syscall.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var out []dirEntry
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", path, err)
+		}
+		if n <= 0 {
+			break
+		}
+		// struct linux_dirent64: ino (8), off (8), reclen (2), type
+		// (1), then the name, NUL-terminated and padded.
+		for off := 0; off+19 <= n; {
+			reclen := int(binary.NativeEndian.Uint16(buf[off+16:]))
+			if reclen < 19 || off+reclen > n {
+				return nil, fmt.Errorf("list %s: malformed directory entry", path)
+			}
+			name := buf[off+19 : off+reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if s := string(name); s != "." && s != ".." {
+				out = append(out, dirEntry{name: s, ino: binary.NativeEndian.Uint64(buf[off:])})
+			}
+			off += reclen
+		}
+	}
+	slices.SortFunc(out, func(a, b dirEntry) int { return strings.Compare(a.name, b.name) })
+	return out, nil
 }

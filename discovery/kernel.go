@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -72,7 +71,7 @@ const ProbeSource = "probe"
 // (its boot id is this process's) and probe is set; otherwise, or where the
 // probe fails, it reads the root's kernel configuration. A snapshot or a
 // fixture root describes another kernel: only its configuration can say.
-func (t tree) kernelFeatures(ctx context.Context, probe func(context.Context) (KernelFeatures, error)) (KernelFeatures, error) {
+func (t tree) kernelFeatures(ctx context.Context, probe func(context.Context) (KernelFeatures, error), cache *kernelConfigCache) (KernelFeatures, error) {
 	if probe != nil && t.isRunningKernel() {
 		k, err := probe(ctx)
 		if err == nil {
@@ -81,7 +80,7 @@ func (t tree) kernelFeatures(ctx context.Context, probe func(context.Context) (K
 		}
 		klog.FromContext(ctx).V(1).Info("Kernel features not probed; reading the kernel configuration", "err", err)
 	}
-	return t.readKernelFeatures()
+	return t.readKernelFeatures(cache)
 }
 
 // isRunningKernel reports whether root's procfs is the running kernel's,
@@ -96,11 +95,10 @@ func (t tree) isRunningKernel() bool {
 	return err == nil && ok && theirs == mine
 }
 
-// kernelConfigCache holds the features of the last configuration read, for
-// as long as its file is unchanged: unzipping /proc/config.gz on every
-// rescan was a few milliseconds each time.
-var kernelConfigCache struct {
-	sync.Mutex
+// kernelConfigCache holds the features of the last configuration a Scanner
+// read, for as long as its file is unchanged: unzipping /proc/config.gz on
+// every rescan was a few milliseconds each time.
+type kernelConfigCache struct {
 	path    string
 	size    int64
 	modTime time.Time
@@ -108,7 +106,7 @@ var kernelConfigCache struct {
 }
 
 // readKernelFeatures reads proc/config.gz, or boot/config-<release>.
-func (t tree) readKernelFeatures() (KernelFeatures, error) {
+func (t tree) readKernelFeatures(c *kernelConfigCache) (KernelFeatures, error) {
 	path, ok, err := t.kernelConfigPath()
 	if err != nil || !ok {
 		return KernelFeatures{}, err
@@ -117,9 +115,6 @@ func (t tree) readKernelFeatures() (KernelFeatures, error) {
 	if err != nil {
 		return KernelFeatures{}, fmt.Errorf("read %s: %w", path, err)
 	}
-	c := &kernelConfigCache
-	c.Lock()
-	defer c.Unlock()
 	if c.path == path && c.size == st.Size() && c.modTime.Equal(st.ModTime()) && st.Size() > 0 {
 		return c.k, nil
 	}

@@ -2,11 +2,10 @@ package discovery
 
 import (
 	"fmt"
-	"os"
 	"path"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -55,71 +54,127 @@ func matchAny(globs []string, name string) bool {
 	return false
 }
 
-// listNICs reads sys/class/net. pci maps addresses to PCI functions.
-func (t tree) listNICs(filter NetFilter, pci map[string]PCIFunction) ([]NIC, error) {
-	const rel = "sys/class/net"
-	entries, err := os.ReadDir(t.path(rel))
-	if os.IsNotExist(err) {
-		return nil, nil
+// netDir lists the netdevs, as links into the device tree.
+const netDir = "sys/class/net"
+
+// netdevScan is what a Scanner keeps of the last read of sys/class/net:
+// its entries (names and inodes) and what was read of each, in the same
+// order.
+type netdevScan struct {
+	entries []dirEntry
+	reads   []netdevRead
+	// fresh counts the netdevs whose files this read read.
+	fresh int
+}
+
+// netdevRead is one netdev as read: kept is false where the filter left it
+// out; pciAddr is the PCI function it hangs off, "" for virtual ones.
+type netdevRead struct {
+	kept    bool
+	nic     NIC
+	pciAddr string
+}
+
+// readNetdevs reads sys/class/net. A netdev of the last read whose entry
+// is the same (name and inode) and that changes does not name is taken
+// from it, with only its PF's sriov_numvfs read again (enabling VFs sends
+// no event for the PF): netlink reports every change of a link's state,
+// address, MTU and name, and re-creating one gives its entry a new inode.
+func (t tree) readNetdevs(filter NetFilter, last *netdevScan, changes Changes) (*netdevScan, error) {
+	entries, err := readDirInodes(t.path(netDir))
+	if err != nil || len(entries) == 0 {
+		return &netdevScan{}, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", t.path(rel), err)
-	}
-	netDir, ok, err := t.openDir(rel)
+	dir, ok, err := t.openDir(netDir)
 	if err != nil || !ok {
-		return nil, err
+		return &netdevScan{}, err
 	}
-	defer netDir.close()
-	nics := make([]NIC, len(entries))
-	kept := make([]bool, len(entries))
+	defer dir.close()
+	scan := &netdevScan{entries: entries, reads: make([]netdevRead, len(entries))}
+	fresh := make([]bool, len(entries))
 	err = forEach(len(entries), func(i int) (err error) {
-		nics[i], kept[i], err = readNICEntry(netDir, entries[i].Name(), filter, pci)
+		e := entries[i]
+		if last != nil && !changes.rereads(e.name) {
+			if j, ok := slices.BinarySearchFunc(last.entries, e.name, func(l dirEntry, n string) int { return strings.Compare(l.name, n) }); ok && last.entries[j] == e {
+				scan.reads[i] = last.reads[j]
+				return refreshVFCount(dir, &scan.reads[i].nic)
+			}
+		}
+		fresh[i] = true
+		scan.reads[i], err = readNetdevEntry(dir, e.name, filter)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	n := 0
-	for i := range nics {
-		if kept[i] {
-			nics[n] = nics[i]
-			n++
+	for _, f := range fresh {
+		if f {
+			scan.fresh++
 		}
 	}
-	nics = nics[:n]
-	sort.Slice(nics, func(i, j int) bool { return nics[i].Name < nics[j].Name })
-	return nics, nil
+	return scan, nil
 }
 
-// readNICEntry reads the netdev name of sys/class/net; ok is false where the
-// filter leaves it out or it is gone.
-func readNICEntry(netDir dir, name string, filter NetFilter, pci map[string]PCIFunction) (nic NIC, ok bool, err error) {
+// refreshVFCount reads a PF's sriov_numvfs again.
+func refreshVFCount(dir dir, nic *NIC) error {
+	if nic.SRIOV == nil {
+		return nil
+	}
+	num, _, err := dir.optionalInt(nic.Name + "/device/sriov_numvfs")
+	if err != nil {
+		return fmt.Errorf("netdev %s: %w", nic.Name, err)
+	}
+	// A new SRIOV: the last read's is shared with the inventory it gave.
+	nic.SRIOV = &SRIOV{TotalVFs: nic.SRIOV.TotalVFs, NumVFs: int(num)}
+	return nil
+}
+
+// nics are the netdevs kept, in name order, each with its PCI function
+// from pci.
+func (s *netdevScan) nics(pci *pciScan, fns []PCIFunction) []NIC {
+	out := make([]NIC, 0, len(s.reads))
+	for _, r := range s.reads {
+		if !r.kept {
+			continue
+		}
+		nic := r.nic
+		if r.pciAddr != "" {
+			if i, ok := pci.lookup(r.pciAddr); ok {
+				nic.PCI = &fns[i]
+			} else {
+				nic.PCI = &PCIFunction{Address: r.pciAddr, NUMANode: -1}
+			}
+		}
+		out = append(out, nic)
+	}
+	return out
+}
+
+// readNetdevEntry reads the netdev name of sys/class/net; kept is false where
+// the filter leaves it out or it is gone.
+func readNetdevEntry(netDir dir, name string, filter NetFilter) (netdevRead, error) {
 	// The kernel places netdevs with no device behind them (veth,
 	// bridges, lo) under devices/virtual. The link's text is enough to
 	// tell, and to find the PCI function, even where the target is gone
 	// (a snapshot, a device being removed).
 	target, _, err := netDir.optionalLink(name)
 	if err != nil {
-		return NIC{}, false, err
+		return netdevRead{}, err
 	}
 	hasDevice := !strings.Contains(target, "devices/virtual/")
 	if !filter.keeps(name, !hasDevice) {
-		return NIC{}, false, nil
+		return netdevRead{}, nil
 	}
-	if nic, ok, err = readNIC(netDir, name); err != nil || !ok {
-		return NIC{}, false, err
+	nic, ok, err := readNIC(netDir, name)
+	if err != nil || !ok {
+		return netdevRead{}, err
 	}
 	nic.Virtual = !hasDevice
+	r := netdevRead{kept: true, nic: nic}
 	if hasDevice {
-		if addr := lastPCIAddress(target); addr != "" {
-			if fn, ok := pci[addr]; ok {
-				nic.PCI = &fn
-			} else {
-				nic.PCI = &PCIFunction{Address: addr, NUMANode: -1}
-			}
-		}
+		r.pciAddr = lastPCIAddress(target)
 	}
-	return nic, true, nil
+	return r, nil
 }
 
 // readNIC reads one netdev's attributes, relative to its directory.

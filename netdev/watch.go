@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -18,16 +19,56 @@ import (
 // make the subscription die.
 type linkSubscriber func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error
 
-// WatchLinks sends on the returned channel whenever a link of the network
-// namespace ns is added, removed or changes state, coalescing bursts:
-// the receiver rescans, it does not need every event. carve's own links (a
-// share's interface, a parent's IFB or VLAN: discovery.IsCarveLink) are
-// never published, so their events are not sent: each prepare and unprepare
-// would otherwise rediscover the whole node several times. If the subscription
-// dies (the netlink socket fails, for example on ENOBUFS), it is made again
-// and a change is signalled, since events may have been missed meanwhile.
-func WatchLinks(ctx context.Context, ns netns.NsHandle) (<-chan struct{}, error) {
+// WatchLinks reports the links of the network namespace ns that were added,
+// removed or changed state: C receives whenever there is something to Take,
+// coalescing bursts (the receiver rescans, it does not need every event).
+// carve's own links (a share's interface, a parent's IFB or VLAN:
+// discovery.IsCarveLink) are never published, so their events are not
+// reported: each prepare and unprepare would otherwise rediscover the whole
+// node several times. If the subscription dies (the netlink socket fails, for
+// example on ENOBUFS), it is made again and every link is reported changed,
+// since events may have been missed meanwhile.
+func WatchLinks(ctx context.Context, ns netns.NsHandle) (*LinkChanges, error) {
 	return watchLinks(ctx, ns, netlink.LinkSubscribeWithOptions, time.Second)
+}
+
+// LinkChanges are the link changes seen since they were last taken.
+type LinkChanges struct {
+	// C receives when there are changes to take.
+	C     <-chan struct{}
+	c     chan struct{}
+	mu    sync.Mutex
+	names map[string]bool
+	all   bool
+}
+
+// Take returns the names of the links changed since the last Take; all is
+// true where any link may have changed (events were lost, or one named no
+// link).
+func (l *LinkChanges) Take() (names []string, all bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for n := range l.names {
+		names = append(names, n)
+	}
+	all, l.names, l.all = l.all, map[string]bool{}, false
+	return names, all
+}
+
+// add records an update that changes what discovery reads; nil is a
+// change of any link.
+func (l *LinkChanges) add(u *netlink.LinkUpdate) {
+	l.mu.Lock()
+	if u == nil || u.Link == nil || u.Link.Attrs() == nil {
+		l.all = true
+	} else {
+		l.names[u.Link.Attrs().Name] = true
+	}
+	l.mu.Unlock()
+	select {
+	case l.c <- struct{}{}:
+	default:
+	}
 }
 
 // relevant reports whether an update can change what discovery finds.
@@ -77,7 +118,7 @@ func (c changes) changed(u netlink.LinkUpdate) bool {
 	return true
 }
 
-func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber, retry time.Duration) (<-chan struct{}, error) {
+func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber, retry time.Duration) (*LinkChanges, error) {
 	logger := klog.FromContext(ctx)
 	open := func() (chan netlink.LinkUpdate, chan struct{}, error) {
 		updates := make(chan netlink.LinkUpdate, 64)
@@ -96,13 +137,8 @@ func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber
 	if err != nil {
 		return nil, err
 	}
-	changed := make(chan struct{}, 1)
-	signal := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
+	c := make(chan struct{}, 1)
+	changed := &LinkChanges{C: c, c: c, names: map[string]bool{}}
 	seen := changes{}
 	go func() {
 		defer func() { close(done) }()
@@ -113,7 +149,7 @@ func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber
 			case u, ok := <-updates:
 				if ok {
 					if seen.changed(u) {
-						signal()
+						changed.add(&u)
 					}
 					continue
 				}
@@ -132,7 +168,7 @@ func watchLinks(ctx context.Context, ns netns.NsHandle, subscribe linkSubscriber
 					}
 					logger.Error(err, "Resubscribing to link events")
 				}
-				signal()
+				changed.add(nil)
 			}
 		}
 	}()

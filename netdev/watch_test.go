@@ -2,6 +2,7 @@ package netdev
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,8 +30,11 @@ func TestWatchLinksResubscribes(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := <-feeds
-	first <- netlink.LinkUpdate{}
-	waitSignal(t, changed, "an event on the first subscription")
+	first <- linkUpdate("ens1f0v3")
+	waitSignal(t, changed.C, "an event on the first subscription")
+	if names, all := changed.Take(); all || len(names) != 1 || names[0] != "ens1f0v3" {
+		t.Errorf("Take() = %v, %v; want [ens1f0v3], false", names, all)
+	}
 	close(first) // the socket failed: the subscription is gone
 	var second chan<- netlink.LinkUpdate
 	select {
@@ -38,9 +42,16 @@ func TestWatchLinksResubscribes(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the watcher did not subscribe again after its subscription ended")
 	}
-	waitSignal(t, changed, "the resubscription")
-	second <- netlink.LinkUpdate{}
-	waitSignal(t, changed, "an event on the second subscription")
+	waitSignal(t, changed.C, "the resubscription")
+	// Events may have been lost meanwhile: every link may have changed.
+	if _, all := changed.Take(); !all {
+		t.Error("after a resubscription, Take() does not report every link changed")
+	}
+	second <- linkUpdate("ens1f0v4")
+	waitSignal(t, changed.C, "an event on the second subscription")
+	if names, all := changed.Take(); all || len(names) != 1 || names[0] != "ens1f0v4" {
+		t.Errorf("Take() = %v, %v; want [ens1f0v4], false", names, all)
+	}
 	if n := subscriptions.Load(); n != 2 {
 		t.Errorf("%d subscriptions, want 2", n)
 	}
@@ -70,19 +81,36 @@ func TestWatchLinksIgnoresCarveLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	feed := <-feeds
-	update := func(name string) netlink.LinkUpdate {
-		return netlink.LinkUpdate{Link: &netlink.Macvlan{LinkAttrs: netlink.LinkAttrs{Name: name}}}
-	}
 	for _, name := range []string{LinkName("ns/claim/req/share"), "cvifb7", "cv7.100"} {
-		feed <- update(name)
+		feed <- linkUpdate(name)
 	}
 	select {
-	case <-changed:
+	case <-changed.C:
 		t.Fatal("a change was signalled for carve's own links")
 	case <-time.After(100 * time.Millisecond):
 	}
-	feed <- update("ens1f0v3")
-	waitSignal(t, changed, "an event of a VF")
+	feed <- linkUpdate("ens1f0v3")
+	feed <- linkUpdate("cvifb7")
+	feed <- linkUpdate("ens1f0v5")
+	waitSignal(t, changed.C, "an event of a VF")
+	// Both VFs' events, coalesced, may take two signals to arrive.
+	got := map[string]bool{}
+	for deadline := time.Now().Add(5 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		names, all := changed.Take()
+		if all {
+			t.Fatal("Take() reports every link changed after named events")
+		}
+		for _, n := range names {
+			got[n] = true
+		}
+	}
+	if len(got) != 2 || !got["ens1f0v3"] || !got["ens1f0v5"] {
+		t.Errorf("links taken = %v, want ens1f0v3 and ens1f0v5 only", got)
+	}
+}
+
+func linkUpdate(name string) netlink.LinkUpdate {
+	return netlink.LinkUpdate{Link: &netlink.Macvlan{LinkAttrs: netlink.LinkAttrs{Name: name}}}
 }
 
 // The kernel tells of a parent each time a child of it is added or removed,
@@ -106,12 +134,12 @@ func TestWatchLinksIgnoresAParentsChildrenComingAndGoing(t *testing.T) {
 	if err := h.LinkSetMTU(parent, 1400); err != nil {
 		t.Fatal(err)
 	}
-	waitSignal(t, changed, "the parent's first event")
+	waitSignal(t, changed.C, "the parent's first event")
 	drain := func() int {
 		n := 0
 		for {
 			select {
-			case <-changed:
+			case <-changed.C:
 				n++
 			case <-time.After(300 * time.Millisecond):
 				return n
@@ -133,8 +161,12 @@ func TestWatchLinksIgnoresAParentsChildrenComingAndGoing(t *testing.T) {
 	if n := drain(); n != 0 {
 		t.Errorf("%d rediscoveries signalled for a parent whose children came and went", n)
 	}
+	changed.Take()
 	if err := h.LinkSetMTU(parent, 1300); err != nil {
 		t.Fatal(err)
 	}
-	waitSignal(t, changed, "the parent's MTU change")
+	waitSignal(t, changed.C, "the parent's MTU change")
+	if names, all := changed.Take(); all || !slices.Contains(names, tp.Parent) {
+		t.Errorf("Take() = %v, %v; want %s named", names, all, tp.Parent)
+	}
 }

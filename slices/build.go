@@ -309,7 +309,8 @@ func policy(def, min, step int64) nodeconfig.Policy {
 }
 
 func newDevice(kind, name string) *resourceapi.Device {
-	d := &resourceapi.Device{Name: name, Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}}
+	// Sized for a NIC's (up to 14): growing it was a fifth of Build's bytes.
+	d := &resourceapi.Device{Name: name, Attributes: make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 14)}
 	setString(d, AttrKind, kind)
 	return d
 }
@@ -353,7 +354,7 @@ var nonNameChars = regexp.MustCompile(`[^a-z0-9-]+`)
 // <kind>-0000-1a-00-0. PCI addresses are stable across reboots; interface
 // names can change with udev rules.
 func pciName(kind, addr string) string {
-	return kind + "-" + strings.NewReplacer(":", "-", ".", "-").Replace(addr)
+	return kind + "-" + strings.ReplaceAll(strings.ReplaceAll(addr, ":", "-"), ".", "-")
 }
 
 // nicName names a NIC by its PCI function, with the port where one function

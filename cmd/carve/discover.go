@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -61,6 +62,7 @@ func newDiscoverCommand() *cobra.Command {
 }
 
 func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
+	relaxGC()
 	if f.nodeName == "" {
 		return fmt.Errorf("--node-name is empty and the hostname is unknown")
 	}
@@ -129,4 +131,15 @@ func defaultNodeName() string {
 	}
 	h, _ := os.Hostname()
 	return h
+}
+
+// relaxGC stops the garbage collector until the heap nears 256 MiB, unless
+// GOGC or GOMEMLIMIT say otherwise: discover runs once and exits, and on a
+// large node (thousands of netdevs) it allocates some tens of MB, which the
+// collector otherwise walks several times (a fifth of its CPU time).
+func relaxGC() {
+	if os.Getenv("GOGC") == "" && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(256 << 20)
+		debug.SetGCPercent(-1)
+	}
 }

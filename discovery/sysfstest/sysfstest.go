@@ -130,6 +130,44 @@ func (t *Tree) AddVF(pf, vf string, index int, p PCI) {
 	t.symlink(filepath.Join(t.PCIDir(pf), fmt.Sprintf("virtfn%d", index)), dir)
 }
 
+// NetdevDir is the directory of an existing netdev, relative to Root.
+func (t *Tree) NetdevDir(name string) string {
+	real, err := filepath.EvalSymlinks(filepath.Join(t.Root, "sys/class/net", name))
+	if err != nil {
+		panic(err)
+	}
+	rel, _ := filepath.Rel(t.Root, real)
+	return rel
+}
+
+// RemoveNIC removes a netdev, as its driver does when the device goes.
+func (t *Tree) RemoveNIC(name string) {
+	dir := t.NetdevDir(name)
+	t.Remove(filepath.Join("sys/class/net", name))
+	t.Remove(dir)
+}
+
+// RemovePCI removes a function, as a hot unplug or disabling a VF does:
+// its sys/bus/pci/devices link, its directory, and a VF's virtfn link on
+// its PF. Its netdevs go with it.
+func (t *Tree) RemovePCI(addr string) {
+	dir := t.PCIDir(addr)
+	if pf, err := filepath.EvalSymlinks(filepath.Join(t.Root, dir, "physfn")); err == nil {
+		links, _ := filepath.Glob(filepath.Join(pf, "virtfn*"))
+		for _, l := range links {
+			if target, err := filepath.EvalSymlinks(l); err == nil && target == filepath.Join(t.Root, dir) {
+				_ = os.Remove(l)
+			}
+		}
+	}
+	nets, _ := os.ReadDir(filepath.Join(t.Root, dir, "net"))
+	for _, n := range nets {
+		t.Remove(filepath.Join("sys/class/net", n.Name()))
+	}
+	t.Remove(filepath.Join("sys/bus/pci/devices", addr))
+	t.Remove(dir)
+}
+
 // LLC describes a level-3 cache shared by some CPUs.
 type LLC struct {
 	ID    int

@@ -21,6 +21,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/gpu/gpuopen"
 	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/prepare"
@@ -128,7 +129,7 @@ func Run(ctx context.Context, opts Options) error {
 	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, fpgaRoot: opts.FPGARoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
 		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason), gpuMemory: k.gpus.memory.tiers,
 		kernel: (&kernelprobe.Prober{Root: opts.Root}).Probe}
-	if _, err := inv.rescan(ctx); err != nil {
+	if _, err := inv.rescan(ctx, discovery.AnyChange()); err != nil {
 		return err
 	}
 	k.gpus.prep.Devices = inv.devices
@@ -194,7 +195,12 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	ticker := time.NewTicker(rescan)
 	defer ticker.Stop()
+	var linkEvents <-chan struct{}
+	if k.linkEvents != nil {
+		linkEvents = k.linkEvents.C
+	}
 	for {
+		changes := discovery.AnyChange()
 		select {
 		case <-ctx.Done():
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
@@ -203,9 +209,14 @@ func Run(ctx context.Context, opts Options) error {
 			logger.Info("Agent stopping")
 			return nil
 		case <-ticker.C:
-		case <-k.linkEvents:
+		case <-linkEvents:
+			// Only the links named are read again; events were lost
+			// where all is set.
+			if names, all := k.linkEvents.Take(); !all {
+				changes = discovery.LinksChanged(names...)
+			}
 		}
-		changed, err := inv.rescan(ctx)
+		changed, err := inv.rescan(ctx, changes)
 		if err != nil {
 			logger.Error(err, "Rediscovery failed; keeping the published slices")
 			continue

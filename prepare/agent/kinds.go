@@ -26,7 +26,7 @@ import (
 // classifier) and what the GPU kinds need (the node's NVML).
 type kinds struct {
 	preparers  map[string]prepare.Preparer
-	linkEvents <-chan struct{}
+	linkEvents *netdev.LinkChanges
 	collectors []prometheus.Collector
 	gpus       *gpus
 	close      func()
