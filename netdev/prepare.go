@@ -222,7 +222,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 		if err != nil {
 			// The next prepare looks at the parent's HTB and IFB
 			// again, whatever happened to them.
-			p.setUp.forget("htb", parent.Attrs().Index)
+			p.setUp.forgetDevice(parent.Attrs().Index)
 			p.setUp.forgetIFB(parent.Attrs().Index)
 		}
 	}()

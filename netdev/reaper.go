@@ -310,7 +310,7 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	if egress {
 		removed, err := removeHTBIfIdle(p.h, parent)
 		if removed || err != nil {
-			p.setUp.forget("htb", parent.Attrs().Index)
+			p.setUp.forgetDevice(parent.Attrs().Index)
 		}
 		out = append(out, err)
 	}

@@ -2,7 +2,9 @@ package netdev
 
 import (
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -14,25 +16,32 @@ import (
 // and when a prepare that relied on it fails (the next one looks again).
 type setUpCache struct {
 	mu   sync.Mutex
-	done map[string]bool
+	done map[string]time.Time
 	ifbs map[int]netlink.Link
 }
+
+// setUpRecheck bounds how long a device's set-up is taken on trust: an
+// operator's tc or bpftool that removes carve's classifier or qdisc is
+// repaired by the next prepare after it at most this much later (and
+// `carve shares` reports the share as not enforced meanwhile).
+const setUpRecheck = 30 * time.Second
 
 func setUpKey(what string, ifindex int) string { return what + "/" + strconv.Itoa(ifindex) }
 
 func (c *setUpCache) has(what string, ifindex int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.done[setUpKey(what, ifindex)]
+	at, ok := c.done[setUpKey(what, ifindex)]
+	return ok && time.Since(at) < setUpRecheck
 }
 
 func (c *setUpCache) add(what string, ifindex int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.done == nil {
-		c.done = map[string]bool{}
+		c.done = map[string]time.Time{}
 	}
-	c.done[setUpKey(what, ifindex)] = true
+	c.done[setUpKey(what, ifindex)] = time.Now()
 }
 
 func (c *setUpCache) forget(what string, ifindex int) {
@@ -41,12 +50,25 @@ func (c *setUpCache) forget(what string, ifindex int) {
 	delete(c.done, setUpKey(what, ifindex))
 }
 
+// forgetDevice forgets everything set up on a device.
+func (c *setUpCache) forgetDevice(ifindex int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	suffix := "/" + strconv.Itoa(ifindex)
+	for k := range c.done {
+		if strings.HasSuffix(k, suffix) {
+			delete(c.done, k)
+		}
+	}
+}
+
 // ifb is the parent's IFB, set up with its HTB and redirect.
 func (c *setUpCache) ifb(parent int) (netlink.Link, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l, ok := c.ifbs[parent]
-	return l, ok
+	at, checked := c.done[setUpKey("ifb", parent)]
+	return l, ok && checked && time.Since(at) < setUpRecheck
 }
 
 func (c *setUpCache) setIFB(parent int, ifb netlink.Link) {
@@ -55,14 +77,24 @@ func (c *setUpCache) setIFB(parent int, ifb netlink.Link) {
 	if c.ifbs == nil {
 		c.ifbs = map[int]netlink.Link{}
 	}
+	if c.done == nil {
+		c.done = map[string]time.Time{}
+	}
 	c.ifbs[parent] = ifb
+	c.done[setUpKey("ifb", parent)] = time.Now()
 }
 
 func (c *setUpCache) forgetIFB(parent int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l, ok := c.ifbs[parent]; ok {
-		delete(c.done, setUpKey("htb", l.Attrs().Index))
+		suffix := "/" + strconv.Itoa(l.Attrs().Index)
+		for k := range c.done {
+			if strings.HasSuffix(k, suffix) {
+				delete(c.done, k)
+			}
+		}
 		delete(c.ifbs, parent)
 	}
+	delete(c.done, setUpKey("ifb", parent))
 }

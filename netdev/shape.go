@@ -32,8 +32,13 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	if err := p.setLeaf(dev, minor, rate); err != nil {
 		return minor, err
 	}
-	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
-		return minor, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
+	// Attached (and checked to be first on the hook) once per device
+	// while it is set up, not by every share.
+	if what := "classifier-" + dir.String(); !p.setUp.has(what, dev.Attrs().Index) {
+		if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
+			return minor, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
+		}
+		p.setUp.add(what, dev.Attrs().Index)
 	}
 	if err := p.opts.Shaper.SetShare(dir, mac, uint32(netlink.MakeHandle(1, minor))); err != nil {
 		return minor, fmt.Errorf("classifier entry: %w", err)
