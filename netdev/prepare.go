@@ -40,6 +40,8 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	key := a.ShareKey()
 	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String()}
+	p.preparing.Add(1)
+	defer p.preparing.Add(-1)
 	// The same share unprepared a moment ago (a claim used again on this
 	// node) has the same names: what is left of it goes first.
 	if err := p.reaper.settle(key); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -70,6 +71,8 @@ type NICPreparer struct {
 	reaper *reaper
 	// setUp is what carve set up on each device, known without a dump.
 	setUp setUpCache
+	// preparing counts prepares in flight; the reaper yields to them.
+	preparing atomic.Int32
 }
 
 var (

@@ -67,6 +67,9 @@ const reapGroup = 0xca7e
 // reapGather is how long the reaper lets a batch gather before it starts.
 const reapGather = 100 * time.Millisecond
 
+// reapYieldMax bounds how long the reaper stays out of prepares' way.
+const reapYieldMax = time.Second
+
 // reapRetry is how long a failed item waits before it is tried again.
 const reapRetry = time.Second
 
@@ -247,6 +250,10 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 			}
 		}
 	}
+	// Deleting interfaces holds RTNL for a grace period: it waits, up
+	// to a bound, for a moment with no prepare in flight, so that a pod
+	// starting does not queue behind one that went.
+	p.waitForNoPrepare(reapYieldMax)
 	if err := p.deleteLinks(items, errs); err != nil {
 		logger.Error(err, "Removing share interfaces")
 	}
@@ -354,4 +361,12 @@ func (p *NICPreparer) deleteLinks(items []reapItem, errs []error) error {
 		}
 	}
 	return fmt.Errorf("delete interface group %#x: %w", reapGroup, err)
+}
+
+// waitForNoPrepare returns once no prepare is in flight, or after max.
+func (p *NICPreparer) waitForNoPrepare(max time.Duration) {
+	deadline := time.Now().Add(max)
+	for p.preparing.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
 }
