@@ -21,6 +21,9 @@ type Pinned struct {
 	// addrs is nil where the agent that pinned the maps predates
 	// address-keyed shares.
 	addrs *ebpf.Map
+	// egressShapers is nil where an agent from before egress shapers
+	// pinned the others.
+	egressShapers *ebpf.Map
 }
 
 // OpenPinned opens the maps pinned under pinDir; an error wrapping
@@ -39,20 +42,26 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 		}
 		*m.dst = mp
 	}
-	path := filepath.Join(pinDir, shaperMapShareAddrs)
-	mp, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		p.Close()
-		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
+	// Maps of later carves: absent where an older agent pinned the others.
+	for _, m := range []struct {
+		name string
+		dst  **ebpf.Map
+	}{{shaperMapShareAddrs, &p.addrs}, {shaperMapEgressShapers, &p.egressShapers}} {
+		path := filepath.Join(pinDir, m.name)
+		mp, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			p.Close()
+			return nil, fmt.Errorf("open pinned map %s: %w", path, err)
+		}
+		*m.dst = mp
 	}
-	p.addrs = mp
 	return p, nil
 }
 
 // Close releases the maps; the pins stay.
 func (p *Pinned) Close() error {
 	var err error
-	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates, p.addrs} {
+	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates, p.addrs, p.egressShapers} {
 		if m != nil {
 			err = errors.Join(err, m.Close())
 		}
@@ -73,6 +82,12 @@ func (p *Pinned) ShareAddrs() ([]AddrShare, error) {
 		return nil, nil
 	}
 	return readAddrs(p.addrs)
+}
+
+// EgressShapers returns each parent's egress shaper, as
+// Shaper.EgressShapers; none where the agent pinned no such map.
+func (p *Pinned) EgressShapers() (map[int]EgressShaperLinks, error) {
+	return readEgressShapers(p.egressShapers)
 }
 
 // Rates returns the EDT pace of each share's egress in bits/s, by MAC.
@@ -118,7 +133,7 @@ func readStats(m *ebpf.Map) (map[Key]Counters, error) {
 // directory.
 type PinnedLink struct {
 	// Program is the program's name: classify_egress, classify_ingress,
-	// edt_egress or redirect_ingress.
+	// edt_egress, redirect_ingress or return_shaped.
 	Program string
 	// NetnsIno is the inode of the network namespace it was attached in.
 	NetnsIno uint64

@@ -27,6 +27,12 @@ type shaperAddrOwner struct {
 	Pad [2]uint8
 }
 
+type shaperEgressShaper struct {
+	_             structs.HostLayout
+	ShaperIfindex uint32
+	ReturnIfindex uint32
+}
+
 type shaperLearnedKey struct {
 	_   structs.HostLayout
 	Mac [6]uint8
@@ -45,6 +51,13 @@ type shaperNetnsVal struct {
 	Classid uint32
 	Mac     [6]uint8
 	Pad     [2]uint8
+}
+
+type shaperShaperReturn struct {
+	_             structs.HostLayout
+	ParentIfindex uint32
+	ShaperMac     [6]uint8
+	Pad           [2]uint8
 }
 
 type shaperShareCounters struct {
@@ -77,8 +90,10 @@ type shaperShareVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	shaperMapAddrsUsed        = "addrs_used"
+	shaperMapEgressShapers    = "egress_shapers"
 	shaperMapIfbOf            = "ifb_of"
 	shaperMapLearnedMacs      = "learned_macs"
+	shaperMapShaperReturns    = "shaper_returns"
 	shaperMapShareAddrs       = "share_addrs"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareRates       = "share_rates"
@@ -88,6 +103,7 @@ const (
 	shaperProgClassifyIngress = "classify_ingress"
 	shaperProgEdtEgress       = "edt_egress"
 	shaperProgRedirectIngress = "redirect_ingress"
+	shaperProgReturnShaped    = "return_shaped"
 )
 
 // loadShaper returns the embedded CollectionSpec for shaper.
@@ -136,20 +152,23 @@ type shaperProgramSpecs struct {
 	ClassifyIngress *ebpf.ProgramSpec `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.ProgramSpec `ebpf:"edt_egress"`
 	RedirectIngress *ebpf.ProgramSpec `ebpf:"redirect_ingress"`
+	ReturnShaped    *ebpf.ProgramSpec `ebpf:"return_shaped"`
 }
 
 // shaperMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperMapSpecs struct {
-	AddrsUsed   *ebpf.MapSpec `ebpf:"addrs_used"`
-	IfbOf       *ebpf.MapSpec `ebpf:"ifb_of"`
-	LearnedMacs *ebpf.MapSpec `ebpf:"learned_macs"`
-	ShareAddrs  *ebpf.MapSpec `ebpf:"share_addrs"`
-	ShareNetns  *ebpf.MapSpec `ebpf:"share_netns"`
-	ShareRates  *ebpf.MapSpec `ebpf:"share_rates"`
-	ShareStats  *ebpf.MapSpec `ebpf:"share_stats"`
-	Shares      *ebpf.MapSpec `ebpf:"shares"`
+	AddrsUsed     *ebpf.MapSpec `ebpf:"addrs_used"`
+	EgressShapers *ebpf.MapSpec `ebpf:"egress_shapers"`
+	IfbOf         *ebpf.MapSpec `ebpf:"ifb_of"`
+	LearnedMacs   *ebpf.MapSpec `ebpf:"learned_macs"`
+	ShaperReturns *ebpf.MapSpec `ebpf:"shaper_returns"`
+	ShareAddrs    *ebpf.MapSpec `ebpf:"share_addrs"`
+	ShareNetns    *ebpf.MapSpec `ebpf:"share_netns"`
+	ShareRates    *ebpf.MapSpec `ebpf:"share_rates"`
+	ShareStats    *ebpf.MapSpec `ebpf:"share_stats"`
+	Shares        *ebpf.MapSpec `ebpf:"shares"`
 }
 
 // shaperVariableSpecs contains global variables before they are loaded into the kernel.
@@ -178,21 +197,25 @@ func (o *shaperObjects) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperMaps struct {
-	AddrsUsed   *ebpf.Map `ebpf:"addrs_used"`
-	IfbOf       *ebpf.Map `ebpf:"ifb_of"`
-	LearnedMacs *ebpf.Map `ebpf:"learned_macs"`
-	ShareAddrs  *ebpf.Map `ebpf:"share_addrs"`
-	ShareNetns  *ebpf.Map `ebpf:"share_netns"`
-	ShareRates  *ebpf.Map `ebpf:"share_rates"`
-	ShareStats  *ebpf.Map `ebpf:"share_stats"`
-	Shares      *ebpf.Map `ebpf:"shares"`
+	AddrsUsed     *ebpf.Map `ebpf:"addrs_used"`
+	EgressShapers *ebpf.Map `ebpf:"egress_shapers"`
+	IfbOf         *ebpf.Map `ebpf:"ifb_of"`
+	LearnedMacs   *ebpf.Map `ebpf:"learned_macs"`
+	ShaperReturns *ebpf.Map `ebpf:"shaper_returns"`
+	ShareAddrs    *ebpf.Map `ebpf:"share_addrs"`
+	ShareNetns    *ebpf.Map `ebpf:"share_netns"`
+	ShareRates    *ebpf.Map `ebpf:"share_rates"`
+	ShareStats    *ebpf.Map `ebpf:"share_stats"`
+	Shares        *ebpf.Map `ebpf:"shares"`
 }
 
 func (m *shaperMaps) Close() error {
 	return _ShaperClose(
 		m.AddrsUsed,
+		m.EgressShapers,
 		m.IfbOf,
 		m.LearnedMacs,
+		m.ShaperReturns,
 		m.ShareAddrs,
 		m.ShareNetns,
 		m.ShareRates,
@@ -215,6 +238,7 @@ type shaperPrograms struct {
 	ClassifyIngress *ebpf.Program `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.Program `ebpf:"edt_egress"`
 	RedirectIngress *ebpf.Program `ebpf:"redirect_ingress"`
+	ReturnShaped    *ebpf.Program `ebpf:"return_shaped"`
 }
 
 func (p *shaperPrograms) Close() error {
@@ -223,6 +247,7 @@ func (p *shaperPrograms) Close() error {
 		p.ClassifyIngress,
 		p.EdtEgress,
 		p.RedirectIngress,
+		p.ReturnShaped,
 	)
 }
 

@@ -86,10 +86,13 @@ func TestTypicalNode(t *testing.T) {
 
 func TestNetFilter(t *testing.T) {
 	tree := sysfstest.Typical(t.TempDir())
-	// carve's own links: a share's interface before its pod takes it, and
-	// a parent's ingress IFB. Never NICs, whatever the filter says.
+	// carve's own links: a share's interface before its pod takes it, a
+	// parent's ingress IFB and egress shaper pair. Never NICs, whatever the
+	// filter says.
 	tree.AddNIC("cv0123456789", sysfstest.NIC{MAC: "02:01:02:03:04:05", MTU: 1500})
 	tree.AddNIC("cvifb7", sysfstest.NIC{MAC: "02:01:02:03:04:06", MTU: 1500})
+	tree.AddNIC("cveg7", sysfstest.NIC{MAC: "02:01:02:03:04:08", MTU: 65535})
+	tree.AddNIC("cveg7r", sysfstest.NIC{MAC: "02:01:02:03:04:09", MTU: 65535})
 	tree.AddNIC("cv7.100", sysfstest.NIC{MAC: "02:01:02:03:04:07", MTU: 1500})
 	for _, tc := range []struct {
 		filter discovery.NetFilter

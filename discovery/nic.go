@@ -37,8 +37,10 @@ func (f NetFilter) keeps(name string, virtual bool) bool {
 // carveLinkPattern matches what carve's NIC preparer makes on the node: a
 // share's interface before the hook moves it into its pod ("cv" and ten hex
 // digits, see netdev.LinkName), a parent's ingress IFB ("cvifb" and the
-// parent's ifindex) and a parent's VLAN ("cv<ifindex>.<vlan>").
-var carveLinkPattern = regexp.MustCompile(`^(cv[0-9a-f]{10}|cvifb[0-9]+|cv[0-9]+\.[0-9]+)$`)
+// parent's ifindex), a parent's egress shaper, a veth pair ("cveg" and the
+// parent's ifindex, its peer with an "r" after) and a parent's VLAN
+// ("cv<ifindex>.<vlan>").
+var carveLinkPattern = regexp.MustCompile(`^(cv[0-9a-f]{10}|cvifb[0-9]+|cveg[0-9]+r?|cv[0-9]+\.[0-9]+)$`)
 
 // IsCarveLink reports whether a link is one carve made for a share. Such
 // links are never published as NICs: a share cut from a share would escape

@@ -79,28 +79,6 @@ func conformance(b *testing.B, proto string, dir bpf.Direction, limits []string)
 	}
 }
 
-// BenchmarkUnlimitedShare compares a share with no bandwidth limit, on a
-// parent whose egress runs carve's HTB and classifier for another share,
-// with the same macvlan on a parent without them: the cost of enforcement
-// to traffic that is not limited.
-func BenchmarkUnlimitedShare(b *testing.B) {
-	for _, withCarve := range []bool{false, true} {
-		b.Run(map[bool]string{false: "no-bpf", true: "carve"}[withCarve], func(b *testing.B) {
-			env := newBench(b)
-			if withCarve {
-				env.add("limited", "200M", "200M", nil)
-			}
-			free := env.add("free", "", "", nil)
-			var sum float64
-			for b.Loop() {
-				goodput, _ := env.measure(bpf.Egress, []*share{free}, 2*time.Second)
-				sum += goodput[0]
-			}
-			b.ReportMetric(sum/float64(b.N)/1e9, "Gbps")
-		})
-	}
-}
-
 // BenchmarkPrepareNetworkClaim is the latency of preparing and unpreparing
 // one bandwidth share: interface, address, HTB classes in both directions,
 // classifier entries and the attach spec. "steady" keeps another share on

@@ -30,7 +30,7 @@ func TestShareClassesHaveBoundedLeaves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, dev := range []string{parent.Attrs().Name, ifb.Attrs().Name} {
+		for _, dev := range []string{fmt.Sprintf("cveg%d", parent.Attrs().Index), ifb.Attrs().Name} {
 			out, err := b.tp.Exec("node", "tc", "qdisc", "show", "dev", dev).CombinedOutput()
 			if err != nil {
 				t.Fatalf("tc: %v: %s", err, out)

@@ -73,16 +73,17 @@ func (p *NICPreparer) Collect(ch chan<- prometheus.Metric) {
 }
 
 // classDrops maps each share to its HTB class's drop count. Only the
-// devices that hold share classes (the parents and their IFBs) are dumped,
-// on a netlink socket of the metrics' own: listing every link took a dump
-// per link (2064 on a node with 2048 VFs) on the socket prepare uses.
+// devices that hold share classes (the parents' egress shapers and IFBs)
+// are dumped, on a netlink socket of the metrics' own: listing every link
+// took a dump per link (2064 on a node with 2048 VFs) on the socket
+// prepare uses.
 func (p *NICPreparer) classDrops() map[bpf.Key]uint64 {
 	shares, err := p.opts.Shaper.Shares()
 	if err != nil {
 		return nil
 	}
-	// A share's egress class (on the parent) and ingress class (on the
-	// IFB) usually have the same minor: classes are told apart by the
+	// A share's egress class (on the egress shaper) and ingress class (on
+	// the IFB) usually have the same minor: classes are told apart by the
 	// device they are on.
 	byClass := map[bpf.Direction]map[uint32]bpf.Key{bpf.Egress: {}, bpf.Ingress: {}}
 	for k, classid := range shares {
@@ -131,12 +132,15 @@ func (p *NICPreparer) classDrops() map[bpf.Key]uint64 {
 		if err != nil {
 			continue
 		}
-		dump(link)
-		// Restore records a share's ingress minor under its parent, so
-		// the parent's IFB is looked at whatever the records say.
+		dump(link) // an IFB, or a parent an older carve put its HTB on
+		// Egress classes are on the parent's egress shaper. Restore
+		// records a share's ingress minor under its parent, so the
+		// parent's IFB is looked at whatever the records say.
 		if !discovery.IsCarveLink(dev) {
-			if ifb, err := h.LinkByName(IFBName(link.Attrs().Index)); err == nil {
-				dump(ifb)
+			for _, name := range []string{egressShaperName(link.Attrs().Index), IFBName(link.Attrs().Index)} {
+				if l, err := h.LinkByName(name); err == nil {
+					dump(l)
+				}
 			}
 		}
 	}

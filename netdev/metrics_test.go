@@ -7,9 +7,9 @@ import (
 )
 
 // A scrape reports the drops of each share's class in both directions:
-// the egress class on the parent and the ingress class on its IFB, found
-// without listing every link of the node.
-func TestShareMetricsFromParentsAndIFBs(t *testing.T) {
+// the egress class on the parent's egress shaper and the ingress class on
+// its IFB, found without listing every link of the node.
+func TestShareMetricsFromShapersAndIFBs(t *testing.T) {
 	b := newBench(t)
 	s := b.add("metered", "10M", "20M", nil)
 	reg := prometheus.NewRegistry()

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vishvananda/netlink"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -112,11 +113,12 @@ func macsOf(specs map[string]AttachSpec) map[string]bool {
 	return out
 }
 
-// removeOrphanIFBs deletes the ingress IFBs whose parent is gone: an IFB is
-// named after its parent's ifindex (cvifb<ifindex>), and a parent that was
-// removed (a NIC unplugged, a test's veth deleted) before its last share was
-// unprepared leaves its IFB behind, with nothing left to shape.
-func (p *NICPreparer) removeOrphanIFBs(ctx context.Context) {
+// removeOrphanShapers deletes the ingress IFBs and egress shapers whose
+// parent is gone: each is named after its parent's ifindex (cvifb<ifindex>,
+// cveg<ifindex>), and a parent that was removed (a NIC unplugged, a test's
+// veth deleted) before its last share was unprepared leaves them behind,
+// with nothing left to shape.
+func (p *NICPreparer) removeOrphanShapers(ctx context.Context) {
 	links, err := p.h.LinkList()
 	if err != nil {
 		return
@@ -125,13 +127,36 @@ func (p *NICPreparer) removeOrphanIFBs(ctx context.Context) {
 	for _, l := range links {
 		present[l.Attrs().Index] = true
 	}
+	logger := klog.FromContext(ctx)
 	for _, l := range links {
-		idx, err := strconv.Atoi(strings.TrimPrefix(l.Attrs().Name, "cvifb"))
-		if err != nil || !strings.HasPrefix(l.Attrs().Name, "cvifb") || l.Type() != "ifb" || present[idx] {
+		idx, ok := shapedParent(l)
+		if !ok || present[idx] {
 			continue
 		}
+		if l.Type() == "veth" {
+			if err := p.forgetEgressShaper(idx); err != nil {
+				logger.Error(err, "Egress shaper whose parent is gone kept", "shaper", l.Attrs().Name)
+				continue
+			}
+		}
+		// An egress shaper's peer goes with it.
 		if err := p.h.LinkDel(l); err == nil {
-			klog.FromContext(ctx).Info("Removed an ingress IFB whose parent is gone", "ifb", l.Attrs().Name)
+			logger.Info("Removed a shaping device whose parent is gone", "device", l.Attrs().Name)
 		}
 	}
+}
+
+// shapedParent is the ifindex of the parent that l shapes, where l is an
+// ingress IFB or the first end of an egress shaper.
+func shapedParent(l netlink.Link) (int, bool) {
+	for _, dev := range []struct{ prefix, kind string }{{"cvifb", "ifb"}, {"cveg", "veth"}} {
+		rest, ok := strings.CutPrefix(l.Attrs().Name, dev.prefix)
+		if !ok || l.Type() != dev.kind {
+			continue
+		}
+		if idx, err := strconv.Atoi(rest); err == nil {
+			return idx, true
+		}
+	}
+	return 0, false
 }

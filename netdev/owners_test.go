@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // A restarted agent whose checkpoint was lost keeps every share enforced
@@ -119,12 +120,12 @@ func TestTwoAgentsNeverShareAddressesOrClasses(t *testing.T) {
 	}
 }
 
-// An IFB whose parent is gone (removed before its last share was
-// unprepared) is removed when the agent starts; a parent's live IFB stays.
-func TestOrphanIFBIsRemovedAtStart(t *testing.T) {
+// An IFB or egress shaper whose parent is gone (removed before its last
+// share was unprepared) is removed when the agent starts, and the
+// classifier forgets the shaper; a live parent's stay.
+func TestOrphanShapersAreRemovedAtStart(t *testing.T) {
 	b := newBench(t)
-	live := b.add("live", "", "10M", nil)
-	_ = live
+	b.add("live", "10M", "10M", nil)
 	node, err := netlink.NewHandleAt(b.tp.Node)
 	if err != nil {
 		t.Fatal(err)
@@ -135,12 +136,39 @@ func TestOrphanIFBIsRemovedAtStart(t *testing.T) {
 	if err := node.LinkAdd(&netlink.Ifb{LinkAttrs: la}); err != nil {
 		t.Fatal(err)
 	}
+	la = netlink.NewLinkAttrs()
+	la.Name = "cveg9999"
+	if err := node.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "cveg9999r"}); err != nil {
+		t.Fatal(err)
+	}
+	orphan, _ := node.LinkByName("cveg9999")
+	back, _ := node.LinkByName("cveg9999r")
+	err = netdevtest.In(b.tp.Node, func() error {
+		return b.shaper.AttachEgressShaper(9999, orphan.Attrs().Index, back.Attrs().Index, orphan.Attrs().HardwareAddr)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	parent, _ := node.LinkByName(b.tp.Parent)
 	b.newPreparer("test", b.tp.Subnet, "").Restore(nil, nil)
-	if _, err := node.LinkByName("cvifb9999"); err == nil {
-		t.Error("the IFB of a parent that is gone is still there")
+	for _, name := range []string{"cvifb9999", "cveg9999", "cveg9999r"} {
+		if _, err := node.LinkByName(name); err == nil {
+			t.Errorf("%s, of a parent that is gone, is still there", name)
+		}
 	}
-	if _, err := node.LinkByName(fmt.Sprintf("cvifb%d", parent.Attrs().Index)); err != nil {
-		t.Errorf("the live parent's IFB was removed: %v", err)
+	shapers, err := b.shaper.EgressShapers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := shapers[9999]; ok {
+		t.Error("the classifier still sends the frames of a parent that is gone to its shaper")
+	}
+	if _, ok := shapers[parent.Attrs().Index]; !ok {
+		t.Error("the classifier forgot the live parent's shaper")
+	}
+	for _, name := range []string{fmt.Sprintf("cvifb%d", parent.Attrs().Index), fmt.Sprintf("cveg%d", parent.Attrs().Index)} {
+		if _, err := node.LinkByName(name); err != nil {
+			t.Errorf("the live parent's %s was removed: %v", name, err)
+		}
 	}
 }

@@ -108,9 +108,11 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	crash.Point("nic-link-created")
 
-	// Enforcement: egress by source MAC on the parent, ingress by
-	// destination MAC on the parent's IFB, under the parent's lock; by
-	// address instead where the share is told apart by address.
+	// Enforcement, under the parent's lock: egress classified on the
+	// parent by the sending pod's namespace, else source MAC, and held
+	// on the parent's egress shaper; ingress by destination MAC on the
+	// parent's IFB; by address instead where the share is told apart by
+	// address.
 	if egress > 0 || ingress > 0 {
 		if err := p.enforce(parent, key, egress, ingress, u); err != nil {
 			return prepare.Prepared{}, err
@@ -230,12 +232,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 	}()
 	mac := ShareMAC(key)
 	if egress > 0 {
-		if p.edtOn(parent) {
-			u.EgressEDT = true
-			if err := p.pace(parent, mac, egress); err != nil {
-				return fmt.Errorf("egress: %w", err)
-			}
-		} else if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
+		if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
 			return fmt.Errorf("egress: %w", err)
 		}
 	}

@@ -58,8 +58,6 @@ type NICPreparer struct {
 	// addressKeys tells every bandwidth share apart by address, not only
 	// ipvlan's (tests, see KeyByAddress in export_test.go).
 	addressKeys bool
-	// noFQ is set once adding fq failed: the kernel has no sch_fq.
-	noFQ bool
 	// noFQCodel is set once adding fq_codel failed: leaves are bfifos.
 	noFQCodel bool
 	// parentLocks and poolMu are the in-process halves of the parents'
@@ -107,7 +105,8 @@ type undoRecord struct {
 	Link        string `json:"link"`
 	MAC         string `json:"mac"`
 	EgressMinor uint16 `json:"egressMinor,omitempty"`
-	// EgressEDT is set where egress is paced by EDT with fq instead.
+	// EgressEDT is set where an older carve paced egress by EDT, with fq
+	// at the parent's root; unprepare removes such a share's rate.
 	EgressEDT    bool     `json:"egressEDT,omitempty"`
 	IngressMinor uint16   `json:"ingressMinor,omitempty"`
 	Addresses    []string `json:"addresses,omitempty"`
@@ -126,7 +125,7 @@ type undoRecord struct {
 func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessage) {
 	ctx := context.Background()
 	keep := macsOf(p.removeSpecsOfOtherBoots(ctx))
-	p.removeOrphanIFBs(ctx)
+	p.removeOrphanShapers(ctx)
 	for i, a := range allocs {
 		key := a.ShareKey()
 		keep[ShareMAC(key).String()] = true
@@ -192,16 +191,17 @@ func (p *NICPreparer) resumeReaper(ctx context.Context) {
 }
 
 // reserveMinors marks a share's class minors as taken. Minors are per
-// device: egress classes live on the parent, ingress ones on its IFB.
+// device: egress classes live on the parent's egress shaper, ingress ones
+// on its IFB.
 func (p *NICPreparer) reserveMinors(key, parentName string, egress, ingress uint16) {
-	ifb := ""
+	ifb, shaper := "", ""
 	if parent, err := p.h.LinkByName(parentName); err == nil {
-		ifb = ifbName(parent)
+		ifb, shaper = ifbName(parent), egressShaperName(parent.Attrs().Index)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if egress != 0 {
-		p.minorSet(parentName)[egress] = key
+	if egress != 0 && shaper != "" {
+		p.minorSet(shaper)[egress] = key
 	}
 	if ingress != 0 && ifb != "" {
 		p.minorSet(ifb)[ingress] = key

@@ -23,7 +23,7 @@ import (
 // kubelet's path. Unprepare releases a share at once (its classifier
 // entries go, so its traffic is no longer charged or shaped, and its
 // addresses go back to the pool) and queues the rest: the HTB classes, the
-// parent's HTB and IFB once idle, the share's interface if it is still on
+// parent's egress shaper and IFB once idle, the share's interface if it is still on
 // the node, and the attach spec. Removing those waits for RCU grace periods
 // under RTNL, tens of milliseconds each; the reaper takes them in batches,
 // one parent lock per parent and one grace period for all the batch's
@@ -293,8 +293,9 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 	return failed
 }
 
-// reapClasses deletes the items' classes on parent and its IFB, then the
-// HTB and IFB if no share is left on them, under the parent's lock.
+// reapClasses deletes the items' classes on parent's egress shaper and its
+// IFB, then the shaper and IFB if no share is left on them, under the
+// parent's lock.
 func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []int, errs []error) error {
 	unlock, err := p.lockParent(parent)
 	if err != nil {
@@ -306,7 +307,7 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	for _, i := range idx {
 		if m := items[i].EgressMinor; m != 0 {
 			egress = true
-			errs[i] = errors.Join(errs[i], deleteClass(p.h, parent, m))
+			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m))
 		}
 		if m := items[i].IngressMinor; m != 0 && ifbErr == nil {
 			ingress = true
@@ -315,11 +316,7 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	}
 	var out []error
 	if egress {
-		removed, err := removeHTBIfIdle(p.h, parent)
-		if removed || err != nil {
-			p.setUp.forgetDevice(parent.Attrs().Index)
-		}
-		out = append(out, err)
+		out = append(out, p.removeEgressShaperIfIdle(parent))
 	}
 	if ingress {
 		out = append(out, p.removeIngressIFBIfIdle(parent))

@@ -2,19 +2,17 @@ package netdev_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
-// An operator's root qdisc that is not a kernel default is never replaced:
-// the share is refused, naming the qdisc, and the root is left as it was.
-// mq counts as a default only while its children are defaults too.
-func TestRefusesOperatorsRootQdisc(t *testing.T) {
+// An operator's root qdisc on the parent is never touched: carve's shaper
+// is a device of its own, so a limited share is prepared beside the
+// operator's root, whatever its kind, and the root is left as it was.
+func TestKeepsOperatorsRootQdisc(t *testing.T) {
 	b := newBench(t)
 	node, err := netlink.NewHandleAt(b.tp.Node)
 	if err != nil {
@@ -41,17 +39,18 @@ func TestRefusesOperatorsRootQdisc(t *testing.T) {
 		}
 		tried++
 		t.Cleanup(func() { _ = node.QdiscDel(q) })
-		a := b.alloc("op-"+kind, "100M", "")
-		_, err := b.p.Prepare(context.Background(), a, b.dev)
-		if err == nil || !strings.Contains(err.Error(), kind+" root qdisc") {
-			t.Errorf("with an operator's %s root: prepare returned %v, want a refusal naming it", kind, err)
+		a := b.alloc("op-"+kind, "100M", "100M")
+		prepared, err := b.p.Prepare(context.Background(), a, b.dev)
+		if err != nil {
+			t.Errorf("with an operator's %s root: %v", kind, err)
+			continue
 		}
 		qs, _ := node.QdiscList(parent)
-		if !hasKind(qs, kind) || hasKind(qs, "htb") {
-			t.Errorf("operator's %s root replaced: %v", kind, qs)
+		if len(qs) != 1 || qs[0].Type() != kind || qs[0].Attrs().Handle != root.Handle {
+			t.Errorf("operator's %s root changed: %v", kind, qs)
 		}
-		if l, err := node.LinkByName(netdev.LinkName(a.ShareKey())); err == nil {
-			t.Errorf("refused share left its interface %s", l.Attrs().Name)
+		if err := b.p.Unprepare(context.Background(), a, prepared.Undo); err != nil {
+			t.Fatal(err)
 		}
 		if err := node.QdiscDel(q); err != nil {
 			t.Fatal(err)

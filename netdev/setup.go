@@ -18,6 +18,8 @@ type setUpCache struct {
 	mu   sync.Mutex
 	done map[string]time.Time
 	ifbs map[int]netlink.Link
+	// shapers are the parents' egress shapers, by the parent's ifindex.
+	shapers map[int]netlink.Link
 }
 
 // setUpRecheck bounds how long a device's set-up is taken on trust: an
@@ -97,4 +99,34 @@ func (c *setUpCache) forgetIFB(parent int) {
 		delete(c.ifbs, parent)
 	}
 	delete(c.done, setUpKey("ifb", parent))
+}
+
+// shaper is the parent's egress shaper, set up with its HTB and the
+// classifier's redirect.
+func (c *setUpCache) shaper(parent int) (netlink.Link, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.shapers[parent]
+	at, checked := c.done[setUpKey("egress-shaper", parent)]
+	return l, ok && checked && time.Since(at) < setUpRecheck
+}
+
+func (c *setUpCache) setShaper(parent int, shaper netlink.Link) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.shapers == nil {
+		c.shapers = map[int]netlink.Link{}
+	}
+	if c.done == nil {
+		c.done = map[string]time.Time{}
+	}
+	c.shapers[parent] = shaper
+	c.done[setUpKey("egress-shaper", parent)] = time.Now()
+}
+
+func (c *setUpCache) forgetShaper(parent int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.shapers, parent)
+	delete(c.done, setUpKey("egress-shaper", parent))
 }

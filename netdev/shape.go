@@ -10,26 +10,39 @@ import (
 	"github.com/carve-dra/carve/bpf"
 )
 
-// shape gives the share a class of rate bits/s on dev and points the
-// classifier at it.
+// shape gives the share a class of rate bits/s and points the classifier
+// on dev at it: for egress dev is the parent and the class is on its egress
+// shaper; for ingress dev is the parent's IFB, which holds the class too.
 func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr) (uint16, error) {
-	// The device's HTB is made once and then known (under the parent's
-	// lock): a steady-state prepare makes no qdisc dump.
-	if !p.setUp.has("htb", dev.Attrs().Index) {
+	classDev := dev
+	if dir == bpf.Egress {
+		// The parent's root qdisc stays the kernel's: the class goes on
+		// its egress shaper.
+		var err error
+		if classDev, err = p.ensureEgressShaper(dev); err != nil {
+			return 0, err
+		}
+	} else if !p.setUp.has("htb", dev.Attrs().Index) {
+		// The device's HTB is made once and then known (under the
+		// parent's lock): a steady-state prepare makes no qdisc dump.
 		if err := ensureHTB(p.h, dev); err != nil {
 			return 0, err
 		}
 		p.setUp.add("htb", dev.Attrs().Index)
 	}
-	minor, err := p.addClass(dev, key, rate)
+	minor, err := p.addClass(classDev, key, rate)
 	if err != nil {
-		p.setUp.forget("htb", dev.Attrs().Index)
+		if dir == bpf.Egress {
+			p.setUp.forgetShaper(dev.Attrs().Index)
+		} else {
+			p.setUp.forget("htb", dev.Attrs().Index)
+		}
 		return 0, err
 	}
 	// From here on the class exists: the minor is returned with any
 	// error, so that the undo removes the class. The classifier entry,
 	// the only other record of it, is written last and may never be.
-	if err := p.setLeaf(dev, minor, rate); err != nil {
+	if err := p.setLeaf(classDev, minor, rate); err != nil {
 		return minor, err
 	}
 	// Attached (and checked to be first on the hook) once per device
@@ -68,55 +81,4 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (uint1
 		return 0, err
 	}
 	return minor, setClass(p.h, dev, minor, rate, own)
-}
-
-// edtOn reports whether the parent's egress is paced with EDT: where the
-// kernel has sch_fq, carve puts fq at the parent's root (unless carve's HTB
-// already holds it) and stamps each share's frames with their earliest
-// departure time, which costs less than HTB's class tree.
-func (p *NICPreparer) edtOn(parent netlink.Link) bool {
-	p.mu.Lock()
-	noFQ := p.noFQ
-	p.mu.Unlock()
-	if noFQ {
-		return false // no sch_fq in this kernel, so no fq root either
-	}
-	qdiscs, err := p.h.QdiscList(parent)
-	if err != nil {
-		return false
-	}
-	for _, q := range qdiscs {
-		if q.Attrs().Parent != netlink.HANDLE_ROOT {
-			continue
-		}
-		switch {
-		case q.Type() == "fq":
-			return true
-		case q.Type() == "htb" && q.Attrs().Handle == rootHandle:
-			return false
-		}
-	}
-	if _, err := checkRootReplaceable(p.h, parent); err != nil {
-		return false // HTB's ensureHTB refuses it, saying why
-	}
-	fq := &netlink.Fq{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x8000, 0)}}
-	if err := p.h.QdiscReplace(fq); err != nil {
-		// No sch_fq in this kernel: HTB it is, from now on.
-		p.mu.Lock()
-		p.noFQ = true
-		p.mu.Unlock()
-		return false
-	}
-	return true
-}
-
-// pace holds mac's frames to rate bits/s by EDT on the parent's fq.
-func (p *NICPreparer) pace(parent netlink.Link, mac net.HardwareAddr, rate uint64) error {
-	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.AttachEDT(parent.Attrs().Index) }); err != nil {
-		return fmt.Errorf("attach the EDT program to %s: %w", parent.Attrs().Name, err)
-	}
-	if err := p.opts.Shaper.SetRate(mac, rate); err != nil {
-		return fmt.Errorf("EDT rate entry: %w", err)
-	}
-	return nil
 }

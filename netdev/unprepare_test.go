@@ -22,8 +22,12 @@ func TestUnprepareLeavesNothing(t *testing.T) {
 	node, _ := netlink.NewHandleAt(b.tp.Node)
 	defer node.Close()
 	parent, _ := node.LinkByName(b.tp.Parent)
-	if q, _ := node.QdiscList(parent); !hasKind(q, "htb") {
-		t.Fatalf("no HTB on the parent while a share is prepared: %v", q)
+	shaper, err := node.LinkByName(fmt.Sprintf("cveg%d", parent.Attrs().Index))
+	if err != nil {
+		t.Fatalf("no egress shaper while a share is prepared: %v", err)
+	}
+	if q, _ := node.QdiscList(shaper); !hasKind(q, "htb") {
+		t.Fatalf("no HTB on the egress shaper while a share is prepared: %v", q)
 	}
 	// The pod goes first, taking its interface with it, as when the
 	// kubelet unprepares after the sandbox is gone; then unprepare twice.
@@ -51,8 +55,9 @@ func hasKind(qs []netlink.Qdisc, kind string) bool {
 	return slices.ContainsFunc(qs, func(q netlink.Qdisc) bool { return q.Type() == kind })
 }
 
-// checkParentClean fails t where carve's HTB or IFB is left on the parent,
-// as it must be once none of its shares is prepared.
+// checkParentClean fails t where carve's HTB, egress shaper or IFB is left
+// on the parent, as it must be once none of its shares is prepared, or the
+// classifier still sends the parent's frames to a shaper.
 func (b *bench) checkParentClean(t *testing.T) {
 	t.Helper()
 	b.p.WaitReaped()
@@ -64,6 +69,15 @@ func (b *bench) checkParentClean(t *testing.T) {
 	parent, _ := node.LinkByName(b.tp.Parent)
 	if q, _ := node.QdiscList(parent); hasKind(q, "htb") {
 		t.Errorf("HTB left on the parent: %v", q)
+	}
+	for _, name := range []string{fmt.Sprintf("cveg%d", parent.Attrs().Index), fmt.Sprintf("cveg%dr", parent.Attrs().Index)} {
+		if l, err := node.LinkByName(name); err == nil {
+			qs, _ := node.QdiscList(l)
+			t.Errorf("egress shaper %s left behind, with qdiscs %v", name, qs)
+		}
+	}
+	if shapers, _ := b.shaper.EgressShapers(); len(shapers) > 0 {
+		t.Errorf("classifier still sends frames to egress shapers: %v", shapers)
 	}
 	if ifb, err := node.LinkByName("cvifb" + fmt.Sprint(parent.Attrs().Index)); err == nil {
 		classes, _ := node.ClassList(ifb, 0)

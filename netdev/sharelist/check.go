@@ -21,6 +21,7 @@ type node interface {
 	// shareAddrs lists the addresses of shares told apart by address
 	// (ipvlan).
 	shareAddrs() ([]bpf.AddrShare, error)
+	egressShapers() (map[int]bpf.EgressShaperLinks, error)
 	links() ([]bpf.PinnedLink, error)
 	// netnsIno is the inode of the node's network namespace, which names
 	// its pinned links.
@@ -60,8 +61,7 @@ func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
 			}
 			st.needLink(n, r, "edt_egress", u.Parent, parent, false)
 		} else {
-			st.needClass(n, r, "egress", u.Parent, parent, u.MAC, bpf.Egress, u.EgressMinor)
-			st.needLink(n, r, "classify_egress", u.Parent, parent, false)
+			st.needEgressShaper(n, r, u, parent)
 		}
 	}
 	if u.AddressKeyed {
@@ -78,6 +78,42 @@ func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
 		st.needLink(n, r, "classify_ingress", name, ifb, false)
 		st.needLink(n, r, "redirect_ingress", u.Parent, parent, true)
 	}
+}
+
+// needEgressShaper checks the share's egress class on the parent's egress
+// shaper, the classifier on the parent, the classifier's entry sending the
+// parent's limited shares to the shaper and the program on the shaper's
+// return end. An older carve's share has its class on the parent itself.
+func (st *state) needEgressShaper(n node, r *Row, u netdev.ShareRecord, parent int) {
+	name := netdev.EgressShaperName(parent)
+	shaper, err := st.index(n, name)
+	if err != nil {
+		if _, ok := st.classesOfOK(n, parent)[netdev.ClassHandle(u.EgressMinor)]; ok {
+			st.needClass(n, r, "egress", u.Parent, parent, u.MAC, bpf.Egress, u.EgressMinor)
+			st.needLink(n, r, "classify_egress", u.Parent, parent, false)
+			return
+		}
+		r.Problems = append(r.Problems, fmt.Sprintf("egress: shaper %s: %v", name, err))
+		return
+	}
+	st.needClass(n, r, "egress", name, shaper, u.MAC, bpf.Egress, u.EgressMinor)
+	st.needLink(n, r, "classify_egress", u.Parent, parent, false)
+	backName := netdev.EgressReturnName(parent)
+	back, err := st.index(n, backName)
+	if err != nil {
+		r.Problems = append(r.Problems, fmt.Sprintf("egress: shaper's return end %s: %v", backName, err))
+		return
+	}
+	st.needLink(n, r, "return_shaped", backName, back, true)
+	if got, ok := st.egressShapers[parent]; !ok || got != (bpf.EgressShaperLinks{Shaper: shaper, Return: back}) {
+		r.Problems = append(r.Problems, fmt.Sprintf("egress: the classifier does not send %s's limited shares through %s", u.Parent, name))
+	}
+}
+
+// classesOfOK is classesOf, with none where they cannot be dumped.
+func (st *state) classesOfOK(n node, ifindex int) map[uint32]uint64 {
+	c, _ := st.classesOf(n, ifindex)
+	return c
 }
 
 // needClass checks the share's class on a device and its classifier entry,

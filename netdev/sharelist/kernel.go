@@ -63,7 +63,10 @@ func (n *kernelNode) stats() (map[bpf.Key]bpf.Counters, error) { return n.pinned
 func (n *kernelNode) rates() (map[string]uint64, error)        { return n.pinned.Rates() }
 func (n *kernelNode) links() ([]bpf.PinnedLink, error)         { return n.pinned.PinnedLinks() }
 func (n *kernelNode) shareAddrs() ([]bpf.AddrShare, error)     { return n.pinned.ShareAddrs() }
-func (n *kernelNode) netnsIno() uint64                         { return n.ino }
+func (n *kernelNode) egressShapers() (map[int]bpf.EgressShaperLinks, error) {
+	return n.pinned.EgressShapers()
+}
+func (n *kernelNode) netnsIno() uint64 { return n.ino }
 
 func (n *kernelNode) linkIndex(name string) (int, error) {
 	l, err := n.h.LinkByName(name)

@@ -143,6 +143,8 @@ type state struct {
 	ifindex  map[string]int
 	classes  map[int]map[uint32]uint64
 	linkErrs map[string]error
+	// egressShapers are the parents' egress shapers, by parent ifindex.
+	egressShapers map[int]bpf.EgressShaperLinks
 }
 
 // readState reads the classifier twice, interval apart, for the rates.
@@ -168,6 +170,9 @@ func readState(ctx context.Context, n node, interval time.Duration) (*state, err
 	st.addrs = make(map[bpf.AddrShare]string, len(addrs))
 	for _, a := range addrs {
 		st.addrs[bpf.AddrShare{Parent: a.Parent, Addr: a.Addr}] = a.MAC
+	}
+	if st.egressShapers, err = n.egressShapers(); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	if st.before, err = n.stats(); err != nil {

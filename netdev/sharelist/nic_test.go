@@ -24,6 +24,7 @@ import (
 // every share, so a measured rate is known.
 type fakeNode struct {
 	sharesMap map[bpf.Key]uint32
+	shapers   map[int]bpf.EgressShaperLinks
 	pinned    []bpf.PinnedLink
 	ifindex   map[string]int
 	classes   map[int]map[uint32]uint64
@@ -39,6 +40,9 @@ func (f *fakeNode) links() ([]bpf.PinnedLink, error)     { return f.pinned, nil 
 func (f *fakeNode) netnsIno() uint64                     { return 77 }
 func (f *fakeNode) shareAddrs() ([]bpf.AddrShare, error) { return f.addrs, nil }
 func (f *fakeNode) legacyFilter(int, bool, string) bool  { return false }
+func (f *fakeNode) egressShapers() (map[int]bpf.EgressShaperLinks, error) {
+	return f.shapers, nil
+}
 func (f *fakeNode) stats() (map[bpf.Key]bpf.Counters, error) {
 	f.reads++
 	out := map[bpf.Key]bpf.Counters{}
@@ -92,7 +96,7 @@ func TestNICSharesEnforcement(t *testing.T) {
 	share(t, cp, "u2", "b-noclass", "100M", "0", noClass, true)
 	share(t, cp, "u3", "c-started", "100M", "0", netdev.ShareRecord{}, false)
 
-	ifb := netdev.IFBName(2)
+	ifb, shaper, back := netdev.IFBName(2), netdev.EgressShaperName(2), netdev.EgressReturnName(2)
 	n := &fakeNode{
 		sharesMap: map[bpf.Key]uint32{
 			{MAC: good.MAC, Dir: bpf.Egress}: netdev.ClassHandle(0x10), {MAC: good.MAC, Dir: bpf.Ingress}: netdev.ClassHandle(0x11),
@@ -100,9 +104,11 @@ func TestNICSharesEnforcement(t *testing.T) {
 		},
 		pinned: []bpf.PinnedLink{{Program: "classify_egress", NetnsIno: 77, Ifindex: 2}, {Program: "classify_ingress", NetnsIno: 77, Ifindex: 9},
 			{Program: "redirect_ingress", NetnsIno: 77, Ifindex: 2, Ingress: true},
+			{Program: "return_shaped", NetnsIno: 77, Ifindex: 11, Ingress: true},
 			{Program: "classify_egress", NetnsIno: 5, Ifindex: 4}}, // another namespace's
-		ifindex: map[string]int{"eth0": 2, ifb: 9, "eth1": 4},
-		classes: map[int]map[uint32]uint64{2: {netdev.ClassHandle(0x10): 3}, 9: {netdev.ClassHandle(0x11): 4}},
+		shapers: map[int]bpf.EgressShaperLinks{2: {Shaper: 10, Return: 11}},
+		ifindex: map[string]int{"eth0": 2, ifb: 9, "eth1": 4, shaper: 10, back: 11},
+		classes: map[int]map[uint32]uint64{10: {netdev.ClassHandle(0x10): 3}, 9: {netdev.ClassHandle(0x11): 4}},
 	}
 	src := &NICSource{StateDir: dir, Interval: 50 * time.Millisecond, node: n}
 	rows, err := List(context.Background(), src)
@@ -121,7 +127,7 @@ func TestNICSharesEnforcement(t *testing.T) {
 	if a.EgressRate <= 0 || a.EgressRate > 160e6 || a.IngressRate <= 0 {
 		t.Errorf("rates = %d, %d bit/s", a.EgressRate, a.IngressRate)
 	}
-	if b.Enforced || !strings.Contains(strings.Join(b.Problems, ";"), "class 1:20 missing on eth0") {
+	if b.Enforced || !strings.Contains(strings.Join(b.Problems, ";"), "class 1:20 missing on "+shaper) {
 		t.Errorf("share without its class = %+v", b)
 	}
 	if c.Enforced || c.Problems[0] != "preparation not completed" {
@@ -132,7 +138,21 @@ func TestNICSharesEnforcement(t *testing.T) {
 	}
 	// Only the devices holding shares are dumped, each once.
 	if len(n.dumps) != 2 {
-		t.Errorf("class dumps on %v, want eth0 and its IFB once each", n.dumps)
+		t.Errorf("class dumps on %v, want eth0's egress shaper and IFB once each", n.dumps)
+	}
+
+	// Frames of eth0's limited shares not sent to its shaper, or not sent
+	// back: not enforced.
+	n.shapers = nil
+	rows, _ = List(context.Background(), &NICSource{StateDir: dir, node: n})
+	if rows[0].Enforced || !strings.Contains(strings.Join(rows[0].Problems, ";"), "does not send eth0's limited shares through "+shaper) {
+		t.Errorf("share whose parent's frames skip the shaper = %+v", rows[0])
+	}
+	n.shapers = map[int]bpf.EgressShaperLinks{2: {Shaper: 10, Return: 11}}
+	n.pinned = append(n.pinned[:3], n.pinned[4:]...)
+	rows, _ = List(context.Background(), &NICSource{StateDir: dir, node: n})
+	if rows[0].Enforced || !strings.Contains(strings.Join(rows[0].Problems, ";"), "return_shaped not attached to "+back) {
+		t.Errorf("share whose shaped frames do not come back = %+v", rows[0])
 	}
 
 	// A link of another namespace does not count; neither does a missing one.

@@ -1,0 +1,176 @@
+package netdev
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// egressShaperName is the veth end whose egress HTB holds the egress shares
+// of the parent with ifindex parentIndex; egressReturnName is its peer,
+// from which their frames go back out of the parent. Both fit IFNAMSIZ for
+// any ifindex.
+func egressShaperName(parentIndex int) string { return "cveg" + strconv.Itoa(parentIndex) }
+
+func egressReturnName(parentIndex int) string { return egressShaperName(parentIndex) + "r" }
+
+// EgressShaperName is the device that carries the egress share classes of
+// the parent with ifindex parentIndex; EgressReturnName is its peer, whose
+// ingress sends their frames back out of the parent.
+func EgressShaperName(parentIndex int) string { return egressShaperName(parentIndex) }
+
+// EgressReturnName: see EgressShaperName.
+func EgressReturnName(parentIndex int) string { return egressReturnName(parentIndex) }
+
+// egressShaperMTU is the shaper pair's MTU: the largest a veth takes, so
+// that no frame of the parent's (whatever its MTU, now or later) is
+// dropped on its way through.
+const egressShaperMTU = 65535
+
+// in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h): no IPv6
+// link-local address when the link goes up.
+const in6AddrGenModeNone = 1
+
+// ensureEgressShaper makes parent's egress shaper, a veth pair beside it,
+// with carve's HTB on the first end, and has the classifier send the frames
+// of parent's limited shares through it: the parent's root qdisc stays the
+// kernel's (noqueue, mq), so traffic of no limited share takes no lock of
+// carve's. A veth rather than an IFB: an IFB drops what a BPF program
+// redirects to it on egress from a local socket (its skb_iif is 0), and
+// sends the rest back to where it came from. The pair has no addresses and
+// does no ARP; what the node sends from it anyway is dropped on its way
+// back (return_shaped).
+func (p *NICPreparer) ensureEgressShaper(parent netlink.Link) (netlink.Link, error) {
+	if shaper, ok := p.setUp.shaper(parent.Attrs().Index); ok {
+		return shaper, nil
+	}
+	shaper, err := p.makeEgressShaper(parent)
+	if err == nil {
+		p.setUp.setShaper(parent.Attrs().Index, shaper)
+	}
+	return shaper, err
+}
+
+func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error) {
+	h := p.h
+	name, back := egressShaperName(parent.Attrs().Index), egressReturnName(parent.Attrs().Index)
+	shaper, err := h.LinkByName(name)
+	if err != nil {
+		la := netlink.NewLinkAttrs()
+		la.Name, la.MTU, la.TxQLen, la.Flags = name, egressShaperMTU, 1000, unix.IFF_NOARP
+		veth := &netlink.Veth{LinkAttrs: la, PeerName: back}
+		if err := h.LinkAdd(veth); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create egress shaper %s for %s: %w", name, parent.Attrs().Name, err)
+		}
+		if shaper, err = h.LinkByName(name); err != nil {
+			return nil, fmt.Errorf("egress shaper %s: %w", name, err)
+		}
+	}
+	peer, err := h.LinkByName(back)
+	if err != nil {
+		return nil, fmt.Errorf("egress shaper %s's peer %s: %w", name, back, err)
+	}
+	for _, l := range []netlink.Link{shaper, peer} {
+		if err := p.quietLink(l); err != nil {
+			return nil, err
+		}
+	}
+	if err := ensureHTB(h, shaper); err != nil {
+		return nil, err
+	}
+	if err := inNetns(p.opts.HostNS, func() error {
+		return p.opts.Shaper.AttachEgressShaper(parent.Attrs().Index, shaper.Attrs().Index, peer.Attrs().Index, shaper.Attrs().HardwareAddr)
+	}); err != nil {
+		return nil, fmt.Errorf("send %s's limited shares through %s: %w", parent.Attrs().Name, name, err)
+	}
+	return shaper, nil
+}
+
+// quietLink sets a shaper end up with no ARP and no IPv6 address of its
+// own, so that the node sends from it as little as it can.
+func (p *NICPreparer) quietLink(l netlink.Link) error {
+	name := l.Attrs().Name
+	if l.Attrs().RawFlags&unix.IFF_NOARP == 0 {
+		if err := p.h.LinkSetARPOff(l); err != nil {
+			return fmt.Errorf("turn ARP off on %s: %w", name, err)
+		}
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		// Before it goes up: no link-local address is made.
+		if err := p.h.LinkSetIP6AddrGenMode(l, in6AddrGenModeNone); err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+			return fmt.Errorf("turn IPv6 addresses off on %s: %w", name, err)
+		}
+		if err := p.h.LinkSetUp(l); err != nil {
+			return fmt.Errorf("set %s up: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// removeEgressShaperIfIdle undoes ensureEgressShaper once no egress share
+// class is left on parent's shaper: the redirect first, so that no frame is
+// sent to a shaper that is going. Deleting one end deletes the pair. An
+// HTB an older carve put at the parent's root goes once it holds no class.
+func (p *NICPreparer) removeEgressShaperIfIdle(parent netlink.Link) error {
+	h := p.h
+	if ours, err := checkRootReplaceable(h, parent); err == nil && ours {
+		removed, err := removeHTBIfIdle(h, parent)
+		if removed || err != nil {
+			p.setUp.forgetDevice(parent.Attrs().Index)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	shaper, err := h.LinkByName(egressShaperName(parent.Attrs().Index))
+	if err != nil {
+		p.setUp.forgetShaper(parent.Attrs().Index)
+		return nil
+	}
+	left, err := shareClasses(h, shaper)
+	if err != nil || len(left) > 0 {
+		return err
+	}
+	p.setUp.forgetShaper(parent.Attrs().Index)
+	if err := p.forgetEgressShaper(parent.Attrs().Index); err != nil {
+		return err
+	}
+	if err := h.LinkDel(shaper); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("remove %s: %w", shaper.Attrs().Name, err)
+	}
+	return nil
+}
+
+// forgetEgressShaper stops the classifier sending parentIndex's frames to
+// its shaper and detaches the way back.
+func (p *NICPreparer) forgetEgressShaper(parentIndex int) error {
+	if p.opts.Shaper == nil {
+		return nil
+	}
+	back := 0
+	if peer, err := p.h.LinkByName(egressReturnName(parentIndex)); err == nil {
+		back = peer.Attrs().Index
+	}
+	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachEgressShaper(parentIndex, back) }); err != nil {
+		return fmt.Errorf("stop sending ifindex %d's limited shares to its egress shaper: %w", parentIndex, err)
+	}
+	return nil
+}
+
+// deleteEgressClass removes an egress share's class from the parent's
+// egress shaper, and, for a share an older carve prepared, from the HTB it
+// put at the parent's root; removeEgressShaperIfIdle follows.
+func (p *NICPreparer) deleteEgressClass(parent netlink.Link, minor uint16) error {
+	var errs []error
+	if shaper, err := p.h.LinkByName(egressShaperName(parent.Attrs().Index)); err == nil {
+		errs = append(errs, deleteClass(p.h, shaper, minor))
+	}
+	if ours, err := checkRootReplaceable(p.h, parent); err == nil && ours {
+		errs = append(errs, deleteClass(p.h, parent, minor))
+	}
+	return errors.Join(errs...)
+}
