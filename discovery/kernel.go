@@ -29,7 +29,7 @@ type KernelFeatures struct {
 	Clsact  bool // CONFIG_NET_SCH_INGRESS: clsact qdisc
 	ClsBPF  bool // CONFIG_NET_CLS_BPF
 	HTB     bool // CONFIG_NET_SCH_HTB
-	FQ      bool // CONFIG_NET_SCH_FQ: EDT pacing
+	FQ      bool // CONFIG_NET_SCH_FQ: EDT pacing, which carve does not use
 	IFB     bool // CONFIG_IFB: ingress shaping through an IFB device
 	Mirred  bool // CONFIG_NET_ACT_MIRRED: redirecting ingress to the IFB
 	U32     bool // CONFIG_NET_CLS_U32: the filter that carries the redirect
@@ -46,9 +46,11 @@ func (k KernelFeatures) CanAttachTC() bool {
 }
 
 // CanShapeEgress reports whether a share's egress can be held to a rate: by
-// EDT with fq, or by HTB classes chosen by the BPF classifier.
+// HTB classes, on the parent's egress shaper, chosen by the BPF classifier.
+// (fq is not used: EDT pacing needs fq at the parent's root, which every
+// other sender on the parent would then pay for.)
 func (k KernelFeatures) CanShapeEgress() bool {
-	return k.CanAttachTC() && (k.FQ || k.HTB)
+	return k.CanAttachTC() && k.HTB
 }
 
 // CanShapeIngress reports whether a share's ingress can be held to a rate

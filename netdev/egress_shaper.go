@@ -59,7 +59,8 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error
 	h := p.h
 	name, back := egressShaperName(parent.Attrs().Index), egressReturnName(parent.Attrs().Index)
 	shaper, err := h.LinkByName(name)
-	if err != nil {
+	made := err != nil
+	if made {
 		la := netlink.NewLinkAttrs()
 		la.Name, la.MTU, la.TxQLen, la.Flags = name, egressShaperMTU, 1000, unix.IFF_NOARP
 		veth := &netlink.Veth{LinkAttrs: la, PeerName: back}
@@ -82,12 +83,40 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error
 	if err := ensureHTB(h, shaper); err != nil {
 		return nil, err
 	}
+	if made {
+		if err := p.adoptParentClasses(parent, shaper); err != nil {
+			return nil, err
+		}
+	}
 	if err := inNetns(p.opts.HostNS, func() error {
 		return p.opts.Shaper.AttachEgressShaper(parent.Attrs().Index, shaper.Attrs().Index, peer.Attrs().Index, shaper.Attrs().HardwareAddr)
 	}); err != nil {
 		return nil, fmt.Errorf("send %s's limited shares through %s: %w", parent.Attrs().Name, name, err)
 	}
 	return shaper, nil
+}
+
+// adoptParentClasses copies the share classes an older carve made on an
+// HTB at the parent's root to the new shaper: once the classifier sends the
+// parent's limited shares there, their frames find their classes, and the
+// shares stay held until they are unprepared (deleteEgressClass).
+func (p *NICPreparer) adoptParentClasses(parent, shaper netlink.Link) error {
+	if ours, err := checkRootReplaceable(p.h, parent); err != nil || !ours {
+		return nil
+	}
+	classes, err := shareClasses(p.h, parent)
+	if err != nil {
+		return err
+	}
+	for minor, rate := range classes {
+		if err := setClass(p.h, shaper, minor, rate, true); err != nil {
+			return err
+		}
+		if err := p.setLeaf(shaper, minor, rate); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // quietLink sets a shaper end up with no ARP and no IPv6 address of its
