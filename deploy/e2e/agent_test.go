@@ -99,8 +99,9 @@ type nodeState struct {
 	Records []string // "<uid>:<state>"
 	Specs   []string
 	Infos   []string
-	// Links are carve's interfaces in the node's namespace, Classes the
-	// HTB classes on the parent and its IFB.
+	// Links are carve's interfaces in the node's namespace (a share's, and
+	// a parent's IFB and egress shaper pair), Classes the HTB classes on
+	// the parent and those links.
 	Links   []string
 	Classes []string
 	// Shares are the classifier's pinned entries.
@@ -203,8 +204,10 @@ func TestCrashMatrix(t *testing.T) {
 			t.Fatalf("%s: retry after restart: %v\n%s", fault, err, h.logs)
 		}
 	}
-	if len(prepared.Links) != 1 || len(prepared.Classes) < 1 || len(prepared.Shares) != 1 {
-		t.Fatalf("prepared network state = %+v, want the share's interface and classes", prepared)
+	// The share's interface, and the parent's egress shaper pair for its
+	// egress limit.
+	if len(prepared.Links) != 3 || len(prepared.Classes) < 1 || len(prepared.Shares) != 1 {
+		t.Fatalf("prepared network state = %+v, want the share's interface, the parent's egress shaper and the share's class", prepared)
 	}
 	for _, fault := range []string{"prepare-started", "prepare-device-0", "nic-link-created", "nic-shaped", "prepare-device-1",
 		"prepare-cdi-written", "prepare-completed"} {

@@ -216,15 +216,17 @@ func trafficServer(t testing.TB, parent, peer, ns, ip string, ports ...string) {
 	}
 }
 
-// removeCarveIFBs deletes carve's ingress IFBs (cvifb*) from the node's
-// namespace, as a test that ends leaves no links behind.
-func removeCarveIFBs() {
+// removeCarveShapers deletes carve's ingress IFBs (cvifb*) and egress
+// shapers (cveg*, veth pairs) from the node's namespace, as a test that
+// ends leaves no links behind.
+func removeCarveShapers() {
 	links, err := netlink.LinkList()
 	if err != nil {
 		return
 	}
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, "cvifb") && l.Type() == "ifb" {
+		name := l.Attrs().Name
+		if strings.HasPrefix(name, "cvifb") && l.Type() == "ifb" || strings.HasPrefix(name, "cveg") && l.Type() == "veth" {
 			_ = netlink.LinkDel(l)
 		}
 	}

@@ -50,8 +50,9 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 	t.Cleanup(func() {
 		_ = runQuiet(helm, "uninstall", "carve", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "60s")
 		// The agent is gone before the kubelet unprepared the last pods'
-		// shares: their parents' IFBs would stay on the node.
-		removeCarveIFBs()
+		// shares: their parents' IFBs and egress shapers would stay on
+		// the node.
+		removeCarveShapers()
 		_ = os.RemoveAll(e2ePins)
 	})
 	// Runs before the uninstall above (cleanups run last first): on

@@ -145,7 +145,9 @@ netdev:
 		t.Fatal(err)
 	}
 	defer shaper.Close()
-	classesBefore := countClasses(t, netParent)
+	// Egress classes are on the parent's egress shaper.
+	egressShaper := "cveg" + ifindex(t, netParent)
+	classesBefore := countClasses(t, egressShaper)
 	_ = cs.CoreV1().Pods(testNS).Delete(ctx, "pa", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 	waitFor(t, "pa's share removed", 60*time.Second, func() (bool, error) {
 		shares, err := shaper.Shares()
@@ -154,20 +156,21 @@ netdev:
 		}
 		_, egress := shares[bpf.Key{MAC: macs["pa"], Dir: bpf.Egress}]
 		_, ingress := shares[bpf.Key{MAC: macs["pa"], Dir: bpf.Ingress}]
-		return !egress && !ingress && countClasses(t, netParent) == classesBefore-1, fmt.Errorf("entries %v, classes %d", shares, countClasses(t, netParent))
+		return !egress && !ingress && countClasses(t, egressShaper) == classesBefore-1, fmt.Errorf("entries %v, classes %d", shares, countClasses(t, egressShaper))
 	})
 	if _, ok := mustShares(t, shaper)[bpf.Key{MAC: macs["pb"], Dir: bpf.Egress}]; !ok {
 		t.Errorf("pb's share went with pa's")
 	}
 	_ = cs.CoreV1().Pods(testNS).Delete(ctx, "pb", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
-	waitFor(t, "every share removed, and the parent's HTB and IFB with them", 60*time.Second, func() (bool, error) {
+	waitFor(t, "every share removed, and the parent's egress shaper and IFB with them", 60*time.Second, func() (bool, error) {
 		out, _ := exec.Command("tc", "qdisc", "show", "dev", netParent).Output()
 		_, ifbErr := exec.Command("ip", "link", "show", "cvifb"+ifindex(t, netParent)).Output()
+		_, shaperErr := exec.Command("ip", "link", "show", egressShaper).Output()
 		shares := mustShares(t, shaper)
 		_, bLeft := shares[bpf.Key{MAC: macs["pb"], Dir: bpf.Egress}]
 		ifbClasses, _ := exec.Command("tc", "class", "show", "dev", "cvifb"+ifindex(t, netParent)).Output()
-		return !bLeft && !strings.Contains(string(out), "htb") && ifbErr != nil,
-			fmt.Errorf("qdiscs %s, shares %v, IFB classes %s\nagent:\n%s", out, shares, ifbClasses, agentLogs())
+		return !bLeft && !strings.Contains(string(out), "htb") && ifbErr != nil && shaperErr != nil,
+			fmt.Errorf("qdiscs %s, shares %v, IFB classes %s, egress shaper left: %v\nagent:\n%s", out, shares, ifbClasses, shaperErr == nil, agentLogs())
 	})
 }
 
