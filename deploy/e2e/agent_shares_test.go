@@ -67,8 +67,14 @@ func TestSharesCommandOnPreparedShares(t *testing.T) {
 		}
 	}
 
-	// Take c2's egress class away behind the agent's back.
-	out, _ := exec.Command("ip", "netns", "exec", ns, "tc", "class", "show", "dev", "ens1f0np0").Output()
+	// Take c2's egress class away behind the agent's back, from the
+	// parent's egress shaper (cveg<the parent's ifindex>).
+	link, err := exec.Command("ip", "-n", ns, "-o", "link", "show", "ens1f0np0").Output()
+	if err != nil {
+		t.Fatalf("the parent in %s: %v", ns, err)
+	}
+	shaper := "cveg" + strings.SplitN(string(link), ":", 2)[0]
+	out, _ := exec.Command("ip", "netns", "exec", ns, "tc", "class", "show", "dev", shaper).Output()
 	var classes []string
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) > 2 && f[0] == "class" && f[1] == "htb" && strings.HasPrefix(f[2], "1:") {
@@ -76,7 +82,7 @@ func TestSharesCommandOnPreparedShares(t *testing.T) {
 		}
 	}
 	if len(classes) != 2 {
-		t.Fatalf("HTB classes on the parent: %v, want one per share\n%s", classes, out)
+		t.Fatalf("HTB classes on %s: %v, want one per share\n%s", shaper, classes, out)
 	}
 	victim := ""
 	for _, c := range classes {
@@ -88,7 +94,7 @@ func TestSharesCommandOnPreparedShares(t *testing.T) {
 	if victim == "" {
 		t.Fatalf("no 200Mbit class among %v\n%s", classes, out)
 	}
-	if out, err := exec.Command("ip", "netns", "exec", ns, "tc", "class", "del", "dev", "ens1f0np0", "classid", victim).CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", ns, "tc", "class", "del", "dev", shaper, "classid", victim).CombinedOutput(); err != nil {
 		t.Fatalf("tc class del %s: %v\n%s", victim, err, out)
 	}
 	rows, err = run()
