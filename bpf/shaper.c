@@ -166,7 +166,9 @@ struct {
 
 // EDT pacing, an alternative to HTB for kernels with sch_fq: the program
 // stamps each frame with the earliest time it may leave and fq on the
-// device holds it until then. Without fq nothing honours the stamp.
+// device holds it until then. Without fq nothing honours the stamp. netdev
+// does not use it: fq would have to be the parent's root qdisc, which every
+// other sender on the parent would then pay for.
 struct share_rate {
 	__u64 bytes_per_sec; // 0: unpaced
 	__u64 t_last;        // departure time of the previous frame, ns (mono)

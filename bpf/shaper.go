@@ -1,7 +1,8 @@
 // Package bpf holds carve's per-share classifier: a TCX program that looks a
 // frame's MAC up in a pinned map and sets skb->priority to the HTB class of
-// the bandwidth share that MAC belongs to, so HTB on the parent NIC (egress)
-// or on its IFB (ingress) holds each share to its rate.
+// the bandwidth share that MAC belongs to, so HTB on the parent NIC's egress
+// shaper (egress; the program redirects the share's frames there) or on its
+// IFB (ingress) holds each share to its rate.
 //
 // Maps and links are pinned in bpffs so that the agent can restart without
 // dropping limits: a new process reopens the same maps with their entries and

@@ -82,7 +82,7 @@ func conformance(b *testing.B, proto string, dir bpf.Direction, limits []string)
 // BenchmarkPrepareNetworkClaim is the latency of preparing and unpreparing
 // one bandwidth share: interface, address, HTB classes in both directions,
 // classifier entries and the attach spec. "steady" keeps another share on
-// the parent throughout, so its HTB and IFB stay, as on a node running
+// the parent throughout, so its egress shaper and IFB stay, as on a node running
 // share pods; "first-share" prepares the parent's only share, making them,
 // and lets the reaper remove them (untimed) before the next round.
 // Percentiles come from at least 200 samples.
@@ -135,7 +135,7 @@ func BenchmarkPrepareNetworkClaim(b *testing.B) {
 
 // BenchmarkLatencyUnderLoad measures the round trip of small UDP probes
 // through a share that a TCP flow or a UDP flood saturates, egress (the probes queue in
-// the share's class on the parent) and ingress (on the IFB): the delay a
+// the share's class on the parent's egress shaper) and ingress (on the IFB): the delay a
 // share's own queue adds. It reports the median and p99 in ms and the
 // number of probes lost.
 func BenchmarkLatencyUnderLoad(b *testing.B) {

@@ -9,7 +9,8 @@ import (
 
 // ShareRecord is a NIC share's undo record as the checkpoint keeps it: its
 // parent, its interface's name on the node, its MAC, and its HTB class
-// minors (on the parent for egress, on the parent's IFB for ingress).
+// minors (on the parent's egress shaper for egress, on the parent's IFB for
+// ingress).
 // Tools that read the checkpoint beside the agent (carve shares) decode it
 // with DecodeShareRecord.
 type ShareRecord = undoRecord
