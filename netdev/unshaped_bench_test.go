@@ -3,7 +3,6 @@ package netdev_test
 import (
 	"fmt"
 	"net"
-	"slices"
 	"testing"
 	"time"
 
@@ -17,47 +16,47 @@ import (
 // that a lock every frame takes (a root qdisc's) is contended.
 const unshapedStreams = 4
 
-// unshapedPairs is how many back-to-back measurements of the plain and of
-// carve's node each iteration takes. Other work on the machine moves a
-// single measurement by ±20%; the median of the pairs' ratios does not
-// move as much.
-const unshapedPairs = 7
+// The plain and carve's node take turns of unshapedSlot, unshapedRounds
+// times (see netdevtest.RunAlternating): other work on the machine moves
+// one-off measurements by ±20%, and weighs on turns this short alike.
+const (
+	unshapedSlot   = 100 * time.Millisecond
+	unshapedRounds = 60
+)
 
 // BenchmarkUnlimitedShare is the cost of carve's shaping to the traffic it
 // does not limit: a pod that is no share of carve's (a macvlan of its own on
 // the parent), the node's own traffic, and a share with no limit. Each case
 // runs on two nodes side by side: one with no limited share on its parent
-// (no carve qdisc or program there), one with a limited share, idle. Each
-// pair of measurements takes one of each, in alternating order; the ratio
-// is the median over the pairs of carve's rate to the plain node's, so
-// both sides of it are from the same run and the same moment.
+// (no carve qdisc or program there), one with a limited share, idle. Their
+// flows stay open and take turns to send; the ratio is what carve's node
+// delivered in its turns to what the plain node did in its turns, so both
+// sides of it are from the same run and the same moments.
 func BenchmarkUnlimitedShare(b *testing.B) {
 	for _, c := range []string{"unshaped-pod", "host", "unlimited-share"} {
 		b.Run(c, func(b *testing.B) {
 			plain, carve := newBench(b), newBench(b)
 			carve.add("limited", "200M", "200M", nil)
-			plainFrom, carveFrom := plain.unshapedSender(c), carve.unshapedSender(c)
-			var plainSum, carveSum float64
-			var ratios []float64
+			sets := [][]netdevtest.Flow{plain.streams(plain.unshapedSender(c)), carve.streams(carve.unshapedSender(c))}
+			var sum [2]netdevtest.Slot
 			for b.Loop() {
-				for i := range unshapedPairs {
-					var pr, cr float64
-					if i%2 == 0 {
-						pr = plain.streams(plainFrom, unshapedStreams, time.Second)
-						cr = carve.streams(carveFrom, unshapedStreams, time.Second)
-					} else {
-						cr = carve.streams(carveFrom, unshapedStreams, time.Second)
-						pr = plain.streams(plainFrom, unshapedStreams, time.Second)
+				slots, err := netdevtest.RunAlternating(sets, time.Second, unshapedSlot, unshapedRounds)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range sets {
+					for r, s := range slots[i] {
+						sum[i].Bytes += s.Bytes
+						sum[i].Duration += s.Duration
+						if i == 1 {
+							b.Logf("round %d: plain %.2f Gbit/s, carve %.2f Gbit/s", r, slots[0][r].Rate()/1e9, s.Rate()/1e9)
+						}
 					}
-					plainSum, carveSum = plainSum+pr, carveSum+cr
-					ratios = append(ratios, cr/pr)
 				}
 			}
-			slices.Sort(ratios)
-			n := float64(len(ratios))
-			b.ReportMetric(plainSum/n/1e9, "plain-Gbps")
-			b.ReportMetric(carveSum/n/1e9, "carve-Gbps")
-			b.ReportMetric(ratios[len(ratios)/2], "vs-plain-ratio")
+			b.ReportMetric(sum[0].Rate()/1e9, "plain-Gbps")
+			b.ReportMetric(sum[1].Rate()/1e9, "carve-Gbps")
+			b.ReportMetric(sum[1].Rate()/sum[0].Rate(), "vs-plain-ratio")
 		})
 	}
 }
@@ -115,21 +114,11 @@ func (b *bench) unshapedSender(c string) netns.NsHandle {
 	return pod
 }
 
-// streams runs n TCP streams from sender to the server at once for d and
-// returns their summed goodput in bits/s.
-func (b *bench) streams(sender netns.NsHandle, n int, d time.Duration) float64 {
-	b.t.Helper()
+// streams are unshapedStreams TCP flows from sender to the server.
+func (b *bench) streams(sender netns.NsHandle) []netdevtest.Flow {
 	var flows []netdevtest.Flow
-	for i := range n {
+	for i := range unshapedStreams {
 		flows = append(flows, netdevtest.Flow{From: sender, To: b.tp.Server, ToAddr: net.JoinHostPort(b.tp.ServerIP, fmt.Sprint(5201+i))})
 	}
-	res, err := netdevtest.RunFlows(flows, 300*time.Millisecond, d, nil)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	var sum float64
-	for _, r := range res {
-		sum += r.Goodput()
-	}
-	return sum
+	return flows
 }
