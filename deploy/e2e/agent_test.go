@@ -158,6 +158,18 @@ func (h *agentHost) state(t *testing.T) nodeState {
 	return s
 }
 
+// waitReaped waits, with the agent running, until its reaper has removed
+// what unprepare queued (the share's interface and classes, the parent's
+// egress shaper): Unprepare answers before that, so the node's state is
+// only comparable once it is done.
+func (h *agentHost) waitReaped(t *testing.T) {
+	t.Helper()
+	waitFor(t, "the reaper to remove the unprepared share", 30*time.Second, func() (bool, error) {
+		s := h.state(t)
+		return len(s.Links) == 0 && len(s.Classes) == 0, fmt.Errorf("node state %+v", s)
+	})
+}
+
 // The crash matrix: the agent is killed with SIGKILL at every step of
 // prepare and unprepare, restarted, and the kubelet stand-in retries. After
 // each retry the node holds exactly what a crash-free run holds: nothing
@@ -185,6 +197,7 @@ func TestCrashMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Close()
+	h.waitReaped(t)
 	clean := h.state(t)
 	h.stop()
 
@@ -228,6 +241,7 @@ func TestCrashMatrix(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.Close()
+			h.waitReaped(t)
 			h.stop()
 			if got := h.state(t); !reflect.DeepEqual(got, clean) {
 				t.Errorf("after unprepare: %+v, want %+v", got, clean)
@@ -244,6 +258,7 @@ func TestCrashMatrix(t *testing.T) {
 			p.Close()
 			h.stop()
 			retry(fault, func(p *kubeletstub.Plugin) error { return p.Unprepare(ctx, c) })
+			h.waitReaped(t)
 			h.stop()
 			if got := h.state(t); !reflect.DeepEqual(got, clean) {
 				t.Errorf("after crash at %s and retry: %+v, want %+v", fault, got, clean)
