@@ -372,6 +372,7 @@ func TestAgentRollingUpdate(t *testing.T) {
 	if err := p.Unprepare(ctx, c1, c2); err != nil {
 		t.Fatalf("unprepare with the new agent after the old one left: %v\n%s", err, next.logs)
 	}
+	next.waitReaped(t)
 	if st := next.state(t); len(st.Records) != 0 || len(st.Specs) != 0 || len(st.Links) != 0 || len(st.Shares) != 0 {
 		t.Errorf("left after the rolling update: %+v", st)
 	}
