@@ -15,8 +15,8 @@ import (
 // HTB holds the share classes, and return_shaped on the ingress of its peer
 // back sends it out of parent again, past classify_egress. shaperMAC is
 // shaper's own address: what the node sends from it is dropped at back,
-// never sent out of parent. Idempotent, pinned and at the head of back's
-// TCX ingress, like Attach.
+// never sent out of parent. Idempotent; the program on back outlives this
+// process, like Attach's.
 func (s *Shaper) AttachEgressShaper(parent, shaper, back int, shaperMAC net.HardwareAddr) error {
 	if parent <= 0 || shaper <= 0 || back <= 0 {
 		return fmt.Errorf("bad ifindex: parent %d, shaper %d, return %d", parent, shaper, back)
@@ -30,9 +30,15 @@ func (s *Shaper) AttachEgressShaper(parent, shaper, back int, shaperMAC net.Hard
 		return fmt.Errorf("record the return of ifindex %d's egress shaper: %w", parent, err)
 	}
 	// The way back first: frames sent to the shaper before it was in
-	// place would be dropped at its peer.
-	if err := s.attachAt(back, s.objs.ReturnShaped, shaperProgReturnShaped, ebpf.AttachTCXIngress); err != nil {
-		return err
+	// place would be dropped at its peer. A cls_bpf filter where the
+	// kernel has clsact and cls_bpf: attaching through TCX waits for an
+	// RCU grace period (7–15 ms here), paid on the first limited share of
+	// every parent, and no program but this one ever runs on the device,
+	// so TCX's ordering buys nothing there.
+	if err := s.attachLegacy(back, s.objs.ReturnShaped, shaperProgReturnShaped, netlink.HANDLE_MIN_INGRESS); err != nil {
+		if terr := s.attachAt(back, s.objs.ReturnShaped, shaperProgReturnShaped, ebpf.AttachTCXIngress); terr != nil {
+			return errors.Join(err, terr)
+		}
 	}
 	sh := shaperEgressShaper{ShaperIfindex: uint32(shaper), ReturnIfindex: uint32(back)}
 	if err := s.objs.EgressShapers.Put(uint32(parent), &sh); err != nil {
@@ -48,10 +54,10 @@ func (s *Shaper) DetachEgressShaper(parent, back int) error {
 	if err := s.objs.EgressShapers.Delete(uint32(parent)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("forget the egress shaper of ifindex %d: %w", parent, err)
 	}
-	if err := s.detachTCX(back, shaperProgReturnShaped); err != nil {
+	if err := detachLegacy(back, netlink.HANDLE_MIN_INGRESS); err != nil {
 		return err
 	}
-	if err := detachLegacy(back, netlink.HANDLE_MIN_INGRESS); err != nil {
+	if err := s.detachTCX(back, shaperProgReturnShaped); err != nil {
 		return err
 	}
 	if err := s.objs.ShaperReturns.Delete(uint32(back)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
