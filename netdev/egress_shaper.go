@@ -62,7 +62,7 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error
 	made := err != nil
 	if made {
 		la := netlink.NewLinkAttrs()
-		la.Name, la.MTU, la.TxQLen, la.Flags = name, egressShaperMTU, 1000, unix.IFF_NOARP
+		la.Name, la.MTU, la.TxQLen = name, egressShaperMTU, 1000
 		veth := &netlink.Veth{LinkAttrs: la, PeerName: back}
 		if err := h.LinkAdd(veth); err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("create egress shaper %s for %s: %w", name, parent.Attrs().Name, err)

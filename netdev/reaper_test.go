@@ -107,8 +107,8 @@ func TestPrepareAgainNeverCollidesWithItsRemoval(t *testing.T) {
 }
 
 // What carve set up on a parent and remembers is looked at again once it
-// is gone: a prepare after someone removed the IFB and the HTB by hand
-// fails at most once, and the next one sets them up again and holds.
+// is gone: a prepare after someone removed the IFB and the egress shaper by
+// hand fails at most once, and the next one sets them up again and holds.
 func TestSetUpIsLookedAtAgainWhenGone(t *testing.T) {
 	b := newBench(t)
 	ctx := context.Background()
@@ -123,8 +123,11 @@ func TestSetUpIsLookedAtAgainWhenGone(t *testing.T) {
 	if err := node.LinkDel(ifb); err != nil {
 		t.Fatal(err)
 	}
-	root := &netlink.Htb{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT}}
-	if err := node.QdiscDel(root); err != nil {
+	shaper, err := node.LinkByName("cveg" + strconv.Itoa(parent.Attrs().Index))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.LinkDel(shaper); err != nil {
 		t.Fatal(err)
 	}
 	a := b.alloc("after", "100M", "100M")
@@ -134,8 +137,10 @@ func TestSetUpIsLookedAtAgainWhenGone(t *testing.T) {
 			t.Fatalf("second prepare after the removal: %v", err)
 		}
 	}
-	if q, _ := node.QdiscList(parent); !hasKind(q, "htb") {
-		t.Errorf("no HTB on the parent after prepare: %v", q)
+	if shaper, err := node.LinkByName("cveg" + strconv.Itoa(parent.Attrs().Index)); err != nil {
+		t.Errorf("no egress shaper after prepare: %v", err)
+	} else if q, _ := node.QdiscList(shaper); !hasKind(q, "htb") {
+		t.Errorf("no HTB on the egress shaper after prepare: %v", q)
 	}
 	if _, err := node.LinkByName("cvifb" + strconv.Itoa(parent.Attrs().Index)); err != nil {
 		t.Errorf("no IFB after prepare: %v", err)

@@ -48,7 +48,7 @@ func TestMQRootReplaceableOnlyWithDefaultChildren(t *testing.T) {
 }
 
 // A restored share's class minors are reserved on the devices that hold the
-// classes: egress on the parent, ingress on the parent's IFB.
+// classes: egress on the parent's egress shaper, ingress on the parent's IFB.
 func TestRestoreReservesMinorsPerDevice(t *testing.T) {
 	tp := netdevtest.New(t)
 	p, err := NewNICPreparer(Options{HostNS: tp.Node, StateDir: t.TempDir()})
@@ -63,8 +63,8 @@ func TestRestoreReservesMinorsPerDevice(t *testing.T) {
 	raw, _ := json.Marshal(undoRecord{Parent: tp.Parent, Link: LinkName(a.ShareKey()), MAC: ShareMAC(a.ShareKey()).String(),
 		EgressMinor: 0x20, IngressMinor: 0x30})
 	p.Restore([]prepare.Allocation{a}, []json.RawMessage{raw})
-	if got := p.minors[tp.Parent]; len(got) != 1 || got[0x20] != a.ShareKey() {
-		t.Errorf("parent's minors %v, want only 0x20", got)
+	if got := p.minors[egressShaperName(parent.Attrs().Index)]; len(got) != 1 || got[0x20] != a.ShareKey() {
+		t.Errorf("egress shaper's minors %v, want only 0x20", got)
 	}
 	if got := p.minors[ifbName(parent)]; len(got) != 1 || got[0x30] != a.ShareKey() {
 		t.Errorf("IFB's minors %v, want only 0x30", got)
