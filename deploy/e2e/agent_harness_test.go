@@ -286,3 +286,15 @@ func waitSlices(t testing.TB, cs kubernetes.Interface, h *agentHost) {
 	}
 	t.Fatalf("no ResourceSlices for %s\nagent log:\n%s", h.node, h.logs)
 }
+
+// waitReaped waits, with the agent running, until its reaper has removed
+// what unprepare queued (the share's interface and classes, the parent's
+// egress shaper): Unprepare answers before that, so the node's state is
+// only comparable once it is done.
+func (h *agentHost) waitReaped(t *testing.T) {
+	t.Helper()
+	waitFor(t, "the reaper to remove the unprepared share", 30*time.Second, func() (bool, error) {
+		s := h.state(t)
+		return len(s.Links) == 0 && len(s.Classes) == 0, fmt.Errorf("node state %+v", s)
+	})
+}

@@ -158,18 +158,6 @@ func (h *agentHost) state(t *testing.T) nodeState {
 	return s
 }
 
-// waitReaped waits, with the agent running, until its reaper has removed
-// what unprepare queued (the share's interface and classes, the parent's
-// egress shaper): Unprepare answers before that, so the node's state is
-// only comparable once it is done.
-func (h *agentHost) waitReaped(t *testing.T) {
-	t.Helper()
-	waitFor(t, "the reaper to remove the unprepared share", 30*time.Second, func() (bool, error) {
-		s := h.state(t)
-		return len(s.Links) == 0 && len(s.Classes) == 0, fmt.Errorf("node state %+v", s)
-	})
-}
-
 // The crash matrix: the agent is killed with SIGKILL at every step of
 // prepare and unprepare, restarted, and the kubelet stand-in retries. After
 // each retry the node holds exactly what a crash-free run holds: nothing
