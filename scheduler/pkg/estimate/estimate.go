@@ -73,6 +73,8 @@ type Estimate struct {
 	Pending []*resourceapi.ResourceClaim
 	nodes   map[string][]*Device
 	ledger  *Ledger
+	// at is the ledger's mark the estimate reads it as of.
+	at uint64
 }
 
 // Pick is the device a request would get on a node.
@@ -85,15 +87,16 @@ type Pick struct {
 }
 
 // Compute builds the estimate for pod from the scheduler's DRA state (the
-// pod's claims, the slices) and the ledger of what shares consume. It
-// returns nil when the pod has no unallocated share request for driver.
-func Compute(ctx context.Context, dra fwk.SharedDRAManager, ledger *Ledger, pod *v1.Pod, driver string) (*Estimate, error) {
+// pod's claims, the slices) and the ledger of what allocations take, read
+// as of mark at. It returns nil when the pod has no unallocated share
+// request for driver.
+func Compute(ctx context.Context, dra fwk.SharedDRAManager, ledger *Ledger, pod *v1.Pod, driver string, at uint64) (*Estimate, error) {
 	logger := klog.FromContext(ctx)
 	claims, err := podClaims(dra, pod)
 	if err != nil {
 		return nil, err
 	}
-	e := &Estimate{ledger: ledger}
+	e := &Estimate{ledger: ledger, at: at}
 	for _, claim := range claims {
 		n := len(e.Requests)
 		e.Requests = append(e.Requests, shareRequests(claim, e.Claims)...)

@@ -69,7 +69,7 @@ func (e *Estimate) fit(d *Device, r *Request, mine []taken) (float64, bool) {
 		if !ok {
 			return 0, false
 		}
-		used := v + e.ledger.Used(d.ID, c.name)
+		used := v + e.ledger.UsedAt(d.ID, c.name, e.at)
 		for _, t := range mine {
 			if t.d == d && t.cap == ci {
 				used += t.value
