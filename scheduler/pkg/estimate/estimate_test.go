@@ -88,19 +88,26 @@ func TestPicksAccumulateAndMiss(t *testing.T) {
 	}
 }
 
-// Pods without share requests, and claims already allocated, give no estimate.
-func TestNoShares(t *testing.T) {
-	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.carve.dev"},
-	}}}})
+// Claims already allocated give no estimate; a request without capacity is
+// followed, but is no share.
+func TestAllocatedAndWhole(t *testing.T) {
 	done := nicShare("done", "1G")
 	fixture.Allocate(done, "n1", "nic-0000-19-00-0")
-	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, done}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
-	if e := compute(t, dra, "whole", "done"); e != nil {
-		t.Errorf("estimate %+v for a pod without pending shares", e)
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{wholeGPU("whole"), done}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
+	if e := compute(t, dra, "done"); e != nil {
+		t.Errorf("estimate %+v for a pod whose claims are allocated", e)
+	}
+	e := compute(t, dra, "whole", "done")
+	if e == nil || e.Claims != 1 || e.Shares != 0 || len(e.Requests) != 1 || e.Requests[0].Share() {
+		t.Errorf("whole-device request: %+v", e)
 	}
 	if _, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", "missing"), fixture.Driver, 0); err == nil {
 		t.Error("a missing claim is no error")
+	}
+	missing := fixture.Claim(ns, "noclass", fixture.ShareSpec("fpga", map[resourceapi.QualifiedName]string{fixture.Memory: "1Gi"}))
+	dra.Claims = append(dra.Claims, missing)
+	if _, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", "noclass"), fixture.Driver, 0); err == nil {
+		t.Error("a missing device class is no error")
 	}
 }
 

@@ -86,7 +86,7 @@ func (s *ShareFit) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
-	if e == nil {
+	if e == nil || e.Shares == 0 {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	return nil
@@ -107,16 +107,21 @@ func (s *ShareFit) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	return score, nil
 }
 
-// Score turns picks into a node score under strategy.
+// Score turns picks into a node score under strategy: the mean fill of the
+// devices the pod's shares get (whole devices do not count).
 func Score(picks []estimate.Pick, ok bool, strategy Strategy) int64 {
-	if !ok || len(picks) == 0 {
+	var sum float64
+	n := 0
+	for _, p := range picks {
+		if p.Request.Share() {
+			sum += p.Utilization
+			n++
+		}
+	}
+	if !ok || n == 0 {
 		return fwk.MinScore
 	}
-	var sum float64
-	for _, p := range picks {
-		sum += p.Utilization
-	}
-	fill := sum / float64(len(picks))
+	fill := sum / float64(n)
 	if strategy == LeastAllocated {
 		fill = 1 - fill
 	}
