@@ -1,6 +1,8 @@
 package estimate
 
 import (
+	"maps"
+
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
@@ -42,11 +44,16 @@ func (l *Ledger) update(uid types.UID, change func(*entry)) {
 	if e == nil {
 		e = &entry{version: -1}
 	}
-	l.apply(e.observed, -1)
-	l.apply(e.pending, -1)
+	observed, pending := e.observed, e.pending
 	change(e)
-	l.apply(e.observed, 1)
-	l.apply(e.pending, 1)
+	// Most informer events change nothing the ledger counts; they leave
+	// the totals and the journal alone.
+	if !equalShares(observed, e.observed) || !equalShares(pending, e.pending) {
+		l.apply(observed, -1)
+		l.apply(pending, -1)
+		l.apply(e.observed, 1)
+		l.apply(e.pending, 1)
+	}
 	if len(e.pending) > 0 {
 		l.held[uid] = struct{}{}
 	} else {
@@ -125,4 +132,17 @@ func (l *Ledger) HeldAt(id structured.DeviceID, at uint64) bool {
 	defer l.mu.RUnlock()
 	d, _ := l.log.since(at, id, "")
 	return int64(l.whole[id])-d > 0
+}
+
+// equalShares says whether a and b take the same of the same devices.
+func equalShares(a, b []share) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].id != b[i].id || a[i].whole != b[i].whole || !maps.Equal(a[i].consumed, b[i].consumed) {
+			return false
+		}
+	}
+	return true
 }
