@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,19 +34,33 @@ func main() {
 		port        = flag.Int("port", 50261, "first of two secure ports for the schedulers")
 		wShareFit   = flag.Int("sharefit-weight", 3, "ShareFit's weight in carve-scheduler's profile")
 		wTopology   = flag.Int("topology-weight", 3, "Topology's weight in carve-scheduler's profile")
+		only        = flag.String("schedulers", "stock,carve", "which schedulers run, comma-separated (stock, carve); one alone for diagnosis, the ratio needs both")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
 	ctx := klog.NewContext(context.Background(), klog.Background())
-	if err := run(ctx, *kubeconfig, *schedConfig, *stockBin, *carveBin, *sizes, *pods, *runs, *dir, *port, carveProfile(*wShareFit, *wTopology)); err != nil {
+	if err := run(ctx, *kubeconfig, *schedConfig, *stockBin, *carveBin, *sizes, *only, *pods, *runs, *dir, *port, carveProfile(*wShareFit, *wTopology)); err != nil {
 		fmt.Fprintln(os.Stderr, "carve-bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, kubeconfig, schedConfig, stockBin, carveBin, sizeList string, pods, runs int, dir string, port int, profile string) error {
+func run(ctx context.Context, kubeconfig, schedConfig, stockBin, carveBin, sizeList, only string, pods, runs int, dir string, port int, profile string) error {
 	if kubeconfig == "" || stockBin == "" || carveBin == "" {
 		return fmt.Errorf("--kubeconfig, --stock and --carve are required")
+	}
+	all := []scheduler{
+		{label: "stock", name: "bench-stock", binary: stockBin, port: port},
+		{label: "carve", name: "carve-scheduler", binary: carveBin, port: port + 1, profile: profile},
+	}
+	var scheds []scheduler
+	for _, s := range all {
+		if slices.Contains(strings.Split(only, ","), s.label) {
+			scheds = append(scheds, s)
+		}
+	}
+	if len(scheds) == 0 {
+		return fmt.Errorf("--schedulers: %q names neither stock nor carve", only)
 	}
 	if schedConfig == "" {
 		schedConfig = kubeconfig
@@ -70,10 +85,6 @@ func run(ctx context.Context, kubeconfig, schedConfig, stockBin, carveBin, sizeL
 	if err := ensureClasses(ctx, c); err != nil {
 		return err
 	}
-	scheds := []scheduler{
-		{label: "stock", name: "bench-stock", binary: stockBin, port: port},
-		{label: "carve", name: "carve-scheduler", binary: carveBin, port: port + 1, profile: profile},
-	}
 	specs := workload(pods, 13)
 	var results []result
 	for _, n := range sizes {
@@ -90,7 +101,8 @@ func run(ctx context.Context, kubeconfig, schedConfig, stockBin, carveBin, sizeL
 		for r := 1; r <= runs; r++ {
 			order := scheds
 			if r%2 == 0 {
-				order = []scheduler{scheds[1], scheds[0]}
+				order = slices.Clone(scheds)
+				slices.Reverse(order)
 			}
 			for _, s := range order {
 				res, err := runOnce(ctx, c, s, n, r, specs, dir, schedConfig, infos)

@@ -67,7 +67,7 @@ profiles:
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", s.port),
 		"--profiling="+profiling(),
-		"--v=1",
+		"--v="+verbosity(),
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -111,4 +111,14 @@ func profiling() string {
 		return "true"
 	}
 	return "false"
+}
+
+// verbosity is the schedulers' log level: CARVE_BENCH_VERBOSITY, default 1.
+// At 3, carve-scheduler logs every request whose devices differ from what
+// its scores assumed.
+func verbosity() string {
+	if v := os.Getenv("CARVE_BENCH_VERBOSITY"); v != "" {
+		return v
+	}
+	return "1"
 }

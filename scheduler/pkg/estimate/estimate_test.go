@@ -2,11 +2,14 @@ package estimate_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
+	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/carve-dra/carve/scheduler/pkg/estimate"
 	"github.com/carve-dra/carve/scheduler/pkg/fixture"
@@ -24,7 +27,8 @@ func gpuShare(name, mem string) *resourceapi.ResourceClaim {
 
 func compute(t *testing.T, dra *fixture.DRA, claims ...string) *estimate.Estimate {
 	t.Helper()
-	e, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", claims...), fixture.Driver)
+	l := dra.Ledger()
+	e, err := estimate.Compute(context.Background(), dra, l, fixture.Pod(ns, "p", claims...), fixture.Driver, l.Mark())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,19 +88,26 @@ func TestPicksAccumulateAndMiss(t *testing.T) {
 	}
 }
 
-// Pods without share requests, and claims already allocated, give no estimate.
-func TestNoShares(t *testing.T) {
-	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.carve.dev"},
-	}}}})
+// Claims already allocated give no estimate; a request without capacity is
+// followed, but is no share.
+func TestAllocatedAndWhole(t *testing.T) {
 	done := nicShare("done", "1G")
 	fixture.Allocate(done, "n1", "nic-0000-19-00-0")
-	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, done}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
-	if e := compute(t, dra, "whole", "done"); e != nil {
-		t.Errorf("estimate %+v for a pod without pending shares", e)
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{wholeGPU("whole"), done}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
+	if e := compute(t, dra, "done"); e != nil {
+		t.Errorf("estimate %+v for a pod whose claims are allocated", e)
 	}
-	if _, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", "missing"), fixture.Driver); err == nil {
+	e := compute(t, dra, "whole", "done")
+	if e == nil || e.Claims != 1 || e.Shares != 0 || len(e.Requests) != 1 || e.Requests[0].Share() {
+		t.Errorf("whole-device request: %+v", e)
+	}
+	if _, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", "missing"), fixture.Driver, 0); err == nil {
 		t.Error("a missing claim is no error")
+	}
+	missing := fixture.Claim(ns, "noclass", fixture.ShareSpec("fpga", map[resourceapi.QualifiedName]string{fixture.Memory: "1Gi"}))
+	dra.Claims = append(dra.Claims, missing)
+	if _, err := estimate.Compute(context.Background(), dra, dra.Ledger(), fixture.Pod(ns, "p", "noclass"), fixture.Driver, 0); err == nil {
+		t.Error("a missing device class is no error")
 	}
 }
 
@@ -173,5 +184,92 @@ func TestLedger(t *testing.T) {
 	l.Record(whole)
 	if got := l.Used(id, fixture.Egress); got != 0 {
 		t.Errorf("other driver or no share counted: %d", got)
+	}
+}
+
+// fakeTracker is the claim tracker's view: claims as its assume cache has
+// them, and which are in flight.
+type fakeTracker struct {
+	fwk.ResourceClaimTracker
+	claims   map[string]*resourceapi.ResourceClaim
+	inFlight map[types.UID]*resourceapi.AllocationResult
+}
+
+func (f *fakeTracker) Get(namespace, name string) (*resourceapi.ResourceClaim, error) {
+	if c, ok := f.claims[namespace+"/"+name]; ok {
+		return c, nil
+	}
+	return nil, fmt.Errorf("claim %s/%s not found", namespace, name)
+}
+
+func (f *fakeTracker) GetPendingAllocation(uid types.UID) *resourceapi.AllocationResult {
+	return f.inFlight[uid]
+}
+
+// The ledger counts what the allocator counts, step by step through
+// DynamicResources' Reserve and PreBind: the in-flight allocation from
+// Reserve, through the finalizer update (an informer event without
+// allocation); twice once the tracker's assume cache has the status update
+// and the claim is still in flight; once after PreBind; and an informer
+// event older than what the ledger has is ignored.
+func TestLedgerFollowsTheAllocator(t *testing.T) {
+	l := estimate.NewLedger(fixture.Driver)
+	id := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-19-00-0")
+	version := func(c *resourceapi.ResourceClaim, rv string) *resourceapi.ResourceClaim {
+		c = c.DeepCopy()
+		c.ResourceVersion = rv
+		return c
+	}
+	created := version(nicShare("c", "10G"), "10")
+	finalizer := version(created, "11")
+	finalizer.Finalizers = []string{"resource.kubernetes.io/delete-protection"}
+	allocated := version(finalizer, "12")
+	fixture.Allocate(allocated, "n1", "nic-0000-19-00-0")
+	tr := &fakeTracker{claims: map[string]*resourceapi.ResourceClaim{ns + "/c": created}, inFlight: map[types.UID]*resourceapi.AllocationResult{}}
+	used := func(when string, want int64) {
+		t.Helper()
+		if got := l.Used(id, fixture.Egress); got != want {
+			t.Errorf("%s: used %d, want %d", when, got, want)
+		}
+	}
+
+	l.Record(created)
+	tr.inFlight[created.UID] = allocated.Status.Allocation // Reserve
+	l.Hold(created, allocated.Status.Allocation)
+	used("after Reserve", 10e9)
+	tr.claims[ns+"/c"] = finalizer // PreBind's first update
+	l.Record(finalizer)
+	l.Settle(tr)
+	used("after the finalizer update", 10e9)
+	tr.claims[ns+"/c"] = allocated // the status update, assumed
+	l.Settle(tr)
+	used("status assumed, still in flight", 20e9)
+	delete(tr.inFlight, created.UID) // PreBind done
+	l.Settle(tr)
+	used("after PreBind, before the informer", 10e9)
+	l.Record(finalizer) // a late informer event
+	used("after a stale informer event", 10e9)
+	l.Record(allocated)
+	used("after the informer caught up", 10e9)
+	deallocated := version(created, "13")
+	l.Record(deallocated)
+	used("after deallocation", 0)
+
+	// Held in flight, then released (Unreserve) before any status.
+	l.Hold(created, allocated.Status.Allocation)
+	l.Release(created.UID)
+	used("after Hold and Release", 0)
+
+	whole := nicShare("whole", "1G")
+	fixture.Allocate(whole, "n1", "nic-0000-87-00-0")
+	whole.Status.Allocation.Devices.Results[0].ShareID = nil
+	wid := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-87-00-0")
+	l.Record(whole)
+	if !l.Held(wid) || l.Held(id) {
+		t.Errorf("held: whole device %v, shared device %v", l.Held(wid), l.Held(id))
+	}
+	l.Forget(whole.UID)
+	if l.Held(wid) {
+		t.Error("a forgotten claim still holds its device")
 	}
 }

@@ -48,6 +48,7 @@ func (ix *index) byNode(slices []*resourceapi.ResourceSlice) map[string][]*Devic
 		return ix.nodes
 	}
 	perSlice := make(map[*resourceapi.ResourceSlice][]*Device, len(slices))
+	byNode := map[string][]*resourceapi.ResourceSlice{}
 	nodes := map[string][]*Device{}
 	for _, s := range slices {
 		if s.Spec.Driver != ix.driver || s.Spec.NodeName == nil {
@@ -58,7 +59,21 @@ func (ix *index) byNode(slices []*resourceapi.ResourceSlice) map[string][]*Devic
 			devs = sliceDevices(s)
 		}
 		perSlice[s] = devs
-		nodes[*s.Spec.NodeName] = append(nodes[*s.Spec.NodeName], devs...)
+		byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s)
+	}
+	for node, list := range byNode {
+		// The allocator walks pools by name, a pool's slices by name, and
+		// a slice's devices in order.
+		sort.Slice(list, func(i, j int) bool {
+			a, b := list[i].Spec, list[j].Spec
+			if a.Pool.Name != b.Pool.Name {
+				return a.Pool.Name < b.Pool.Name
+			}
+			return list[i].Name < list[j].Name
+		})
+		for _, s := range list {
+			nodes[node] = append(nodes[node], perSlice[s]...)
+		}
 	}
 	ix.last = append(ix.last[:0], slices...)
 	ix.perSlice, ix.nodes = perSlice, nodes
@@ -77,19 +92,18 @@ func same(a, b []*resourceapi.ResourceSlice) bool {
 	return true
 }
 
-// sliceDevices are the shareable devices of a slice, in its order (the
-// order the allocator walks them).
+// sliceDevices are the devices of a slice, in its order (the order the
+// allocator walks them).
 func sliceDevices(s *resourceapi.ResourceSlice) []*Device {
 	var out []*Device
 	for i := range s.Spec.Devices {
 		d := &s.Spec.Devices[i]
-		if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations || len(d.Capacity) == 0 {
-			continue
-		}
 		dev := &Device{
-			ID:       structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name),
-			PCIeRoot: attr(d, AttrPCIeRoot),
-			NUMANode: attr(d, AttrNUMANode, resourceapi.QualifiedName(s.Spec.Driver+"/"+string(AttrNUMANode)), AttrNUMANodeShared),
+			ID:        structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name),
+			Shareable: d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations,
+			raw:       d,
+			PCIeRoot:  attr(d, AttrPCIeRoot),
+			NUMANode:  attr(d, AttrNUMANode, resourceapi.QualifiedName(s.Spec.Driver+"/"+string(AttrNUMANode)), AttrNUMANodeShared),
 		}
 		for n, c := range d.Capacity {
 			dev.caps = append(dev.caps, deviceCap{name: n, total: c.Value.Value(), dc: c})

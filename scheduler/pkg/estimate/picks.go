@@ -4,7 +4,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 )
 
-// taken is what the pod's earlier requests take of one device's capacity.
+// taken is what the pod's earlier requests take of one device's capacity
+// (cap -1: the whole device).
 type taken struct {
 	d     *Device
 	cap   int
@@ -24,13 +25,21 @@ func (e *Estimate) Picks(node string) ([]Pick, bool) {
 		r := &e.Requests[i]
 		found := false
 		for _, d := range devices {
+			if !r.sel.match(d) {
+				continue
+			}
 			util, ok := e.fit(d, r, mine)
 			if !ok {
 				continue
 			}
+			if !d.Shareable {
+				mine = append(mine, taken{d: d, cap: -1})
+			}
 			for ci, c := range d.caps {
-				v, _ := consume(want(r, c.name), c.dc)
-				mine = append(mine, taken{d: d, cap: ci, value: v})
+				if d.Shareable {
+					v, _ := consume(want(r, c.name), c.dc)
+					mine = append(mine, taken{d: d, cap: ci, value: v})
+				}
 			}
 			picks = append(picks, Pick{Request: r, Device: d, Utilization: util})
 			found = true
@@ -56,12 +65,29 @@ func want(r *Request, n resourceapi.QualifiedName) *int64 {
 func (e *Estimate) fit(d *Device, r *Request, mine []taken) (float64, bool) {
 	have := 0
 	for _, c := range d.caps {
-		if _, ok := r.want[c.name]; ok {
+		if w, ok := r.want[c.name]; ok {
+			if !d.Shareable && w > c.total {
+				return 0, false // a whole device must have what is asked
+			}
 			have++
 		}
 	}
-	if have != len(r.want) || len(d.caps) == 0 {
+	if have != len(r.want) {
 		return 0, false // the request names a capacity the device lacks
+	}
+	if !d.Shareable {
+		if e.ledger.HeldAt(d.ID, e.at) {
+			return 0, false
+		}
+		for _, t := range mine {
+			if t.d == d {
+				return 0, false
+			}
+		}
+		return 1, true
+	}
+	if len(d.caps) == 0 {
+		return 0, true // shared without limit
 	}
 	var sum float64
 	for ci, c := range d.caps {
@@ -69,7 +95,7 @@ func (e *Estimate) fit(d *Device, r *Request, mine []taken) (float64, bool) {
 		if !ok {
 			return 0, false
 		}
-		used := v + e.ledger.Used(d.ID, c.name)
+		used := v + e.ledger.UsedAt(d.ID, c.name, e.at)
 		for _, t := range mine {
 			if t.d == d && t.cap == ci {
 				used += t.value

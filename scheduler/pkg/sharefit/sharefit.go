@@ -28,10 +28,11 @@ type ShareFit struct {
 }
 
 var (
-	_ fwk.PreScorePlugin = (*ShareFit)(nil)
-	_ fwk.ScorePlugin    = (*ShareFit)(nil)
-	_ fwk.ReservePlugin  = (*ShareFit)(nil)
-	_ fwk.SignPlugin     = (*ShareFit)(nil)
+	_ fwk.PreFilterPlugin = (*ShareFit)(nil)
+	_ fwk.PreScorePlugin  = (*ShareFit)(nil)
+	_ fwk.ScorePlugin     = (*ShareFit)(nil)
+	_ fwk.ReservePlugin   = (*ShareFit)(nil)
+	_ fwk.SignPlugin      = (*ShareFit)(nil)
 )
 
 // New is the plugin factory for app.WithPlugin.
@@ -61,6 +62,20 @@ func (s *ShareFit) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, 
 	return nil, nil
 }
 
+// PreFilter marks the ledger as DynamicResources' allocator sees it in
+// this cycle (see estimate.MarkCycle); it never rejects a pod.
+func (s *ShareFit) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	if len(pod.Spec.ResourceClaims) == 0 || s.dra == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	estimate.MarkCycle(state, s.dra, s.ledger, s.args.DriverName)
+	return nil, nil
+}
+
+// PreFilterExtensions implements fwk.PreFilterPlugin: there is no per-node
+// state to update.
+func (s *ShareFit) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
 // PreScore computes the pod's estimate once, and skips Score for pods
 // without share requests for the driver.
 func (s *ShareFit) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
@@ -71,7 +86,7 @@ func (s *ShareFit) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
-	if e == nil {
+	if e == nil || e.Shares == 0 {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	return nil
@@ -92,16 +107,21 @@ func (s *ShareFit) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	return score, nil
 }
 
-// Score turns picks into a node score under strategy.
+// Score turns picks into a node score under strategy: the mean fill of the
+// devices the pod's shares get (whole devices do not count).
 func Score(picks []estimate.Pick, ok bool, strategy Strategy) int64 {
-	if !ok || len(picks) == 0 {
+	var sum float64
+	n := 0
+	for _, p := range picks {
+		if p.Request.Share() {
+			sum += p.Utilization
+			n++
+		}
+	}
+	if !ok || n == 0 {
 		return fwk.MinScore
 	}
-	var sum float64
-	for _, p := range picks {
-		sum += p.Utilization
-	}
-	fill := sum / float64(len(picks))
+	fill := sum / float64(n)
 	if strategy == LeastAllocated {
 		fill = 1 - fill
 	}
@@ -121,23 +141,29 @@ func (s *ShareFit) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		klog.FromContext(ctx).V(4).Info("ShareFit: no shares to record", "pod", klog.KObj(pod), "err", err)
 		return nil
 	}
+	logger := klog.FromContext(ctx)
+	// What the scores assumed, before this pod's shares are in the ledger.
+	picks, _ := e.Picks(node)
 	for _, c := range e.Pending {
 		// The allocation is in flight (the claim's status is written in
 		// PreBind): the tracker has it, the informer does not yet.
 		alloc := s.dra.ResourceClaims().GetPendingAllocation(c.UID)
 		if alloc == nil {
-			klog.FromContext(ctx).V(4).Info("ShareFit: no pending allocation at Reserve", "claim", klog.KObj(c))
+			logger.V(4).Info("ShareFit: no pending allocation at Reserve", "claim", klog.KObj(c))
 			continue
 		}
-		claim := *c
-		claim.Status.Allocation = alloc
-		s.ledger.Record(&claim)
+		if logger.V(3).Enabled() {
+			for _, m := range estimate.Compare(picks, c, alloc, s.args.DriverName) {
+				logger.V(3).Info("ShareFit: the allocator chose other devices than the estimate", "pod", klog.KObj(pod), "node", node, "claim", m.Claim, "request", m.Request, "predicted", m.Predicted, "allocated", m.Actual)
+			}
+		}
+		s.ledger.Hold(c, alloc)
 	}
 	return nil
 }
 
-// Unreserve drops what Reserve recorded; the informer records the claims
-// again if they stay allocated.
+// Unreserve drops what Reserve recorded; what the informer shows of the
+// claims stays.
 func (s *ShareFit) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, node string) {
 	if len(pod.Spec.ResourceClaims) == 0 || s.dra == nil {
 		return
@@ -147,7 +173,7 @@ func (s *ShareFit) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.
 		return
 	}
 	for _, c := range e.Pending {
-		s.ledger.Forget(c.UID)
+		s.ledger.Release(c.UID)
 	}
 }
 

@@ -142,3 +142,23 @@ func TestReserveRecordsShares(t *testing.T) {
 		t.Errorf("after Unreserve: %d used, want 0", got)
 	}
 }
+
+// Whole-device requests do not count toward the fill: a pod with only them
+// is skipped, and beside a share only the share's device is scored.
+func TestWholeDevicesDoNotCount(t *testing.T) {
+	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.carve.dev"},
+	}}}})
+	slice := fixture.Server("n1", "100G", "80Gi")
+	slice.Spec.Devices[0].AllowMultipleAllocations = nil
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, share("s", "50G")}, Slices: []*resourceapi.ResourceSlice{slice}}
+	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	if _, st := scores(t, pl, []string{"whole"}, "n1"); st.Code() != fwk.Skip {
+		t.Errorf("whole device only: %v, want Skip", st)
+	}
+	got, st := scores(t, pl, []string{"whole", "s"}, "n1")
+	// egress 50/100, ingress the 1G default: 25.5% -> 26, the whole GPU left out.
+	if st != nil || got["n1"] != 26 {
+		t.Errorf("score %v (%v), want 26", got, st)
+	}
+}

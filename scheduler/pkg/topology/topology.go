@@ -68,9 +68,10 @@ type Topology struct {
 }
 
 var (
-	_ fwk.PreScorePlugin = (*Topology)(nil)
-	_ fwk.ScorePlugin    = (*Topology)(nil)
-	_ fwk.SignPlugin     = (*Topology)(nil)
+	_ fwk.PreFilterPlugin = (*Topology)(nil)
+	_ fwk.PreScorePlugin  = (*Topology)(nil)
+	_ fwk.ScorePlugin     = (*Topology)(nil)
+	_ fwk.SignPlugin      = (*Topology)(nil)
 )
 
 // New is the plugin factory for app.WithPlugin.
@@ -98,6 +99,20 @@ func (t *Topology) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, 
 	}
 	return nil, nil
 }
+
+// PreFilter marks the ledger as DynamicResources' allocator sees it in
+// this cycle (see estimate.MarkCycle); it never rejects a pod.
+func (t *Topology) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	if len(pod.Spec.ResourceClaims) == 0 || t.dra == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	estimate.MarkCycle(state, t.dra, t.ledger, t.args.DriverName)
+	return nil, nil
+}
+
+// PreFilterExtensions implements fwk.PreFilterPlugin: there is no per-node
+// state to update.
+func (t *Topology) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 
 // PreScore skips pods with share requests in fewer than two claims: within
 // one claim, alignment is the claim's own business (a matchAttribute

@@ -75,3 +75,38 @@ func TestArgs(t *testing.T) {
 		t.Error("invalid driver name accepted")
 	}
 }
+
+// A whole GPU and a NIC share are two claims too: Topology follows the whole
+// device as the allocator gives it, the first free one, and ranks a node
+// where the first GPU is held below one where it is free.
+func TestWholeDevice(t *testing.T) {
+	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.carve.dev"},
+	}}}})
+	held := whole.DeepCopy()
+	held.Name, held.UID = "held", "uid-held"
+	fixture.Allocate(held, "busy", "gpu-0000-18-00-0")
+	held.Status.Allocation.Devices.Results[0].ShareID = nil
+	server := func(node string) *resourceapi.ResourceSlice {
+		s := fixture.Server(node, "100G", "80Gi")
+		for i := range s.Spec.Devices[:2] { // the GPUs go whole
+			s.Spec.Devices[i].AllowMultipleAllocations = nil
+		}
+		return s
+	}
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, held, nic("n", "10G")}, Slices: []*resourceapi.ResourceSlice{server("free"), server("busy")}}
+	pl := &Topology{args: Args{DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	ctx := context.Background()
+	state := framework.NewCycleState()
+	pod := fixture.Pod(ns, "p", "whole", "n")
+	if st := pl.PreScore(ctx, state, pod, nil); !st.IsSuccess() {
+		t.Fatalf("PreScore: %v", st)
+	}
+	for node, want := range map[string]int64{"free": ScorePCIeRoot, "busy": ScoreApart} {
+		ni := framework.NewNodeInfo()
+		ni.SetNode(fixture.Node(node))
+		if got, st := pl.Score(ctx, state, pod, ni); !st.IsSuccess() || got != want {
+			t.Errorf("%s: score %d (%v), want %d", node, got, st, want)
+		}
+	}
+}
