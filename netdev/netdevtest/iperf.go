@@ -23,10 +23,6 @@ type UDPResult struct {
 	Duration time.Duration
 }
 
-// GeneratorBound tells whether the sender offered less than limit bits/s:
-// a figure from such a run measures the generator, not the shaper.
-func (r UDPResult) GeneratorBound(limit float64) bool { return r.Offered < limit }
-
 // RunIperfUDP runs one iperf3 UDP flow per flow at once, each offering
 // rates[i] bits/s in datagrams of size bytes, for d after warmup (iperf3's
 // --omit: the warm-up is not in its sums). iperf3 is a C sender that can
