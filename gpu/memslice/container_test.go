@@ -12,6 +12,7 @@ import (
 	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/carve-dra/carve/gpu/gputest"
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/prepare/cdi"
 )
@@ -21,7 +22,7 @@ import (
 // CDI writer writes the claim's spec, and the CDI library injects it.
 func container(t *testing.T, edits ...cdispec.ContainerEdits) *oci.Spec {
 	t.Helper()
-	dir := t.TempDir()
+	dir := gputest.TempDir(t)
 	w, err := cdi.NewWriter(dir, "carve.dev")
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +173,7 @@ func TestDMEMSharesOfTwoGPUsInOneContainer(t *testing.T) {
 // a share is refused saying so, and the GPU is left as it was.
 func TestSharedMemoryTheHostDoesNotSeeIsRefused(t *testing.T) {
 	e := newEnv(t)
-	e.opts.ShmHostView = t.TempDir()
+	e.opts.ShmHostView = gputest.TempDir(t)
 	_, _, err := New(e.opts).Prepare(context.Background(), share("a", 10*gib, TierMPSPoliced))
 	if err == nil || !strings.Contains(err.Error(), "stateDirPropagation") {
 		t.Fatalf("Prepare = %v, want a refusal naming the propagation", err)

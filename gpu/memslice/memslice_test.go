@@ -74,7 +74,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
-	e := &env{nv: &fakeNVML{free: 79 * gib}, dir: filepath.Join(t.TempDir(), "gpushare"), log: filepath.Join(t.TempDir(), "commands")}
+	e := &env{nv: &fakeNVML{free: 79 * gib}, dir: filepath.Join(gputest.TempDir(t), "gpushare"), log: filepath.Join(gputest.TempDir(t), "commands")}
 	t.Setenv("FAKE_MPS_LOG", e.log)
 	e.mark = fmt.Sprintf("carve-memslice-test-%d", os.Getpid())
 	t.Setenv("FAKE_MPS_SHM_MARK", e.mark)

@@ -21,9 +21,9 @@ func fakeDaemon(t *testing.T) (Daemon, string) {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
-	log := filepath.Join(t.TempDir(), "commands")
+	log := filepath.Join(gputest.TempDir(t), "commands")
 	t.Setenv("FAKE_MPS_LOG", log)
-	d := Daemon{Dir: filepath.Join(t.TempDir(), "mps", "GPU-1"), UUID: "GPU-1"}
+	d := Daemon{Dir: filepath.Join(gputest.TempDir(t), "mps", "GPU-1"), UUID: "GPU-1"}
 	t.Cleanup(func() {
 		if pid, alive := d.PID(); alive {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -125,7 +125,7 @@ func TestDaemonSeesTheSharedMemoryTmpfs(t *testing.T) {
 	gputest.NeedRoot(t)
 	ctx := context.Background()
 	d, _ := fakeDaemon(t)
-	d.ShmDir = filepath.Join(t.TempDir(), "shm")
+	d.ShmDir = filepath.Join(gputest.TempDir(t), "shm")
 	if err := MountShm(d.ShmDir, 8<<20); err != nil {
 		t.Fatal(err)
 	}

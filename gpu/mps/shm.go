@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -109,6 +110,14 @@ func UnmountShm(dir string) error {
 // are slaves of the caller's, so that the bind never reaches the caller nor
 // the host.
 func StartWithShm(cmd *exec.Cmd, shm string) error {
+	for _, kv := range cmd.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		if (k == "CUDA_MPS_PIPE_DIRECTORY" || k == "CUDA_MPS_LOG_DIRECTORY") && strings.HasPrefix(filepath.Clean(v)+"/", "/dev/shm/") {
+			// The tmpfs bound over /dev/shm would hide it from the
+			// daemon, which would never answer.
+			return fmt.Errorf("the MPS daemon's %s %s is under /dev/shm, which the daemon gets a tmpfs of its own over: put the state directory elsewhere", k, v)
+		}
+	}
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the runtime ends the thread with the goroutine,

@@ -47,7 +47,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	bin, _ := filepath.Abs("../mps/testdata")
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	card := &cardNVML{}
-	dir := filepath.Join(t.TempDir(), "gpushare")
+	dir := filepath.Join(gputest.TempDir(t), "gpushare")
 	mgr := memslice.New(memslice.Options{NVML: card, Dir: dir, MPSControl: mps.Binary, Police: police.New(police.Options{Processes: idle{}})})
 	p := prep.New(prep.Options{NVML: f.session, Root: f.root, DriverRoot: "/usr/local/nvidia", Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	p.Devices = func() map[string]cslices.Entry { return f.res.Index }
