@@ -140,10 +140,18 @@ func (l *Ledger) observe(logger klog.Logger, obj any) {
 // scheduler's assume cache ignores it. What Hold recorded stays until
 // Settle or Release.
 func (l *Ledger) Record(claim *resourceapi.ResourceClaim) {
-	shares := l.shares(claim.Status.Allocation)
 	v := version(claim)
+	stale := func(e *entry) bool { return v >= 0 && e.version >= 0 && v <= e.version }
+	l.mu.RLock()
+	e := l.claims[claim.UID]
+	known := e != nil && stale(e)
+	l.mu.RUnlock()
+	if known {
+		return // most events: nothing the ledger counts changed
+	}
+	shares := l.shares(claim.Status.Allocation)
 	l.update(claim.UID, func(e *entry) {
-		if v >= 0 && e.version >= 0 && v <= e.version {
+		if stale(e) {
 			return
 		}
 		e.namespace, e.name, e.version, e.observed = claim.Namespace, claim.Name, v, shares
@@ -165,21 +173,28 @@ func (l *Ledger) Release(uid types.UID) {
 // claim as the tracker has it (its assume cache has the allocation as soon
 // as PreBind wrote it, before the informer does), and the in-flight
 // allocation only while the tracker still has it.
+//
+// It runs once per pod over every claim in flight, so it reads the assume
+// cache only for held claims whose allocation the ledger has not yet seen
+// in the API: once it has, the informer brings the rest.
 func (l *Ledger) Settle(tracker fwk.ResourceClaimTracker) {
 	type ref struct {
 		uid             types.UID
 		namespace, name string
+		seen            bool
 	}
 	l.mu.RLock()
 	held := make([]ref, 0, len(l.held))
 	for uid := range l.held {
 		e := l.claims[uid]
-		held = append(held, ref{uid, e.namespace, e.name})
+		held = append(held, ref{uid, e.namespace, e.name, len(e.observed) > 0})
 	}
 	l.mu.RUnlock()
 	for _, h := range held {
-		if c, err := tracker.Get(h.namespace, h.name); err == nil && c.UID == h.uid {
-			l.Record(c)
+		if !h.seen {
+			if c, err := tracker.Get(h.namespace, h.name); err == nil && c.UID == h.uid && c.Status.Allocation != nil {
+				l.Record(c)
+			}
 		}
 		if tracker.GetPendingAllocation(h.uid) == nil {
 			l.Release(h.uid)
