@@ -158,23 +158,9 @@ func (b *bench) measure(dir bpf.Direction, shares []*share, d time.Duration) (go
 
 func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
 	b.t.Helper()
-	var flows []netdevtest.Flow
-	for i, s := range shares {
-		port := 5201 + i
-		if dir == bpf.Egress {
-			flows = append(flows, netdevtest.Flow{From: s.pod, To: b.tp.Server, ToAddr: fmt.Sprintf("%s:%d", b.tp.ServerIP, port)})
-		} else {
-			flows = append(flows, netdevtest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
-		}
-	}
+	flows := b.flows(dir, shares)
 	var marks []map[bpf.Key]bpf.Counters
-	mark := func() {
-		st, err := b.shaper.Stats()
-		if err != nil {
-			b.t.Error(err)
-		}
-		marks = append(marks, st)
-	}
+	mark := b.marker(&marks)
 	if proto == "udp" {
 		b.t.Fatal("measureProto: UDP is measured by measureUDP, with an offered rate")
 	}
@@ -190,11 +176,8 @@ func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d
 	return goodput, l2
 }
 
-// measureUDP offers each share offered[i] bits/s of UDP with iperf3 in
-// direction dir, and returns what was offered and received (payload bits/s)
-// and the classifier's count over the same window (frame bits/s).
-func (b *bench) measureUDP(dir bpf.Direction, shares []*share, offered []float64, d time.Duration) (res []netdevtest.UDPResult, l2 []float64) {
-	b.t.Helper()
+// flows is one flow per share in direction dir, each to its own port.
+func (b *bench) flows(dir bpf.Direction, shares []*share) []netdevtest.Flow {
 	var flows []netdevtest.Flow
 	for i, s := range shares {
 		port := 5201 + i
@@ -204,14 +187,29 @@ func (b *bench) measureUDP(dir bpf.Direction, shares []*share, offered []float64
 			flows = append(flows, netdevtest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
 		}
 	}
-	var marks []map[bpf.Key]bpf.Counters
-	mark := func() {
+	return flows
+}
+
+// marker appends the classifier's counters to marks each time it is called
+// (as a measured window opens and closes).
+func (b *bench) marker(marks *[]map[bpf.Key]bpf.Counters) func() {
+	return func() {
 		st, err := b.shaper.Stats()
 		if err != nil {
 			b.t.Error(err)
 		}
-		marks = append(marks, st)
+		*marks = append(*marks, st)
 	}
+}
+
+// measureUDP offers each share offered[i] bits/s of UDP with iperf3 in
+// direction dir, and returns what was offered and received (payload bits/s)
+// and the classifier's count over the same window (frame bits/s).
+func (b *bench) measureUDP(dir bpf.Direction, shares []*share, offered []float64, d time.Duration) (res []netdevtest.UDPResult, l2 []float64) {
+	b.t.Helper()
+	flows := b.flows(dir, shares)
+	var marks []map[bpf.Key]bpf.Counters
+	mark := b.marker(&marks)
 	res, err := netdevtest.RunIperfUDP(flows, 1400, offered, time.Second, d, mark)
 	if err != nil {
 		b.t.Fatal(err)
