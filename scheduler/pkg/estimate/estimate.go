@@ -24,6 +24,7 @@ package estimate
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
@@ -82,7 +83,8 @@ type deviceCap struct {
 }
 
 // Estimate holds what one scheduling cycle needs to predict picks on any node.
-// It is immutable once built, so Score may read it from many goroutines.
+// Its requests and devices do not change once built, and Picks' memo is
+// safe for concurrent use, so Score may read it from many goroutines.
 type Estimate struct {
 	Requests []Request
 	// Claims is how many distinct claims the requests come from; Shares
@@ -94,6 +96,8 @@ type Estimate struct {
 	ledger  *Ledger
 	// at is the ledger's mark the estimate reads it as of.
 	at uint64
+	// picked keeps Picks' answer per node.
+	picked sync.Map
 }
 
 // Pick is the device a request would get on a node.

@@ -9,14 +9,15 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 )
 
-// index turns the scheduler's ResourceSlices into each node's shareable
-// devices of one driver. Slices from the informer are immutable (a change is
-// a new object), so the devices of a slice are built once, and the node map
-// is rebuilt only when the list of slices changed.
+// index turns the scheduler's ResourceSlices into each node's devices of
+// one driver. Slices from the informer are immutable (a change is a new
+// object), so the devices of a slice are built once, and the node map is
+// rebuilt only when the set of slices changed (the lister lists them in
+// another order every time).
 type index struct {
 	driver   string
 	mu       sync.Mutex
-	last     []*resourceapi.ResourceSlice
+	last     map[*resourceapi.ResourceSlice]struct{}
 	perSlice map[*resourceapi.ResourceSlice][]*Device
 	nodes    map[string][]*Device
 }
@@ -44,7 +45,7 @@ func indexFor(driver string) *index {
 func (ix *index) byNode(slices []*resourceapi.ResourceSlice) map[string][]*Device {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if ix.nodes != nil && same(ix.last, slices) {
+	if ix.nodes != nil && ix.same(slices) {
 		return ix.nodes
 	}
 	perSlice := make(map[*resourceapi.ResourceSlice][]*Device, len(slices))
@@ -75,17 +76,21 @@ func (ix *index) byNode(slices []*resourceapi.ResourceSlice) map[string][]*Devic
 			nodes[node] = append(nodes[node], perSlice[s]...)
 		}
 	}
-	ix.last = append(ix.last[:0], slices...)
+	ix.last = make(map[*resourceapi.ResourceSlice]struct{}, len(slices))
+	for _, s := range slices {
+		ix.last[s] = struct{}{}
+	}
 	ix.perSlice, ix.nodes = perSlice, nodes
 	return nodes
 }
 
-func same(a, b []*resourceapi.ResourceSlice) bool {
-	if len(a) != len(b) {
+// same says whether slices are the ones of the last build, in any order.
+func (ix *index) same(slices []*resourceapi.ResourceSlice) bool {
+	if len(slices) != len(ix.last) {
 		return false
 	}
-	for i := range a {
-		if a[i] != b[i] {
+	for _, s := range slices {
+		if _, ok := ix.last[s]; !ok {
 			return false
 		}
 	}

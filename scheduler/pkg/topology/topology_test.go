@@ -110,3 +110,11 @@ func TestWholeDevice(t *testing.T) {
 		}
 	}
 }
+
+// Topology never rejects a pod, so it asks for no cluster events.
+func TestNoEvents(t *testing.T) {
+	events, err := (&Topology{}).EventsToRegister(context.Background())
+	if err != nil || len(events) != 0 {
+		t.Errorf("events %v, %v; want none", events, err)
+	}
+}
