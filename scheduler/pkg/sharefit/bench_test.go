@@ -95,3 +95,63 @@ func BenchmarkAllocatorPod(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAllocatorUnusedDevice measures what packing costs
+// DynamicResources' Filter in v1.37.0, apart from anything carve runs: the
+// allocator trying one pod's GPU and NIC shares on a node whose devices are
+// unused, against a node whose devices already hold shares, with more
+// shares held elsewhere in the cluster. For a shareable device that holds
+// no capacity, the allocator's deviceCapacityInUse walks every allocated
+// share ID in the cluster, so the unused node's cost grows with the
+// cluster's shares while the used node's stays flat. Packing leaves more
+// nodes unused, and Filter tries them for every pod.
+func BenchmarkAllocatorUnusedDevice(b *testing.B) {
+	for _, shares := range []int{0, 1000, 5000} {
+		dra := &fixture.DRA{Classes: fixture.Classes()}
+		const n = 100
+		for i := range n {
+			dra.Slices = append(dra.Slices, fixture.Server(fmt.Sprintf("node-%04d", i), "100T", "80Ti"))
+		}
+		// node-0000 stays unused; the shares go round the others.
+		for s := range shares {
+			node := fmt.Sprintf("node-%04d", 1+s%(n-1))
+			c := fixture.Claim("held", fmt.Sprintf("s%d", s), fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: "1M"}))
+			dev := "nic-0000-19-00-0"
+			if s%2 == 1 {
+				c = fixture.Claim("held", fmt.Sprintf("s%d", s), fixture.ShareSpec("gpu", map[resourceapi.QualifiedName]string{fixture.Memory: "1Gi"}))
+				dev = "gpu-0000-18-00-0"
+			}
+			fixture.Allocate(c, node, dev)
+			dra.Claims = append(dra.Claims, c)
+		}
+		pending := []*resourceapi.ResourceClaim{
+			fixture.Claim("default", "g", fixture.ShareSpec("gpu", map[resourceapi.QualifiedName]string{fixture.Memory: "8Gi"})),
+			fixture.Claim("default", "n", fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: "10G"})),
+		}
+		state, _ := dra.ResourceClaims().GatherAllocatedState()
+		cache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: true})
+		features := structured.Features{ConsumableCapacity: true, PartitionableDevices: true, PrioritizedList: true}
+		ctx := context.Background()
+		alloc, err := structured.NewAllocator(ctx, features, *state, dra.DeviceClasses(), dra.Slices, cache)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, node := range []string{"node-0000", "node-0001"} {
+			use := "unused"
+			if node != "node-0000" {
+				use = "used"
+			}
+			if shares == 0 && use == "used" {
+				continue // no node holds shares
+			}
+			b.Run(fmt.Sprintf("shares=%d/node=%s", shares, use), func(b *testing.B) {
+				for range b.N {
+					res, err := alloc.Allocate(ctx, fixture.Node(node), pending)
+					if err != nil || len(res) != 2 {
+						b.Fatalf("allocate on %s: %v, %d results", node, err, len(res))
+					}
+				}
+			})
+		}
+	}
+}
