@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"time"
 )
 
 // median of xs (0 for none).
@@ -22,15 +23,19 @@ func median(xs []float64) float64 {
 // summary is the medians of one scheduler at one size.
 type summary struct {
 	podsPerSec, packing, aligned, used, minimum float64
+	cpuMsPerPod                                 float64
 	bound, pods                                 int
 	runs                                        int
 }
 
 func summarize(rs []result) summary {
-	var pps, pack, al, used, minimum []float64
+	var pps, pack, al, used, minimum, cpu []float64
 	s := summary{runs: len(rs)}
 	for _, r := range rs {
 		pps = append(pps, r.podsPerSec)
+		if r.cpuPerPod > 0 {
+			cpu = append(cpu, float64(r.cpuPerPod)/float64(time.Millisecond))
+		}
 		used = append(used, float64(r.used))
 		minimum = append(minimum, float64(r.min))
 		if r.min > 0 {
@@ -43,6 +48,7 @@ func summarize(rs []result) summary {
 		s.pods += r.pods
 	}
 	s.podsPerSec, s.packing, s.aligned, s.used, s.minimum = median(pps), median(pack), median(al), median(used), median(minimum)
+	s.cpuMsPerPod = median(cpu)
 	return s
 }
 
@@ -69,8 +75,8 @@ func pairedRatio(rs []result, nodes int) float64 {
 // medians and carve's pods/s ratio to stock's (of the medians, and the
 // median of the per-run ratios); then every run.
 func printTable(w io.Writer, sizes []int, results []result) {
-	fmt.Fprintln(w, "| nodes | scheduler | runs | pods bound | pods/s (median) | ratio to stock: of medians / median per run | devices used / minimum (median) | GPU+NIC pairs aligned (median) |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| nodes | scheduler | runs | pods bound | pods/s (median) | ratio to stock: of medians / median per run | scheduler CPU per pod, ms (median; ratio) | devices used / minimum (median) | GPU+NIC pairs aligned (median) |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, n := range sizes {
 		by := map[string][]result{}
 		for _, r := range results {
@@ -88,14 +94,18 @@ func printTable(w io.Writer, sizes []int, results []result) {
 			if label == "carve" {
 				paired = pairedRatio(results, n)
 			}
-			fmt.Fprintf(w, "| %d | %s | %d | %d/%d | %.1f | %.3f / %.3f | %.2f (%.0f / %.0f) | %.1f%% |\n",
-				n, label, s.runs, s.bound, s.pods, s.podsPerSec, ratio, paired, s.packing, s.used, s.minimum, 100*s.aligned)
+			cpuRatio := 0.0
+			if stock.cpuMsPerPod > 0 {
+				cpuRatio = s.cpuMsPerPod / stock.cpuMsPerPod
+			}
+			fmt.Fprintf(w, "| %d | %s | %d | %d/%d | %.1f | %.3f / %.3f | %.2f (%.2f) | %.2f (%.0f / %.0f) | %.1f%% |\n",
+				n, label, s.runs, s.bound, s.pods, s.podsPerSec, ratio, paired, s.cpuMsPerPod, cpuRatio, s.packing, s.used, s.minimum, 100*s.aligned)
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| nodes | run | scheduler | bound | pods/s | used | minimum | pairs | aligned |")
-	fmt.Fprintln(w, "|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| nodes | run | scheduler | bound | pods/s | CPU per pod, ms | used | minimum | pairs | aligned |")
+	fmt.Fprintln(w, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range results {
-		fmt.Fprintf(w, "| %d | %d | %s | %d/%d | %.1f | %d | %d | %d | %d |\n", r.nodes, r.run, r.label, r.bound, r.pods, r.podsPerSec, r.used, r.min, r.pairs, r.align)
+		fmt.Fprintf(w, "| %d | %d | %s | %d/%d | %.1f | %.2f | %d | %d | %d | %d |\n", r.nodes, r.run, r.label, r.bound, r.pods, r.podsPerSec, float64(r.cpuPerPod)/float64(time.Millisecond), r.used, r.min, r.pairs, r.align)
 	}
 }
