@@ -194,6 +194,31 @@ func chartDir() string {
 	return filepath.Join(repoRoot(), "deploy/chart/carve")
 }
 
+// vethParent makes parent, a NIC for a test's shares: one end of a veth
+// pair on the node, both ends up. It goes when the test ends.
+func vethParent(t testing.TB, parent, peer string) {
+	t.Helper()
+	run(t, "ip", "link", "add", parent, "type", "veth", "peer", "name", peer)
+	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", parent) })
+	run(t, "ip", "link", "set", parent, "up")
+	run(t, "ip", "link", "set", peer, "up")
+}
+
+// sharedNICConfig is the node config that publishes parent alone, as a
+// shareable NIC of 10G each way.
+func sharedNICConfig(parent string) string {
+	return fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: [%q]
+  includeVirtual: true
+  bandwidth:
+  - interface: %q
+    egress: 10G
+    ingress: 10G
+`, parent, parent)
+}
+
 // trafficServer makes the NIC a test shares: a veth parent on the node whose
 // peer sits in its own namespace at ip/24, with an iperf3 server on each
 // port. All of it goes when the test ends.

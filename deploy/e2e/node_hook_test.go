@@ -30,21 +30,9 @@ func TestNodeHookGuards(t *testing.T) {
 	env := clusterEnv(t)
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
-	run(t, "ip", "link", "add", hookParent, "type", "veth", "peer", "name", "carve-e2h1")
-	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", hookParent) })
-	run(t, "ip", "link", "set", hookParent, "up")
-	run(t, "ip", "link", "set", "carve-e2h1", "up")
+	vethParent(t, hookParent, "carve-e2h1")
 	buildAgentImage(t, "carve:e2e")
-	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 10G
-    ingress: 10G
-`, hookParent, hookParent))
+	installChart(t, env, stateDir, sharedNICConfig(hookParent))
 	claim := func(name string) {
 		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
 			Spec: shareClaimSpec(hookParent, map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse("10M")},

@@ -34,10 +34,7 @@ func TestNodeCarveScheduler(t *testing.T) {
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 
 	const parent = "carve-sch0"
-	run(t, "ip", "link", "add", parent, "type", "veth", "peer", "name", "carve-sch1")
-	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", parent) })
-	run(t, "ip", "link", "set", parent, "up")
-	run(t, "ip", "link", "set", "carve-sch1", "up")
+	vethParent(t, parent, "carve-sch1")
 
 	buildAgentImage(t, "carve:e2e")
 	buildSchedulerImage(t, "carve-scheduler:e2e")
@@ -48,16 +45,7 @@ func TestNodeCarveScheduler(t *testing.T) {
 		"--set", "scheduler.hostNetwork=true", "--set", "scheduler.securePort=29259", "--set", "scheduler.logVerbosity=2",
 		"--set-string", "scheduler.extraEnv[0].name=KUBERNETES_SERVICE_HOST,scheduler.extraEnv[0].value=127.0.0.1",
 		"--set-string", "scheduler.extraEnv[1].name=KUBERNETES_SERVICE_PORT,scheduler.extraEnv[1].value=" + env["CARVE_APISERVER_PORT"],
-	}, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 10G
-    ingress: 10G
-`, parent, parent))
+	}, sharedNICConfig(parent))
 	// Registered after the install, so it runs before the uninstall.
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -34,23 +34,11 @@ func TestNodeEndToEnd(t *testing.T) {
 	cdiDir := env["CARVE_CDI_DIR"]
 
 	// The NIC the shares are cut from: a veth the test makes on the node.
-	run(t, "ip", "link", "add", e2eParent, "type", "veth", "peer", "name", "carve-e2e1")
-	t.Cleanup(func() { _ = runQuiet("ip", "link", "del", e2eParent) })
-	run(t, "ip", "link", "set", e2eParent, "up")
-	run(t, "ip", "link", "set", "carve-e2e1", "up")
+	vethParent(t, e2eParent, "carve-e2e1")
 
 	llc := chooseLLCSource(t, clusterDir)
 	buildAgentImage(t, "carve:e2e")
-	installChartWith(t, env, stateDir, llc.helmValues(), fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 10G
-    ingress: 10G
-`, e2eParent, e2eParent))
+	installChartWith(t, env, stateDir, llc.helmValues(), sharedNICConfig(e2eParent))
 	var published []string
 	waitFor(t, "carve's slices for "+node, 60*time.Second, func() (bool, error) {
 		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})

@@ -41,10 +41,7 @@ func BenchmarkPodStart(b *testing.B) {
 	env := clusterEnv(b)
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
-	run(b, "ip", "link", "add", startParent, "type", "veth", "peer", "name", "carve-e2s1")
-	b.Cleanup(func() { _ = runQuiet("ip", "link", "del", startParent) })
-	run(b, "ip", "link", "set", startParent, "up")
-	run(b, "ip", "link", "set", "carve-e2s1", "up")
+	vethParent(b, startParent, "carve-e2s1")
 	buildAgentImage(b, "carve:e2e")
 	installChart(b, env, stateDir, fmt.Sprintf("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  include: [%q]\n  includeVirtual: true\n  bandwidth:\n  - interface: %q\n    egress: 10G\n", startParent, startParent))
 	waitFor(b, "carve's NIC published", 60*time.Second, func() (bool, error) {
