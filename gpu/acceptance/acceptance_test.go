@@ -88,7 +88,13 @@ func TestAcceptance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	state := t.TempDir()
+	// Short: the MPS daemon's pipe directory lies below it, and its
+	// sockets' paths must fit sun_path (mps.MaxPipeDir); t.TempDir's do not.
+	state, err := os.MkdirTemp("/tmp", "cva-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
 	small, large := newPod(t, "aaaaaaaa-0000-4000-8000-000000000010", 10<<30), newPod(t, "bbbbbbbb-0000-4000-8000-000000000020", 20<<30)
 	pol := police.New(police.Options{Processes: s, Recorder: logEvents{t}, Logger: ktesting.NewLogger(t, ktesting.NewConfig()),
 		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.uid}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.uid}}}})
@@ -140,7 +146,9 @@ func TestAcceptance(t *testing.T) {
 	rows = append(rows, attack(t, s, dev0.UUID, small, "two processes, 8 GiB each in 10 GiB", 2, 8, nil, false))
 	skip := attack(t, s, dev0.UUID, small, "a process skips MPS, 12 GiB", 1, 12, []string{"CUDA_MPS_PIPE_DIRECTORY=/nonexistent-carve-mps"}, false)
 	if *keepMode {
-		skip.Outcome, skip.Passed = "not enforced: compute mode Default", false
+		// Compute mode Default lets the process past MPS; what holds it,
+		// if anything, is policing, and the row says what was measured.
+		skip.Outcome += " (compute mode Default: MPS bypassed, policing alone)"
 	}
 	rows = append(rows, skip)
 	beats := worker.report(t)

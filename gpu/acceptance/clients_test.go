@@ -96,9 +96,16 @@ func attack(t *testing.T, s *gpu.Session, uuid string, pd *pod, name string, n i
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
+	// Several processes must hold their memory at once: each holds until
+	// the last has allocated (or failed), then all are stopped. PyTorch's
+	// import alone takes seconds, longer than a fixed hold.
+	hold := 4.0
+	if n > 1 {
+		hold = 120
+	}
 	var procs []*proc
 	for i := 0; i < n; i++ {
-		p := run(t, s, uuid, pd, extra, gib, 4, false)
+		p := run(t, s, uuid, pd, extra, gib, hold, false)
 		procs = append(procs, p)
 		deadline := time.Now().Add(60 * time.Second)
 		for st := p.report(t)["state"]; st == "none" && time.Now().Before(deadline); st = p.report(t)["state"] {
@@ -108,6 +115,12 @@ func attack(t *testing.T, s *gpu.Session, uuid string, pd *pod, name string, n i
 				deadline = time.Now()
 			case <-time.After(20 * time.Millisecond):
 			}
+		}
+	}
+	if n > 1 {
+		time.Sleep(time.Second) // a second for policing to see them together
+		for _, p := range procs {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
 	refused, killed, allocated := false, false, true

@@ -8,6 +8,7 @@ package memslice
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -122,16 +123,30 @@ func EnvBelow(root, driverRoot string) Env {
 	return Env{CgroupRoot: filepath.Join(root, dmem.DefaultRoot), DriverRoot: filepath.Join(root, driverRoot), ProcRoot: filepath.Join(root, "proc")}
 }
 
+// initPIDNamespace is the kernel's initial PID namespace as readlink of
+// /proc/<pid>/ns/pid names it: its inode is fixed (PROC_PID_INIT_INO,
+// include/linux/proc_ns.h).
+const initPIDNamespace = "pid:[4026531836]"
+
 // hostPIDs is nil where this process is in the PID namespace of the host's
-// init process (<procRoot>/1).
+// init process (<procRoot>/1). Where that link cannot be read (a sandbox
+// that denies ptrace access to PID 1, as on the lent GPU machines), the
+// kernel's initial PID namespace stands for the host's.
 func hostPIDs(procRoot string) error {
-	host, err := os.Readlink(filepath.Join(procRoot, "1", "ns", "pid"))
-	if err != nil {
-		return fmt.Errorf("the host's PID namespace: %w", err)
-	}
-	own, err := os.Readlink("/proc/self/ns/pid")
+	return hostPIDsWith(os.Readlink, procRoot)
+}
+
+func hostPIDsWith(readlink func(string) (string, error), procRoot string) error {
+	own, err := readlink("/proc/self/ns/pid")
 	if err != nil {
 		return fmt.Errorf("this process's PID namespace: %w", err)
+	}
+	host, err := readlink(filepath.Join(procRoot, "1", "ns", "pid"))
+	if errors.Is(err, fs.ErrPermission) {
+		host, err = initPIDNamespace, nil
+	}
+	if err != nil {
+		return fmt.Errorf("the host's PID namespace: %w", err)
 	}
 	if own != host {
 		return fmt.Errorf("this process's PID namespace %s is not the host's %s (the agent's pod needs hostPID)", own, host)

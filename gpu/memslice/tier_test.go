@@ -2,6 +2,7 @@ package memslice
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,5 +74,34 @@ func TestDetect(t *testing.T) {
 	}
 	if len(Tiers(nil, Env{})) != 0 {
 		t.Error("tiers without NVML")
+	}
+}
+
+// Where PID 1's namespace link is denied (the lent GPU machines deny it to
+// root), the kernel's initial PID namespace stands for the host's: a
+// process in it sees host PIDs, one in another does not.
+func TestHostPIDsWherePID1IsDenied(t *testing.T) {
+	denied := func(own string) func(string) (string, error) {
+		return func(p string) (string, error) {
+			if p == "/proc/self/ns/pid" {
+				return own, nil
+			}
+			return "", &fs.PathError{Op: "readlink", Path: p, Err: fs.ErrPermission}
+		}
+	}
+	if err := hostPIDsWith(denied(initPIDNamespace), "/proc"); err != nil {
+		t.Errorf("the initial PID namespace, PID 1 denied: %v", err)
+	}
+	if err := hostPIDsWith(denied("pid:[4026532000]"), "/proc"); err == nil || !strings.Contains(err.Error(), "hostPID") {
+		t.Errorf("another PID namespace, PID 1 denied: %v", err)
+	}
+	missing := func(p string) (string, error) {
+		if p == "/proc/self/ns/pid" {
+			return initPIDNamespace, nil
+		}
+		return "", &fs.PathError{Op: "readlink", Path: p, Err: fs.ErrNotExist}
+	}
+	if err := hostPIDsWith(missing, "/nowhere"); err == nil {
+		t.Error("a host /proc without PID 1 was taken for the host's")
 	}
 }

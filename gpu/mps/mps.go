@@ -47,6 +47,13 @@ type Daemon struct {
 	ShmDir string
 }
 
+// MaxPipeDir is the longest CUDA_MPS_PIPE_DIRECTORY a control daemon
+// starts in: it binds <dir>/control_privileged, a unix socket whose path
+// must fit sun_path (108 bytes). Measured on an H100 with driver 580: an
+// 87-byte directory starts, an 88-byte one exits 1 after "Starting control
+// daemon", with nothing on stderr.
+const MaxPipeDir = 87
+
 // PipeDir is the daemon's CUDA_MPS_PIPE_DIRECTORY.
 func (d Daemon) PipeDir() string { return filepath.Join(d.Dir, "pipe") }
 
@@ -111,6 +118,9 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("MPS daemon of %s does not answer and cannot be stopped: %w", d.UUID, err)
 		}
 	}
+	if n := len(d.PipeDir()); n > MaxPipeDir {
+		return false, fmt.Errorf("MPS daemon of %s: pipe directory %s is %d bytes long, over the %d its sockets' paths allow: choose a shorter state directory", d.UUID, d.PipeDir(), n, MaxPipeDir)
+	}
 	for _, dir := range []string{d.PipeDir(), d.LogDir()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return false, fmt.Errorf("MPS daemon of %s: %w", d.UUID, err)
@@ -126,7 +136,8 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 		start = func(c *exec.Cmd) error { return StartWithShm(c, d.ShmDir) }
 	}
 	if _, err := d.runWith(ctx, start, "", args...); err != nil {
-		return false, fmt.Errorf("start MPS daemon of %s: %w", d.UUID, err)
+		// -d prints nothing when it fails; its reason is in its log.
+		return false, fmt.Errorf("start MPS daemon of %s: %w%s", d.UUID, err, d.logTail())
 	}
 	// -d returns once it has forked; wait for the daemon to answer.
 	deadline := time.Now().Add(d.timeout())
@@ -145,6 +156,20 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// logTail is the end of the daemon's control log, for an error message; ""
+// where there is none.
+func (d Daemon) logTail() string {
+	b, err := os.ReadFile(filepath.Join(d.LogDir(), "control.log"))
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return ""
+	}
+	const most = 600
+	if len(b) > most {
+		b = b[len(b)-most:]
+	}
+	return " (" + filepath.Join(d.LogDir(), "control.log") + ": " + strings.TrimSpace(string(b)) + ")"
 }
 
 // Command sends one command to the daemon and returns its answer.

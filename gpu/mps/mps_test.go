@@ -117,6 +117,22 @@ func TestStartFailure(t *testing.T) {
 	}
 }
 
+// A pipe directory too long for the daemon's sockets is refused before
+// anything starts, with the reason (a real daemon exits 1 and says nothing).
+func TestPipeDirTooLong(t *testing.T) {
+	d, log := fakeDaemon(t)
+	d.Dir = "/" + strings.Repeat("d", MaxPipeDir-len("/pipe"))
+	if _, err := d.Ensure(context.Background()); err == nil || !strings.Contains(err.Error(), "bytes long") {
+		t.Fatalf("Ensure = %v, want the pipe directory's length refused", err)
+	}
+	if _, err := os.Stat(log); err == nil {
+		t.Error("the control binary ran for a pipe directory it cannot use")
+	}
+	if _, err := os.Stat(d.Dir); err == nil {
+		t.Error("a directory was made for a pipe directory it cannot use")
+	}
+}
+
 // The daemon sees the shared memory tmpfs as its /dev/shm, in a mount
 // namespace of its own: the file it leaves in /dev/shm is in the tmpfs, and
 // not in the /dev/shm of the process that started it. The tmpfs is a mount
