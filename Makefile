@@ -110,17 +110,8 @@ bench: build ## benchmarks, printed as a table
 demo: build ## bring up the local cluster, install carve with its chart, run a pod with a claim
 	@deploy/demo.sh
 
-# The agent's BPF pins go last, once down.sh has killed the agent (it would pin
-# again): /sys/fs/bpf/carve, the chart's bpfPinDir, which demo.sh keeps; only
-# that directory, only while it is a directory on bpffs.
-demo-down: ## tear the demo down: the cluster, its node, the demo's veth and the agent's BPF pins
-	@deploy/cluster/down.sh
-	@ip link del carve-demo0 2>/dev/null || true
-	@for pid in $$(ip netns pids carve-demo-srv 2>/dev/null); do kill $$pid; done; ip netns del carve-demo-srv 2>/dev/null || true
-	@pins=/sys/fs/bpf/carve; \
-	if [ -d "$$pins" ] && [ ! -L "$$pins" ] && [ "$$(stat -f -c %T "$$pins" 2>/dev/null)" = bpf_fs ]; then \
-	  rm -rf --one-file-system "$$pins"; \
-	fi
+demo-down: ## tear the demo down: its pods (unprepared), the cluster, its node, the demo's veth, the agent's links and BPF pins
+	@deploy/demo-down.sh
 
 clean:
 	rm -rf $(BIN)

@@ -79,14 +79,19 @@ netdev:
     cidr: 10.80.0.0/24
     gateway: 10.80.0.1
 YAML
-# hostNetwork and the API server's loopback address: pods of the local
-# cluster have no route to it. hostRootPropagation None: / is a private
-# mount on this VM.
+# Only what this local cluster needs; every mount propagation is the
+# chart's default:
+# - image: built above and imported, no registry;
+# - kubeletDir, cdiDir, stateDir: the local node keeps them under its own
+#   directory, which make demo-down removes;
+# - hostNetwork, the API server's loopback address: pods of the local
+#   cluster have no route to the API server;
+# - metrics and health ports: clear of the local control plane's.
 "$helm" upgrade --install carve "$here/chart/carve" --kubeconfig "$kubeconfig" \
   --namespace carve-system --create-namespace --wait --timeout 120s \
   --set image.repository=carve,image.tag=demo,image.pullPolicy=Never \
   --set kubeletDir="$KUBELET_ROOT_DIR" --set cdiDir="$CARVE_CDI_DIR" --set stateDir="$CARVE_CLUSTER_DIR/carve-state" \
-  --set hostNetwork=true --set hostRootPropagation=None --set bpffsPropagation=None --set metricsHost=127.0.0.1 --set metricsPort=29464 --set healthPort=29465 \
+  --set hostNetwork=true --set metricsHost=127.0.0.1 --set metricsPort=29464 --set healthPort=29465 \
   --set-string "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1" \
   --set-string "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=$CARVE_APISERVER_PORT" \
   ${CARVE_DEMO_CPU_CACHE_ROOT:+--set-string cpuCacheRoot="$CARVE_DEMO_CPU_CACHE_ROOT"} \
@@ -213,11 +218,17 @@ measure() { # pod port: iperf3 from inside the pod to the server, 4 s, goodput i
 }
 measure net-a 5201 >"$CARVE_CLUSTER_DIR/demo-a.rate" & measure net-b 5202 >"$CARVE_CLUSTER_DIR/demo-b.rate" & wait
 printf '\n%-8s %-10s %-22s %s\n' pod allocated "measured (Mbit/s)" "ratio (0.956 = limit met within 1%)"
+missed=0
 for pod in a:100 b:300; do
   m=$(cat "$CARVE_CLUSTER_DIR/demo-${pod%%:*}.rate")
-  printf '%-8s %-10s %-22s %s\n' "net-${pod%%:*}" "${pod##*:}M" "$m" "$(awk -v m="$m" -v l="${pod##*:}" 'BEGIN {printf "%.3f", m/l}')"
+  ratio=$(awk -v m="$m" -v l="${pod##*:}" 'BEGIN {printf "%.3f", m/l}')
+  printf '%-8s %-10s %-22s %s\n' "net-${pod%%:*}" "${pod##*:}M" "$m" "$ratio"
+  # The limit is on L2 frames; TCP goodput over 1500-byte frames is 0.956
+  # of it. Within 1% of that is 0.946-0.966.
+  awk -v r="$ratio" 'BEGIN {exit !(r >= 0.946 && r <= 0.966)}' || { echo "net-${pod%%:*}: ratio $ratio is outside 0.946-0.966" >&2; missed=1; }
 done
 
 echo >&2
 echo "kubeconfig: $kubeconfig   (kubectl: $CARVE_CLUSTER_DIR/bin/kubectl)" >&2
 echo "tear down with: make demo-down" >&2
+[ "$missed" = 0 ] || { echo "the demo's shares missed their limits" >&2; exit 1; }

@@ -69,7 +69,7 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	logsapi.AddFlags(logging, root.PersistentFlags())
-	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newSharesCommand(), newSnapshotCommand())
+	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newHostMountsCommand(), newSharesCommand(), newSnapshotCommand())
 	return root
 }
 

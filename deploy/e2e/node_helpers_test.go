@@ -54,6 +54,11 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 		// the node.
 		removeCarveShapers()
 		_ = os.RemoveAll(e2ePins)
+		// What the chart's defaults mounted on the host, under the state
+		// dir: the init container's bind mount and the agent's MPS tmpfs.
+		if err := unmountUnder(stateDir); err != nil {
+			t.Error(err)
+		}
 	})
 	// Runs before the uninstall above (cleanups run last first): on
 	// failure, the agent's own account of what happened.
@@ -68,7 +73,10 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
 		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
 		"--set", "kubeletDir=" + env["KUBELET_ROOT_DIR"], "--set", "cdiDir=" + env["CARVE_CDI_DIR"], "--set", "stateDir=" + stateDir,
-		"--set", "hostNetwork=true", "--set", "hostRootPropagation=None", "--set", "bpffsPropagation=None", "--set", "stateDirPropagation=None", "--set", "bpfPinDir=" + e2ePins, "--set", "metricsHost=127.0.0.1", "--set", "metricsPort=" + agentMetrics, "--set", "healthPort=29465",
+		// The chart's mount propagation defaults, as a user installs it:
+		// its init container makes the state dir and bpffs shared on this
+		// host's private /.
+		"--set", "hostNetwork=true", "--set", "bpfPinDir=" + e2ePins, "--set", "metricsHost=127.0.0.1", "--set", "metricsPort=" + agentMetrics, "--set", "healthPort=29465",
 		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1",
 		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=" + env["CARVE_APISERVER_PORT"],
 		"--set-file", "nodeConfig=" + cfg}

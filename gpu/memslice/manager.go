@@ -326,16 +326,17 @@ func fileName(key string) string {
 	}, key)
 }
 
-// shm mounts the shared memory tmpfs unless it is, and checks that the
-// host sees it where containers will mount it from.
+// CheckShm mounts the shared memory tmpfs unless it is, and checks that
+// the host sees it where containers will mount it from.
+func (m *Manager) CheckShm() error { return m.shm() }
+
 func (m *Manager) shm() error {
 	if err := mps.MountShm(m.opts.ShmDir, m.opts.ShmSize); err != nil {
 		return err
 	}
 	if v := m.opts.ShmHostView; v != "" && !mps.SameShm(m.opts.ShmDir, v) {
 		return fmt.Errorf("the MPS shared memory tmpfs at %s does not show on the host (%s): containers would not share it with the daemon; "+
-			"the state directory's mount must propagate to the host (chart: stateDirPropagation: Bidirectional, which needs / shared on the host) "+
-			"and the host's mounts to the agent (hostRootPropagation: HostToContainer)", m.opts.ShmDir, v)
+			"the state directory's mount must propagate to the host (chart: stateDirPropagation: Bidirectional, with hostPID for its init container)", m.opts.ShmDir, v)
 	}
 	return nil
 }

@@ -54,8 +54,9 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger}
 	if root := firstSet(opts.Root); root != "/" {
 		// Containers get the host's view of the tmpfs: check that it has
-		// one, through the host root mount.
-		mopts.ShmHostView = filepath.Join(root, mopts.ShmDir)
+		// one, through the host's init process's root (live, whatever the
+		// host root mount's propagation).
+		mopts.ShmHostView = filepath.Join(root, "proc", "1", "root", mopts.ShmDir)
 	}
 	g.shares = memslice.New(mopts)
 	return g
@@ -79,6 +80,14 @@ func (g *gpuMemory) tiers(ctx context.Context, inv *nvmlinfo.Inventory) map[stri
 	}
 	if fresh != nil {
 		for uuid, c := range memslice.Detect(fresh, g.env) {
+			if c.Tier == memslice.TierMPSPoliced && g.shares != nil {
+				// The tier's clients meet their daemon in a tmpfs that
+				// must show on the host; without it, say so now rather
+				// than at every prepare.
+				if err := g.shares.CheckShm(); err != nil {
+					c = memslice.Choice{Tier: memslice.TierNone, Reason: "mps-policed needs its shared memory tmpfs on the host: " + err.Error()}
+				}
+			}
 			g.chosen[uuid] = c
 			klog.FromContext(ctx).Info("GPU memory enforcement chosen", "gpu", uuid, "tier", c.Tier, "reason", c.Reason)
 		}

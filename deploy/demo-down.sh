@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Tears `make demo` down and leaves the host as the demo found it:
+#   1. the demo's pods are deleted while the agent still runs, so that the
+#      kubelet unprepares their claims (carve removes their classes, links
+#      and classifier entries);
+#   2. the cluster and its node stop (cluster/down.sh);
+#   3. what the agent keeps per parent between shares (the egress shaper's
+#      veth pair cveg*, the ingress IFB cvifb*) goes with it, and the
+#      demo's veth, its server namespace and the agent's BPF pins.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cluster=${CARVE_CLUSTER_DIR:-/tmp/carve-cluster}
+
+if [ -x "$cluster/bin/kubectl" ] && [ -f "$cluster/admin.kubeconfig" ]; then
+  kubectl=("$cluster/bin/kubectl" --kubeconfig "$cluster/admin.kubeconfig" --request-timeout=10s)
+  if "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1; then
+    "${kubectl[@]}" delete pods --all --namespace default --wait --timeout=60s >/dev/null 2>&1 || true
+  fi
+fi
+"$here/cluster/down.sh"
+
+for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1); do
+  case "$link" in
+  cveg* | cvifb*) ip link del "$link" 2>/dev/null || true ;;
+  esac
+done
+ip link del carve-demo0 2>/dev/null || true
+for pid in $(ip netns pids carve-demo-srv 2>/dev/null); do kill "$pid"; done
+ip netns del carve-demo-srv 2>/dev/null || true
+# The agent's pins, once the agent is gone (it would pin again): only the
+# chart's bpfPinDir, only while it is a directory on bpffs.
+pins=/sys/fs/bpf/carve
+if [ -d "$pins" ] && [ ! -L "$pins" ] && [ "$(stat -f -c %T "$pins" 2>/dev/null)" = bpf_fs ]; then
+  rm -rf --one-file-system "$pins"
+fi

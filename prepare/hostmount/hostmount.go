@@ -1,0 +1,201 @@
+// Package hostmount prepares the host's side of the mounts the agent's pod
+// asks to share with the host, before the pod's containers are made.
+//
+// A container runtime refuses a Bidirectional mount of a host path whose
+// mount is not shared ("is mounted on / but it is not a shared mount"), and
+// a HostToContainer one whose mount is neither shared nor a slave. systemd
+// makes / shared, so there every path passes; a host whose / is private (a
+// VM or container whose init is not systemd) fails the agent's pod at
+// creation, before the agent can say anything. The chart's init container
+// runs `carve host-mounts` in the host's mount namespace to make just the
+// paths the agent needs shared (each bind-mounted onto itself first where it
+// is not a mount point, as the kubelet does with its root directory), and
+// to mount bpffs where the host has none. / itself is never changed.
+package hostmount
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// InNamespace runs fn in the mount namespace at nsPath (the host's is
+// /proc/1/ns/mnt, seen with hostPID) on an OS thread of its own. A thread
+// that shares its filesystem attributes cannot enter a mount namespace, so
+// the thread unshares them first; it is never unlocked, so the runtime ends
+// it with the goroutine and no other goroutine ever runs in that namespace.
+func InNamespace(nsPath string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- func() error {
+			fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("mount namespace %s: %w", nsPath, err)
+			}
+			defer unix.Close(fd)
+			if err := unix.Unshare(unix.CLONE_FS); err != nil {
+				return fmt.Errorf("unshare filesystem attributes: %w", err)
+			}
+			if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
+				return fmt.Errorf("enter mount namespace %s: %w", nsPath, err)
+			}
+			return fn()
+		}()
+	}()
+	return <-errc
+}
+
+// Mount is one line of a mountinfo file: what this package needs of it.
+type Mount struct {
+	ID         int
+	MountPoint string
+	FSType     string
+	// Shared: the mount is in a peer group (optional field shared:N).
+	Shared bool
+	// Slave: the mount receives from a master (optional field master:N).
+	Slave bool
+}
+
+// mountinfoPath is the calling thread's own view: /proc/self would be the
+// main thread's, which InNamespace leaves in the agent's namespace.
+const mountinfoPath = "/proc/thread-self/mountinfo"
+
+// ParseMountinfo reads proc(5)'s mountinfo format.
+func ParseMountinfo(data []byte) ([]Mount, error) {
+	var out []Mount
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		f := strings.Fields(sc.Text())
+		sep := -1
+		for i := 6; i < len(f); i++ {
+			if f[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(f) < 7 || sep < 0 || sep+1 >= len(f) {
+			return nil, fmt.Errorf("mountinfo line %d: %q: too few fields", n, sc.Text())
+		}
+		id, err := strconv.Atoi(f[0])
+		if err != nil {
+			return nil, fmt.Errorf("mountinfo line %d: mount ID %q: %w", n, f[0], err)
+		}
+		m := Mount{ID: id, MountPoint: unescape(f[4]), FSType: f[sep+1]}
+		for _, opt := range f[6:sep] {
+			m.Shared = m.Shared || strings.HasPrefix(opt, "shared:")
+			m.Slave = m.Slave || strings.HasPrefix(opt, "master:")
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+// unescape decodes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// MountOf is the mount that holds path, found by the mount ID statx reports
+// (a bind mount of a directory onto itself has its parent's device, so
+// devices cannot tell).
+func MountOf(path string) (Mount, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_MNT_ID, &stx); err != nil {
+		return Mount{}, fmt.Errorf("statx %s: %w", path, err)
+	}
+	data, err := os.ReadFile(mountinfoPath)
+	if err != nil {
+		return Mount{}, err
+	}
+	mounts, err := ParseMountinfo(data)
+	if err != nil {
+		return Mount{}, fmt.Errorf("%s: %w", mountinfoPath, err)
+	}
+	for _, m := range mounts {
+		if uint64(m.ID) == stx.Mnt_id {
+			return m, nil
+		}
+	}
+	return Mount{}, fmt.Errorf("%s: no mount %d, which statx gives for %s", mountinfoPath, stx.Mnt_id, path)
+}
+
+// Action says what an Ensure call changed; empty when nothing.
+type Action string
+
+// EnsureShared makes dir (created if missing) a shared mount: left alone
+// where the mount holding it is shared already; else bind-mounted onto
+// itself where it is not a mount point, and made shared.
+func EnsureShared(dir string) (Action, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("shared mount %s: %w", dir, err)
+	}
+	dir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", fmt.Errorf("shared mount %s: %w", dir, err)
+	}
+	m, err := MountOf(dir)
+	if err != nil {
+		return "", err
+	}
+	if m.Shared {
+		return "", nil
+	}
+	var did []string
+	if m.MountPoint != dir {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return "", fmt.Errorf("bind %s onto itself: %w", dir, err)
+		}
+		did = append(did, "bind-mounted onto itself")
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		return Action(strings.Join(did, ", ")), fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return Action(strings.Join(append(did, "made shared"), ", ")), nil
+}
+
+// EnsureBPFFS mounts bpffs at dir where none is (the mount holding dir is
+// not one), then makes it shared as EnsureShared does.
+func EnsureBPFFS(dir string) (Action, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("bpffs %s: %w", dir, err)
+	}
+	m, err := MountOf(dir)
+	if err != nil {
+		return "", err
+	}
+	var did []string
+	if m.FSType != "bpf" || m.MountPoint != filepath.Clean(dir) {
+		if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+			return "", fmt.Errorf("mount bpffs at %s: %w", dir, err)
+		}
+		did = append(did, "mounted bpffs")
+	}
+	shared, err := EnsureShared(dir)
+	if shared != "" {
+		did = append(did, string(shared))
+	}
+	return Action(strings.Join(did, ", ")), err
+}
