@@ -155,7 +155,7 @@ func TestMIGCountersExclusive(t *testing.T) {
 	}
 	for name, set := range map[string][]resourceapi.Device{
 		"seven 1g.10gb": sevenOnes, "four 1g.20gb": fourTwentys,
-		"4g.40gb beside 3g.40gb": {devs[mig("4g-40gb", 0)], devs[mig("3g-40gb", 4)]},
+		"4g.40gb beside 3g.40gb":        {devs[mig("4g-40gb", 0)], devs[mig("3g-40gb", 4)]},
 		"1g.10gb+me beside six 1g.10gb": append([]resourceapi.Device{devs[mig("1g-10gb-me", 6)]}, sevenOnes[:6]...),
 	} {
 		if !fits(t, sets, set...) {
