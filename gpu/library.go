@@ -12,10 +12,11 @@ import (
 // libnvidia-ml.so.1 or by go-nvml's mock (package nvmlreplay).
 type Library struct {
 	nvml.Interface
-	// ProfileName, when set, gives NVML's name of a GPU-instance profile
-	// ("3g.40gb"). Without it, or where it reports false, the name is
-	// derived from the profile's slices and memory as NVIDIA names them.
-	ProfileName func(dev nvml.Device, info nvml.GpuInstanceProfileInfo) (string, bool)
+	// ProfileName, when set, gives NVML's name of the GPU-instance
+	// profile at NVML's profile index ("3g.40gb"). Without it, or where it
+	// reports false, the name is built as nvidia-smi builds it (see
+	// ProfileName).
+	ProfileName func(dev nvml.Device, index int) (string, bool)
 }
 
 // NVMLLibraryName is the library go-nvml dlopens.
@@ -50,10 +51,13 @@ func FindFile(root string, dirs []string, name string) string {
 	return ""
 }
 
-// realProfileName asks the driver for the profile's name (the v3 profile
-// info, which go-nvml's mock cannot answer).
-func realProfileName(dev nvml.Device, info nvml.GpuInstanceProfileInfo) (string, bool) {
-	v3, ret := dev.GetGpuInstanceProfileInfoV(int(info.Id)).V3()
+// realProfileName asks the driver for the name of the profile at the index
+// (the v3 profile info, which go-nvml's mock cannot answer). It takes the
+// index, never the profile's Id: asked with the Id, an H100 names its
+// 7g.80gb (Id 0) after index 0, 1g.10gb. With MIG disabled the driver's
+// name is empty (driver 580 on an H100).
+func realProfileName(dev nvml.Device, index int) (string, bool) {
+	v3, ret := dev.GetGpuInstanceProfileInfoV(index).V3()
 	if ret != nvml.SUCCESS {
 		return "", false
 	}

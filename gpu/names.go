@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"fmt"
-	"math"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -38,26 +37,4 @@ func ParseArchitecture(name string) (nvml.DeviceArchitecture, error) {
 		}
 	}
 	return nvml.DEVICE_ARCH_UNKNOWN, fmt.Errorf("unknown GPU architecture %q", name)
-}
-
-// DerivedProfileName names a profile as NVIDIA does where the driver gives
-// no name: "<slices>g.<GB>gb", the memory being the profile's share of the
-// GPU rounded up to eighths, as go-nvlib computes it; "+me" marks the
-// media-extension revisions.
-func DerivedProfileName(info nvml.GpuInstanceProfileInfo, totalMemoryBytes uint64) string {
-	const mib, gib = 1 << 20, 1 << 30
-	gb := uint64(math.Round(float64(info.MemorySizeMB) / 1024))
-	if totalMemoryBytes > 0 {
-		frac := float64(info.MemorySizeMB*mib) / float64(totalMemoryBytes)
-		frac = math.Ceil(frac*8) / 8
-		gb = uint64(math.Round(frac * float64((totalMemoryBytes+gib-1)/gib)))
-	}
-	name := fmt.Sprintf("%dg.%dgb", info.SliceCount, gb)
-	switch info.Id {
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1:
-		name += "+me"
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_2_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_3_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_4_SLICE_GFX:
-		name += "+gfx"
-	}
-	return name
 }

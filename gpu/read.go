@@ -97,35 +97,40 @@ func readDevice(lib Library, dev nvml.Device, index int) (nvmlinfo.Device, error
 }
 
 // readProfiles lists the GPU-instance profiles the device supports, with
-// NVML's placements: never a built-in table.
+// NVML's placements: never a built-in table. It walks NVML's profile
+// indices and records each profile's Id beside its index: placements are
+// asked by the Id the index's info carries.
 func readProfiles(lib Library, dev nvml.Device, totalMemory uint64) ([]nvmlinfo.MIGProfile, error) {
 	profiles := []nvmlinfo.MIGProfile{}
-	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
-		info, ret := dev.GetGpuInstanceProfileInfo(id)
+	for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT; index++ {
+		info, ret := dev.GetGpuInstanceProfileInfo(index)
 		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
 		if ret != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("GPU instance profile %d", id), ret)
+			return nil, nvmlError(fmt.Sprintf("GPU instance profile index %d", index), ret)
 		}
 		if info.InstanceCount == 0 {
 			continue
 		}
 		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
 		if ret != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("placements of GPU instance profile %d", id), ret)
+			return nil, nvmlError(fmt.Sprintf("placements of GPU instance profile index %d (Id %d)", index, info.Id), ret)
 		}
 		p := nvmlinfo.MIGProfile{
-			ProfileID: int(info.Id), SliceCount: int(info.SliceCount), InstanceCount: int(info.InstanceCount),
+			ProfileIndex: index, ProfileID: int(info.Id),
+			SliceCount: int(info.SliceCount), InstanceCount: int(info.InstanceCount),
 			MemorySizeMB: info.MemorySizeMB, MultiprocessorCount: int(info.MultiprocessorCount),
 			Placements: make([]nvmlinfo.Placement, 0, len(placements)),
+			Engines: &nvmlinfo.Engines{CopyEngines: int(info.CopyEngineCount), Decoders: int(info.DecoderCount),
+				Encoders: int(info.EncoderCount), JPEGs: int(info.JpegCount), OFAs: int(info.OfaCount)},
 		}
 		name, ok := "", false
 		if lib.ProfileName != nil {
-			name, ok = lib.ProfileName(dev, info)
+			name, ok = lib.ProfileName(dev, index)
 		}
 		if !ok {
-			name = DerivedProfileName(info, totalMemory)
+			name = ProfileName(index, p.SliceCount, p.MemorySizeMB, totalMemory)
 		}
 		p.Name = name
 		for _, pl := range placements {

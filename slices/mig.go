@@ -14,11 +14,29 @@ import (
 // space.
 func SliceCounter(i int) string { return fmt.Sprintf("memory-slice-%d", i) }
 
+// CounterMediaExtensions counts a GPU's media-extension sets, in NVML's
+// optical-flow accelerators (OFA): an H100 has one, which its 1g.10gb+me
+// and its 7g.80gb each hold, so two +me instances cannot exist at once
+// though their memory slices are disjoint (the driver refuses the second).
+const CounterMediaExtensions = "media-extensions"
+
+// mediaExtensions is what an instance of the profile holds of the GPU's
+// media extensions; 0 where NVML's engine counts are unknown.
+func mediaExtensions(p nvmlinfo.MIGProfile) uint64 {
+	if p.Engines == nil || p.Engines.OFAs < 0 {
+		return 0
+	}
+	return uint64(p.Engines.OFAs)
+}
+
 // migs publishes every placement NVML reports for a MIG-enabled GPU, and the
-// GPU's counter set: one counter per memory slice (capacity 1), plus memory
-// and multiprocessors. Each MIG device consumes the slices its placement
-// spans, so overlapping placements can never be allocated together and
-// disjoint ones can.
+// GPU's counter set: one counter per memory slice (capacity 1), plus memory,
+// multiprocessors and, where a profile holds some, media extensions. Each
+// MIG device consumes the slices its placement spans, so overlapping
+// placements can never be allocated together and disjoint ones can unless
+// they want more media extensions than the GPU has. The capacity of media
+// extensions is the most one profile holds: the whole-GPU profile holds
+// every engine of the card.
 func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry, *resourceapi.CounterSet) {
 	d := g.Device
 	n := d.MemorySlices()
@@ -38,6 +56,9 @@ func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry,
 	}}
 	for i := 0; i < n; i++ {
 		set.Counters[SliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	}
+	if me := maxOf(d, mediaExtensions); me > 0 {
+		set.Counters[CounterMediaExtensions] = resourceapi.Counter{Value: *resource.NewQuantity(int64(me), resource.DecimalSI)}
 	}
 	var entries []Entry
 	names := map[string]bool{}
@@ -71,6 +92,9 @@ func migDevice(name string, g GPU, inv *nvmlinfo.Inventory) resourceapi.Device {
 	consumed := map[string]resourceapi.Counter{string(CapMemory): {Value: mem}, string(CapMultiprocessors): {Value: mps}}
 	for i := pl.Start; i < pl.End(); i++ {
 		consumed[SliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	}
+	if me := mediaExtensions(p); me > 0 {
+		consumed[CounterMediaExtensions] = resourceapi.Counter{Value: *resource.NewQuantity(int64(me), resource.DecimalSI)}
 	}
 	d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: g.CounterSet, Counters: consumed}}
 	return *d

@@ -80,8 +80,11 @@ func TestMIGSlices(t *testing.T) {
 		t.Fatalf("%d counter sets, want 8", len(sets))
 	}
 	set := sets["gpu-0000-19-00-0"]
-	if len(set.Counters) != 8+2 {
-		t.Errorf("counters %v, want 8 memory slices, memory and multiprocessors", set.Counters)
+	if len(set.Counters) != 8+3 {
+		t.Errorf("counters %v, want 8 memory slices, memory, multiprocessors and media extensions", set.Counters)
+	}
+	if q := set.Counters[slices.CounterMediaExtensions].Value; q.Value() != 1 {
+		t.Errorf("media extensions %s, want the H100's one", q.String())
 	}
 	m := devs["mig-0000-19-00-0-3g-40gb-4"]
 	if str(m, "kind") != "mig" || str(m, "profile") != "3g.40gb" || str(m, "parentUUID") != gputest.H100UUID(0) ||
@@ -105,28 +108,39 @@ func TestMIGSlices(t *testing.T) {
 	}
 }
 
-// Two placements that overlap can never both be allocated, two that do not
-// can, and a whole partitioning of the GPU fits at once.
+// Two placements that overlap can never both be allocated, nor two that
+// each hold the H100's one media-extension set (its OFA, as NVML counts it),
+// two others can, and a whole partitioning of the GPU fits at once.
 func TestMIGCountersExclusive(t *testing.T) {
 	res := gpuNode(t, gputest.H100Node(0))
 	sets := counterSets(res)
 	var migs []resourceapi.Device
 	place := map[string]nvmlinfo.Placement{}
+	ofas := map[string]int{}
 	for _, e := range res.Index {
 		if e.Kind == slices.KindMIG {
 			migs = append(migs, e.Device)
 			place[e.Device.Name] = e.GPU.MIG.Placement
+			ofas[e.Device.Name] = e.GPU.MIG.Profile.Engines.OFAs
 		}
 	}
-	pairs := 0
+	const cardOFAs = 1 // an H100 has one optical-flow accelerator
+	pairs, refusedME := 0, 0
 	for i, a := range migs {
 		for _, b := range migs[i+1:] {
 			overlap := place[a.Name].Overlaps(place[b.Name])
-			if got := fits(t, sets, a, b); got == overlap {
-				t.Errorf("%s and %s: fit %t with overlap %t", a.Name, b.Name, got, overlap)
+			tooMany := ofas[a.Name]+ofas[b.Name] > cardOFAs
+			if got := fits(t, sets, a, b); got != (!overlap && !tooMany) {
+				t.Errorf("%s and %s: fit %t with overlap %t, media extensions over the card's %t", a.Name, b.Name, got, overlap, tooMany)
+			}
+			if !overlap && tooMany {
+				refusedME++
 			}
 			pairs++
 		}
+	}
+	if refusedME != 21 {
+		t.Errorf("%d disjoint pairs refused for media extensions, want the 21 pairs of 1g.10gb+me", refusedME)
 	}
 	if pairs < 300 {
 		t.Fatalf("only %d pairs checked", pairs)
@@ -141,7 +155,8 @@ func TestMIGCountersExclusive(t *testing.T) {
 	}
 	for name, set := range map[string][]resourceapi.Device{
 		"seven 1g.10gb": sevenOnes, "four 1g.20gb": fourTwentys,
-		"4g.40gb beside 3g.40gb": {devs[mig("4g-40gb", 0)], devs[mig("3g-40gb", 4)]},
+		"4g.40gb beside 3g.40gb":        {devs[mig("4g-40gb", 0)], devs[mig("3g-40gb", 4)]},
+		"1g.10gb+me beside six 1g.10gb": append([]resourceapi.Device{devs[mig("1g-10gb-me", 6)]}, sevenOnes[:6]...),
 	} {
 		if !fits(t, sets, set...) {
 			t.Errorf("%s do not fit together", name)

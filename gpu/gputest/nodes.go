@@ -15,8 +15,9 @@ const H100MemoryBytes = 85520809984
 // H100Profiles is the profile table of a real H100 80GB HBM3 on driver 580
 // as the field notes give it: placements span memory slices, 8 in
 // all; 1g.20gb has 4 placements of span 2, 3g.40gb spans 4, 7g.80gb spans 8.
-// It is not go-nvml's mock table, which gives 7 slices. Profile IDs are
-// NVML's GPU_INSTANCE_PROFILE_* values.
+// It is not go-nvml's mock table, which gives 7 slices. Profile Ids equal
+// the indices (NVML's GPU_INSTANCE_PROFILE_* values), as go-nvml's mock
+// numbers them; the real card's Ids differ (see gpu/prep's testdata).
 func H100Profiles() []nvmlinfo.MIGProfile {
 	span := func(size int, starts ...int) []nvmlinfo.Placement {
 		out := make([]nvmlinfo.Placement, len(starts))
@@ -25,14 +26,18 @@ func H100Profiles() []nvmlinfo.MIGProfile {
 		}
 		return out
 	}
+	// engines are the card's counts (copy, decoder, encoder, JPEG, OFA).
+	engines := func(ce, dec, enc, jpeg, ofa int) *nvmlinfo.Engines {
+		return &nvmlinfo.Engines{CopyEngines: ce, Decoders: dec, Encoders: enc, JPEGs: jpeg, OFAs: ofa}
+	}
 	return []nvmlinfo.MIGProfile{
-		{ProfileID: 0, Name: "1g.10gb", SliceCount: 1, InstanceCount: 7, MemorySizeMB: 9984, MultiprocessorCount: 16, Placements: span(1, 0, 1, 2, 3, 4, 5, 6)},
-		{ProfileID: 1, Name: "2g.20gb", SliceCount: 2, InstanceCount: 3, MemorySizeMB: 20096, MultiprocessorCount: 32, Placements: span(2, 0, 2, 4)},
-		{ProfileID: 2, Name: "3g.40gb", SliceCount: 3, InstanceCount: 2, MemorySizeMB: 40448, MultiprocessorCount: 60, Placements: span(4, 0, 4)},
-		{ProfileID: 3, Name: "4g.40gb", SliceCount: 4, InstanceCount: 1, MemorySizeMB: 40448, MultiprocessorCount: 64, Placements: span(4, 0)},
-		{ProfileID: 4, Name: "7g.80gb", SliceCount: 7, InstanceCount: 1, MemorySizeMB: 80896, MultiprocessorCount: 132, Placements: span(8, 0)},
-		{ProfileID: 7, Name: "1g.10gb+me", SliceCount: 1, InstanceCount: 1, MemorySizeMB: 9984, MultiprocessorCount: 16, Placements: span(1, 0, 1, 2, 3, 4, 5, 6)},
-		{ProfileID: 9, Name: "1g.20gb", SliceCount: 1, InstanceCount: 4, MemorySizeMB: 19968, MultiprocessorCount: 26, Placements: span(2, 0, 2, 4, 6)},
+		{ProfileIndex: 0, ProfileID: 0, Name: "1g.10gb", SliceCount: 1, InstanceCount: 7, MemorySizeMB: 9984, MultiprocessorCount: 16, Engines: engines(1, 1, 0, 1, 0), Placements: span(1, 0, 1, 2, 3, 4, 5, 6)},
+		{ProfileIndex: 1, ProfileID: 1, Name: "2g.20gb", SliceCount: 2, InstanceCount: 3, MemorySizeMB: 20096, MultiprocessorCount: 32, Engines: engines(2, 2, 0, 2, 0), Placements: span(2, 0, 2, 4)},
+		{ProfileIndex: 2, ProfileID: 2, Name: "3g.40gb", SliceCount: 3, InstanceCount: 2, MemorySizeMB: 40448, MultiprocessorCount: 60, Engines: engines(3, 3, 0, 3, 0), Placements: span(4, 0, 4)},
+		{ProfileIndex: 3, ProfileID: 3, Name: "4g.40gb", SliceCount: 4, InstanceCount: 1, MemorySizeMB: 40448, MultiprocessorCount: 64, Engines: engines(4, 4, 0, 4, 0), Placements: span(4, 0)},
+		{ProfileIndex: 4, ProfileID: 4, Name: "7g.80gb", SliceCount: 7, InstanceCount: 1, MemorySizeMB: 80896, MultiprocessorCount: 132, Engines: engines(8, 7, 0, 7, 1), Placements: span(8, 0)},
+		{ProfileIndex: 7, ProfileID: 7, Name: "1g.10gb+me", SliceCount: 1, InstanceCount: 1, MemorySizeMB: 9984, MultiprocessorCount: 16, Engines: engines(1, 1, 0, 1, 1), Placements: span(1, 0, 1, 2, 3, 4, 5, 6)},
+		{ProfileIndex: 9, ProfileID: 9, Name: "1g.20gb", SliceCount: 1, InstanceCount: 4, MemorySizeMB: 19968, MultiprocessorCount: 26, Engines: engines(1, 1, 0, 1, 0), Placements: span(2, 0, 2, 4, 6)},
 	}
 }
 

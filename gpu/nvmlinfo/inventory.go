@@ -37,9 +37,18 @@ type Device struct {
 	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
 }
 
-// MIGProfile is one GPU-instance profile.
+// MIGProfile is one GPU-instance profile. NVML numbers a profile twice:
+// the index that GetGpuInstanceProfileInfo takes, and the Id it answers,
+// which placements, instance creation and existing instances use. On a
+// real card they differ (an H100's 1g.10gb is index 0, Id 19); go-nvml's
+// mock uses one number for both.
 type MIGProfile struct {
-	// ProfileID is NVML's GPU_INSTANCE_PROFILE_* value.
+	// ProfileIndex is NVML's GPU_INSTANCE_PROFILE_* constant, the
+	// argument of GetGpuInstanceProfileInfo. NoProfileIndex where a
+	// replay file written before it was recorded leaves it out; the
+	// replay derives it (see gpu.DeriveProfileIndices).
+	ProfileIndex int `json:"profileIndex"`
+	// ProfileID is the Id NVML gives the profile (info.Id).
 	ProfileID int `json:"profileId"`
 	// Name is NVML's name without its "MIG " prefix, e.g. "3g.40gb".
 	Name                string      `json:"name"`
@@ -48,6 +57,39 @@ type MIGProfile struct {
 	MemorySizeMB        uint64      `json:"memorySizeMB"`
 	MultiprocessorCount int         `json:"multiprocessorCount"`
 	Placements          []Placement `json:"placements"`
+	// Engines are the profile's engines as NVML counts them; nil in a
+	// replay file written before they were recorded.
+	Engines *Engines `json:"engines,omitempty"`
+}
+
+// Engines are the engines of a GPU instance of a profile, in NVML's
+// GpuInstanceProfileInfo fields. The optical-flow accelerator (OFA) is the
+// engine a GPU has one of, which only its media-extension profile and its
+// whole-GPU profile hold.
+type Engines struct {
+	CopyEngines int `json:"copyEngineCount"`
+	Decoders    int `json:"decoderCount"`
+	Encoders    int `json:"encoderCount"`
+	JPEGs       int `json:"jpegCount"`
+	OFAs        int `json:"ofaCount"`
+}
+
+// NoProfileIndex marks a profile whose file did not say its index.
+const NoProfileIndex = -1
+
+// UnmarshalJSON decodes a profile strictly, leaving ProfileIndex at
+// NoProfileIndex where the file has none: 0 is a real index (1_SLICE).
+func (p *MIGProfile) UnmarshalJSON(b []byte) error {
+	type plain MIGProfile
+	v := plain{ProfileIndex: NoProfileIndex}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	// The outer decoder's strictness does not reach a custom decoder.
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	*p = MIGProfile(v)
+	return nil
 }
 
 // Placement is where an instance of a profile may start and how many memory
@@ -124,8 +166,11 @@ func (inv *Inventory) Validate() error {
 		}
 		for j, p := range d.MIGProfiles {
 			pf := fmt.Sprintf("%s.migProfiles[%d]", field, j)
-			if p.Name == "" || p.SliceCount <= 0 || p.ProfileID < 0 {
-				return fmt.Errorf("%s: needs a name, a positive sliceCount and a profileId >= 0", pf)
+			if p.Name == "" || p.SliceCount <= 0 || p.ProfileID < 0 || p.ProfileIndex < NoProfileIndex {
+				return fmt.Errorf("%s: needs a name, a positive sliceCount, a profileId >= 0 and a profileIndex >= 0 where given", pf)
+			}
+			if p.Engines != nil && (p.Engines.CopyEngines < 0 || p.Engines.Decoders < 0 || p.Engines.Encoders < 0 || p.Engines.JPEGs < 0 || p.Engines.OFAs < 0) {
+				return fmt.Errorf("%s.engines: negative count", pf)
 			}
 			for k, pl := range p.Placements {
 				if pl.Start < 0 || pl.Size <= 0 || pl.End() > MaxMemorySlices {
@@ -138,8 +183,9 @@ func (inv *Inventory) Validate() error {
 }
 
 // MaxMemorySlices bounds a GPU's placement space: a counter set holds at most
-// 32 counters, two of which are memory and multiprocessors.
-const MaxMemorySlices = 30
+// 32 counters, three of which are memory, multiprocessors and media
+// extensions.
+const MaxMemorySlices = 29
 
 var busID = regexp.MustCompile(`^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$`)
 

@@ -83,3 +83,25 @@ func TestMaxDisjoint(t *testing.T) {
 		t.Error("overlap wrong")
 	}
 }
+
+// A profile without profileIndex (files written before carve recorded it)
+// decodes as NoProfileIndex, never as index 0, which is 1_SLICE.
+func TestDecodeProfileIndex(t *testing.T) {
+	inv, err := Decode(strings.NewReader(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := inv.Devices[0].MIGProfiles[0].ProfileIndex; got != NoProfileIndex {
+		t.Errorf("absent profileIndex decoded as %d", got)
+	}
+	inv, err = Decode(strings.NewReader(strings.Replace(example, `"profileId": 9`, `"profileIndex": 0, "profileId": 9`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := inv.Devices[0].MIGProfiles[0].ProfileIndex; got != 0 {
+		t.Errorf("profileIndex 0 decoded as %d", got)
+	}
+	if _, err := Decode(strings.NewReader(strings.Replace(example, `"profileId": 9`, `"profileIndex": -2, "profileId": 9`, 1))); err == nil {
+		t.Error("a negative profileIndex decoded")
+	}
+}

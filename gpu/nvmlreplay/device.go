@@ -8,8 +8,10 @@ import (
 )
 
 // device makes a mock device answer as the file says: identity, exact
-// memory, the PCI bus ID (the mock's is empty), MIG mode, and a GPU instance
-// refused where it would overlap one that exists, as the driver refuses it.
+// memory, the PCI bus ID (the mock's is empty), MIG mode, profiles asked by
+// NVML's index answering their Id, and a GPU instance refused where it
+// would overlap one that exists or exceed its profile's instance count, as
+// the driver refuses it.
 func (r *Replay) device(m *server.Device, d nvmlinfo.Device) {
 	m.UUID, m.Minor, m.Index, m.PciBusID = d.UUID, d.Minor, d.Index, d.PCIBusID
 	m.MemoryInfo = nvml.Memory{Total: d.MemoryTotalBytes, Free: d.MemoryTotalBytes}
@@ -31,6 +33,24 @@ func (r *Replay) device(m *server.Device, d nvmlinfo.Device) {
 		}
 		return
 	}
+	if d.MIGProfiles != nil {
+		byIndex := map[int]nvml.GpuInstanceProfileInfo{}
+		for _, p := range d.MIGProfiles {
+			byIndex[p.ProfileIndex] = profileInfo(p)
+		}
+		// The mock answers an index with the profile keyed by it; a real
+		// card answers the index with a profile whose Id differs.
+		m.GetGpuInstanceProfileInfoFunc = func(index int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+			if index < 0 || index >= nvml.GPU_INSTANCE_PROFILE_COUNT {
+				return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
+			}
+			info, ok := byIndex[index]
+			if !ok {
+				return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+			}
+			return info, nvml.SUCCESS
+		}
+	}
 	create := m.CreateGpuInstanceWithPlacementFunc
 	m.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
 		if mode, _, _ := m.GetMigMode(); mode != nvml.DEVICE_MIG_ENABLE {
@@ -39,14 +59,25 @@ func (r *Replay) device(m *server.Device, d nvmlinfo.Device) {
 		if !possible(m.Config.MIGProfiles.GpuInstancePlacements[int(info.Id)], *pl) {
 			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
+		known, ok := m.Config.MIGProfiles.GpuInstanceProfiles[int(info.Id)]
+		if !ok {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
 		m.RLock()
+		same := 0
 		for gi := range m.GpuInstances {
 			if overlaps(gi.Info.Placement, *pl) {
 				m.RUnlock()
 				return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 			}
+			if gi.Info.ProfileId == info.Id {
+				same++
+			}
 		}
 		m.RUnlock()
+		if uint32(same) >= known.InstanceCount {
+			return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+		}
 		return create(info, pl)
 	}
 }

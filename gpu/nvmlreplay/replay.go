@@ -21,7 +21,8 @@ type Replay struct {
 	// Warnings say where the replay departs from the file: a device whose
 	// MIG profiles come from the mock's table.
 	Warnings []string
-	names    map[string]map[uint32]string
+	// names are the file's profile names by GPU UUID and profile index.
+	names map[string]map[int]string
 }
 
 // Load reads a replay file (strictly: see nvmlinfo.Decode).
@@ -40,15 +41,27 @@ func Load(path string) (*Replay, error) {
 
 // New builds the mock server. A device without migProfiles takes the mock's
 // table for its product, with a warning; a MIG-capable device of a product
-// the mock does not know gets no profiles.
+// the mock does not know gets no profiles. Profiles the file gives without
+// their index (files written before carve recorded it) get it derived, with
+// a warning where that was a guess; the caller's inventory is not changed.
 func New(inv *nvmlinfo.Inventory) (*Replay, error) {
 	if err := inv.Validate(); err != nil {
 		return nil, err
 	}
 	devs := append([]nvmlinfo.Device(nil), inv.Devices...)
 	sort.Slice(devs, func(i, j int) bool { return devs[i].Index < devs[j].Index })
-	r := &Replay{names: map[string]map[uint32]string{}}
+	r := &Replay{names: map[string]map[int]string{}}
 	configs := make([]gpus.Config, len(devs))
+	for i := range devs {
+		if devs[i].MIGProfiles != nil {
+			devs[i].MIGProfiles = append([]nvmlinfo.MIGProfile(nil), devs[i].MIGProfiles...)
+			r.Warnings = append(r.Warnings, gpu.DeriveProfileIndices(&devs[i])...)
+			r.guessEngines(&devs[i])
+		}
+		if err := checkIndices(devs[i]); err != nil {
+			return nil, fmt.Errorf("NVML replay device %d (%s): %w", devs[i].Index, devs[i].UUID, err)
+		}
+	}
 	for i, d := range devs {
 		cfg, err := r.config(d)
 		if err != nil {
@@ -68,13 +81,47 @@ func (r *Replay) Library() gpu.Library {
 	return gpu.Library{Interface: r.Server, ProfileName: r.profileName}
 }
 
-func (r *Replay) profileName(dev nvml.Device, info nvml.GpuInstanceProfileInfo) (string, bool) {
+func (r *Replay) profileName(dev nvml.Device, index int) (string, bool) {
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
 		return "", false
 	}
-	name, ok := r.names[uuid][info.Id]
+	name, ok := r.names[uuid][index]
 	return name, ok
+}
+
+// guessEngines gives the media-extension profiles of a file written before
+// carve recorded engine counts the GPU's one optical-flow accelerator, as
+// an A100's and an H100's hold it, so that the counters still refuse two of
+// them at once.
+func (r *Replay) guessEngines(d *nvmlinfo.Device) {
+	guessed := false
+	for j := range d.MIGProfiles {
+		p := &d.MIGProfiles[j]
+		if p.Engines == nil && gpu.MediaExtensionIndex(p.ProfileIndex) {
+			p.Engines = &nvmlinfo.Engines{OFAs: 1}
+			guessed = true
+		}
+	}
+	if guessed {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("GPU %d (%s): no engine counts in the replay file; its media-extension profiles are taken to hold the GPU's one OFA", d.Index, d.UUID))
+	}
+}
+
+// checkIndices refuses a device whose profiles share an index or an Id:
+// NVML answers one profile for each.
+func checkIndices(d nvmlinfo.Device) error {
+	index, id := map[int]bool{}, map[int]bool{}
+	for _, p := range d.MIGProfiles {
+		if index[p.ProfileIndex] || id[p.ProfileID] {
+			return fmt.Errorf("two MIG profiles with index %d or Id %d", p.ProfileIndex, p.ProfileID)
+		}
+		if p.ProfileIndex >= nvml.GPU_INSTANCE_PROFILE_COUNT {
+			return fmt.Errorf("MIG profile %q: index %d is not one go-nvml knows (< %d)", p.Name, p.ProfileIndex, nvml.GPU_INSTANCE_PROFILE_COUNT)
+		}
+		index[p.ProfileIndex], id[p.ProfileID] = true, true
+	}
+	return nil
 }
 
 func (r *Replay) config(d nvmlinfo.Device) (gpus.Config, error) {
@@ -92,9 +139,9 @@ func (r *Replay) config(d nvmlinfo.Device) (gpus.Config, error) {
 	case !d.MIGCapable:
 	case d.MIGProfiles != nil:
 		cfg.MIGProfiles = profilesFromFile(d.MIGProfiles)
-		r.names[d.UUID] = map[uint32]string{}
+		r.names[d.UUID] = map[int]string{}
 		for _, p := range d.MIGProfiles {
-			r.names[d.UUID][uint32(p.ProfileID)] = p.Name
+			r.names[d.UUID][p.ProfileIndex] = p.Name
 		}
 	default:
 		table, ok := mockTable(d.Name)
@@ -119,17 +166,11 @@ func mockTable(name string) (gpus.MIGProfileConfig, bool) {
 	return gpus.MIGProfileConfig{}, false
 }
 
-// computeProfileBySlices is the compute-instance profile that fills a GPU
-// instance of that many slices.
-var computeProfileBySlices = map[int]int{
-	1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
-	3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE,
-	6: nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE,
-	8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
-}
-
 // profilesFromFile is the mock's table for the file's profiles, each with the
-// one compute-instance profile that fills it.
+// one compute-instance profile that fills it. The mock looks placements,
+// instances and compute instances up by the profile's Id, so every map is
+// keyed by Id; answering a profile index is the device's own function (see
+// device), since on a real card index and Id differ.
 func profilesFromFile(profiles []nvmlinfo.MIGProfile) gpus.MIGProfileConfig {
 	cfg := gpus.MIGProfileConfig{
 		GpuInstanceProfiles:       map[int]nvml.GpuInstanceProfileInfo{},
@@ -138,15 +179,12 @@ func profilesFromFile(profiles []nvmlinfo.MIGProfile) gpus.MIGProfileConfig {
 		ComputeInstancePlacements: map[int]map[int][]nvml.ComputeInstancePlacement{},
 	}
 	for _, p := range profiles {
-		cfg.GpuInstanceProfiles[p.ProfileID] = nvml.GpuInstanceProfileInfo{
-			Id: uint32(p.ProfileID), SliceCount: uint32(p.SliceCount), InstanceCount: uint32(p.InstanceCount),
-			MultiprocessorCount: uint32(p.MultiprocessorCount), MemorySizeMB: p.MemorySizeMB,
-		}
+		cfg.GpuInstanceProfiles[p.ProfileID] = profileInfo(p)
 		for _, pl := range p.Placements {
 			cfg.GpuInstancePlacements[p.ProfileID] = append(cfg.GpuInstancePlacements[p.ProfileID],
 				nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
 		}
-		if ci, ok := computeProfileBySlices[p.SliceCount]; ok {
+		if ci, ok := gpu.ComputeProfileBySlices[p.SliceCount]; ok {
 			cfg.ComputeInstanceProfiles[p.ProfileID] = map[int]nvml.ComputeInstanceProfileInfo{ci: {
 				Id: uint32(ci), SliceCount: uint32(p.SliceCount), InstanceCount: 1, MultiprocessorCount: uint32(p.MultiprocessorCount),
 			}}
@@ -154,4 +192,17 @@ func profilesFromFile(profiles []nvmlinfo.MIGProfile) gpus.MIGProfileConfig {
 		}
 	}
 	return cfg
+}
+
+// profileInfo is NVML's answer for the profile: its Id, not its index.
+func profileInfo(p nvmlinfo.MIGProfile) nvml.GpuInstanceProfileInfo {
+	info := nvml.GpuInstanceProfileInfo{
+		Id: uint32(p.ProfileID), SliceCount: uint32(p.SliceCount), InstanceCount: uint32(p.InstanceCount),
+		MultiprocessorCount: uint32(p.MultiprocessorCount), MemorySizeMB: p.MemorySizeMB,
+	}
+	if e := p.Engines; e != nil {
+		info.CopyEngineCount, info.DecoderCount, info.EncoderCount = uint32(e.CopyEngines), uint32(e.Decoders), uint32(e.Encoders)
+		info.JpegCount, info.OfaCount = uint32(e.JPEGs), uint32(e.OFAs)
+	}
+	return info
 }

@@ -14,11 +14,14 @@ import (
 )
 
 // migRecord is the undo record of a MIG allocation: enough to find its
-// instances again.
+// instances again. ProfileID is NVML's Id of the profile, which instances
+// carry; ProfileIndex is the index NVML's profile info is asked by, nil in
+// records written before carve kept it.
 type migRecord struct {
 	ParentUUID        string `json:"parentUUID"`
 	ParentMinor       int    `json:"parentMinor"`
 	ProfileID         int    `json:"profileId"`
+	ProfileIndex      *int   `json:"profileIndex,omitempty"`
 	PlacementStart    int    `json:"placementStart"`
 	PlacementSize     int    `json:"placementSize"`
 	GPUInstanceID     uint32 `json:"gpuInstanceId"`
@@ -26,8 +29,32 @@ type migRecord struct {
 }
 
 func recordFor(g slices.GPU) migRecord {
+	index := g.MIG.Profile.ProfileIndex
 	return migRecord{ParentUUID: g.Device.UUID, ParentMinor: g.Device.Minor, ProfileID: g.MIG.Profile.ProfileID,
-		PlacementStart: g.MIG.Placement.Start, PlacementSize: g.MIG.Placement.Size}
+		ProfileIndex: &index, PlacementStart: g.MIG.Placement.Start, PlacementSize: g.MIG.Placement.Size}
+}
+
+// profileInfo asks NVML for the record's profile by its index, and checks
+// that the answer is the profile of the record's Id: a card whose profiles
+// changed (another driver) must not get an instance of another profile. A
+// record without an index finds it by the Id.
+func profileInfo(dev nvml.Device, rec migRecord) (nvml.GpuInstanceProfileInfo, error) {
+	if rec.ProfileIndex != nil {
+		info, ret := dev.GetGpuInstanceProfileInfo(*rec.ProfileIndex)
+		if ret != nvml.SUCCESS {
+			return info, fmt.Errorf("profile index %d (Id %d): %s", *rec.ProfileIndex, rec.ProfileID, nvml.ErrorString(ret))
+		}
+		if int(info.Id) != rec.ProfileID {
+			return info, fmt.Errorf("profile index %d is Id %d on %s, not the Id %d published", *rec.ProfileIndex, info.Id, rec.ParentUUID, rec.ProfileID)
+		}
+		return info, nil
+	}
+	for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT; index++ {
+		if info, ret := dev.GetGpuInstanceProfileInfo(index); ret == nvml.SUCCESS && int(info.Id) == rec.ProfileID {
+			return info, nil
+		}
+	}
+	return nvml.GpuInstanceProfileInfo{}, fmt.Errorf("no GPU instance profile has Id %d on %s", rec.ProfileID, rec.ParentUUID)
 }
 
 // prepareMIG creates the GPU instance at the allocated placement and a
@@ -40,9 +67,9 @@ func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slice
 		if err != nil {
 			return err
 		}
-		info, ret := dev.GetGpuInstanceProfileInfo(rec.ProfileID)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("profile %d: %s", rec.ProfileID, nvml.ErrorString(ret))
+		info, err := profileInfo(dev, rec)
+		if err != nil {
+			return err
 		}
 		if gi, _ := findInstance(dev, info, rec.PlacementStart); gi != nil {
 			return fmt.Errorf("a GPU instance already holds placement %d of profile %s on %s, not made for this claim; left in place", rec.PlacementStart, g.MIG.Profile.Name, rec.ParentUUID)
@@ -116,9 +143,9 @@ func (p *Preparer) destroyMIG(ctx context.Context, device string, rec migRecord)
 		if err != nil {
 			return err
 		}
-		info, ret := dev.GetGpuInstanceProfileInfo(rec.ProfileID)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("profile %d: %s", rec.ProfileID, nvml.ErrorString(ret))
+		info, err := profileInfo(dev, rec)
+		if err != nil {
+			return err
 		}
 		gi, err := findInstance(dev, info, rec.PlacementStart)
 		if err != nil || gi == nil {
@@ -162,11 +189,11 @@ func parent(l gpu.Library, rec migRecord) (nvml.Device, error) {
 }
 
 // findInstance returns the GPU instance of the profile at the placement, or
-// nil.
+// nil. NVML lists instances by the profile's Id, which the info carries.
 func findInstance(dev nvml.Device, info nvml.GpuInstanceProfileInfo, start int) (nvml.GpuInstance, error) {
 	gis, ret := dev.GetGpuInstances(&info)
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("list GPU instances of profile %d: %s", info.Id, nvml.ErrorString(ret))
+		return nil, fmt.Errorf("list GPU instances of profile Id %d: %s", info.Id, nvml.ErrorString(ret))
 	}
 	for _, gi := range gis {
 		if i, ret := gi.GetInfo(); ret == nvml.SUCCESS && int(i.Placement.Start) == start {

@@ -65,7 +65,9 @@ func hostRoot(t *testing.T, gpus int, driverVersion string) string {
 	node("dev/nvidiactl", 195, 255)
 	node("dev/nvidia-uvm", 510, 0)
 	node("dev/nvidia-uvm-tools", 510, 1)
-	for gi := 0; gi < 8; gi++ {
+	// go-nvml's mock never reuses a GPU instance id: enough for a test
+	// that makes every placement of a card in turn.
+	for gi := 0; gi < 32; gi++ {
 		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", 10+2*gi))
 		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/ci0/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", 11+2*gi))
 		node(fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", 10+2*gi), 237, uint32(10+2*gi))

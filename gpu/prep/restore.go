@@ -61,13 +61,15 @@ func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) 
 }
 
 // Unowned lists the MIG instances Restore found that no claim owns, as
-// "<parent uuid>/profile-<id>/placement-<start>".
+// "<parent uuid>/profile-<id>/placement-<start>", the profile's NVML Id.
 func (p *Preparer) Unowned() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]string(nil), p.unowned...)
 }
 
+// instanceKey names an instance by its profile's Id, which both a record
+// and NVML's instance list carry: never the index.
 func instanceKey(uuid string, profile, start int) string {
 	return fmt.Sprintf("%s/profile-%d/placement-%d", uuid, profile, start)
 }
@@ -88,8 +90,9 @@ func listInstances(l gpu.Library) ([]string, error) {
 			continue
 		}
 		uuid, _ := dev.GetUUID()
-		for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
-			info, ret := dev.GetGpuInstanceProfileInfo(id)
+		// Walk NVML's profile indices; each answers its profile's Id.
+		for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT; index++ {
+			info, ret := dev.GetGpuInstanceProfileInfo(index)
 			if ret != nvml.SUCCESS {
 				continue
 			}
