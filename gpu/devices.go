@@ -12,6 +12,27 @@ import (
 type Process struct {
 	PID       uint32
 	UsedBytes uint64
+	// UsedUnknown: NVML said "not available" for its memory (it does so
+	// under MIG, and where the caller may not see other processes' use).
+	// UsedBytes is then 0, never NVML's sentinel, which as bytes would be
+	// 16 EiB.
+	UsedUnknown bool
+}
+
+// NotAvailable is nvml.VALUE_NOT_AVAILABLE (-1) as NVML's unsigned fields
+// carry it: a reading that is not a number.
+const NotAvailable = ^uint64(0)
+
+// merge adds NVML's answer for a PID already listed: the larger of two
+// amounts, and an amount over "not available".
+func (p *Process) merge(used uint64) {
+	switch {
+	case used == NotAvailable:
+	case p.UsedUnknown:
+		p.UsedBytes, p.UsedUnknown = used, false
+	default:
+		p.UsedBytes = max(p.UsedBytes, used)
+	}
 }
 
 // ComputeMode is NVML's compute mode of a GPU.
@@ -33,7 +54,8 @@ func (s *Session) device(l Library, uuid string) (nvml.Device, error) {
 
 // Processes lists the compute processes on the GPU with this UUID: NVML's
 // compute processes and its MPS clients, each PID once (the larger of the
-// two amounts where both list it).
+// two amounts where both list it; "not available" only where neither has
+// a number).
 func (s *Session) Processes(ctx context.Context, uuid string) ([]Process, error) {
 	var out []Process
 	err := s.Do(ctx, "processes of "+uuid, func(l Library) error {
@@ -45,11 +67,13 @@ func (s *Session) Processes(ctx context.Context, uuid string) ([]Process, error)
 		add := func(list []nvml.ProcessInfo) {
 			for _, p := range list {
 				if i, ok := byPID[p.Pid]; ok {
-					out[i].UsedBytes = max(out[i].UsedBytes, p.UsedGpuMemory)
+					out[i].merge(p.UsedGpuMemory)
 					continue
 				}
 				byPID[p.Pid] = len(out)
-				out = append(out, Process{PID: p.Pid, UsedBytes: p.UsedGpuMemory})
+				pr := Process{PID: p.Pid, UsedUnknown: true}
+				pr.merge(p.UsedGpuMemory)
+				out = append(out, pr)
 			}
 		}
 		compute, ret := dev.GetComputeRunningProcesses()

@@ -33,6 +33,10 @@ type Session struct {
 	mu     sync.Mutex
 	wedged error
 	closed bool
+	// lanes are sessions over the same NVML with their own turns (Lane);
+	// Close waits for their calls before NVML is shut down.
+	lanes []*Session
+	lane  bool
 }
 
 // Open initialises NVML within timeout (DefaultTimeout when 0). The error
@@ -117,13 +121,49 @@ func (s *Session) Inventory(ctx context.Context) (*nvmlinfo.Inventory, error) {
 	return inv, err
 }
 
-// Close shuts NVML down, unless a call is stuck in it.
+// Lane is a session over the same initialised NVML with a turn of its own:
+// its calls never wait behind this session's. The policing loop's process
+// queries go through one, since this session's turn is held for seconds at
+// a time: nvcdi's walk of the driver's files inside "CDI edits", a MIG
+// instance's create or destroy. NVML itself is thread-safe (NVIDIA's API
+// reference: "NVML is thread-safe so it is safe to make simultaneous NVML
+// calls from multiple threads"); the turn is carve's, to bound each call in
+// time and tell a hung driver from a slow one. Either session's hung call
+// wedges only that session. Close the parent only: it closes its lanes.
+func (s *Session) Lane() *Session {
+	l := &Session{lib: s.lib, timeout: s.timeout, turn: make(chan struct{}, 1), lane: true}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l.closed = s.closed
+	s.lanes = append(s.lanes, l)
+	return l
+}
+
+// Close shuts NVML down, unless a call is stuck in it. A lane is only
+// marked closed: NVML is its parent's.
 func (s *Session) Close(ctx context.Context) {
 	s.mu.Lock()
 	skip := s.wedged != nil || s.closed
+	lanes := s.lanes
+	if s.lane {
+		s.closed = true
+	}
 	s.mu.Unlock()
-	if skip {
+	if skip || s.lane {
 		return
+	}
+	// No lane call may be in NVML while it shuts down: mark each closed,
+	// then wait for its turn (a wedged lane's call never returns; its turn
+	// is not waited for past the time bound).
+	for _, l := range lanes {
+		l.mu.Lock()
+		l.closed = true
+		l.mu.Unlock()
+		select {
+		case l.turn <- struct{}{}:
+		case <-time.After(l.timeout):
+		case <-ctx.Done():
+		}
 	}
 	if err := s.Do(ctx, "shutdown", func(l Library) error {
 		if ret := l.Shutdown(); ret != nvml.SUCCESS {

@@ -2,21 +2,18 @@ package gputest
 
 import (
 	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
-// TempDir is t.TempDir, except that it is never under /dev/shm (where make
-// puts TMPDIR): an MPS daemon runs with a tmpfs of its own bound over
-// /dev/shm, which would hide a state directory beneath it.
+// TempDir is a short directory under /tmp, removed after the test. Never
+// under /dev/shm (where make puts TMPDIR): an MPS daemon runs with a tmpfs
+// of its own bound over /dev/shm, which would hide a state directory
+// beneath it. And short: an MPS pipe directory must be under 88 bytes
+// (mps.Daemon refuses longer), and <dir>/gpushare/<uuid>/mps/pipe adds 59
+// to it, where t.TempDir's /tmp/<TestName><n>/001 is often 40 or more.
 func TempDir(t testing.TB) string {
 	t.Helper()
-	dir := t.TempDir()
-	if !strings.HasPrefix(filepath.Clean(dir)+"/", "/dev/shm/") {
-		return dir
-	}
-	dir, err := os.MkdirTemp("/tmp", "carve-gpu-test-")
+	dir, err := os.MkdirTemp("/tmp", "cg")
 	if err != nil {
 		t.Fatal(err)
 	}

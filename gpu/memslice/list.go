@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
@@ -194,7 +195,9 @@ func used(ctx context.Context, o ListOptions, out []Share, seen map[int]police.S
 			for _, p := range procs {
 				pod, err := police.PodOf(o.ProcRoot, int(p.PID))
 				if err == nil && slices.Contains(seen[i].Pods, pod) {
-					v += p.UsedBytes
+					if !p.UsedUnknown && p.UsedBytes != gpu.NotAvailable {
+						v += p.UsedBytes // "not available" is no number
+					}
 					n++
 				}
 			}

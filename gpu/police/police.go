@@ -1,28 +1,28 @@
 // Package police holds each MPS share of a GPU to its memory slice for the
 // whole pod: a loop reads NVML's per-process memory, maps each PID to its
-// pod through /proc/<pid>/cgroup and to its share through the claim's
-// reserved pods, and when a share's total exceeds its slice kills that
-// share's newest processes until it fits, records an event on the pod and
-// counts the kill.
+// pod through /proc/<pid>/cgroup and to its shares through the claims'
+// reserved pods, and when a pod's processes on a GPU hold more than the sum
+// of its shares' slices there, kills its newest processes until they fit,
+// records an event on the pod and counts the kill.
 //
-// The bound: a share is over its slice for at most one interval (50 ms by
-// default) plus one NVML query per GPU (about 0.6 ms) plus the time the
-// driver takes to free a killed process's memory; in that window it can hold
-// up to its processes times the GPU's MPS ceiling (the largest slice on the
-// GPU), since each process is held to the ceiling by MPS itself.
+// The bound: a pod is over its slices for at most one interval (50 ms by
+// default) plus one NVML process query per GPU (about 0.6 ms) plus the time
+// the driver takes to free a killed process's memory. Nothing else is in a
+// tick: the process query goes through an NVML lane of its own (a prepare's
+// long NVML calls never hold it), and the API server is asked for a claim's
+// pods beside the loop, never in it. In that window a pod can hold up to its
+// processes times the GPU's MPS ceiling (the largest slice on the GPU),
+// since each process is held to the ceiling by MPS itself.
 package police
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sort"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/gpu"
 )
@@ -30,6 +30,15 @@ import (
 // DefaultInterval is how often the loop looks; with an NVML query of about
 // 0.6 ms per GPU it keeps a kill within 200 ms of the excess.
 const DefaultInterval = 50 * time.Millisecond
+
+// DefaultReportEvery is how often a share's kills are logged and recorded
+// as pod events at most: a pod that respawns its over-limit process is
+// killed every tick, and a log line and event per kill would flood both.
+// Every kill is still counted (carve_gpu_share_kills_total).
+const DefaultReportEvery = 10 * time.Second
+
+// ownersEvery is how often one share's claim is asked for its pods at most.
+const ownersEvery = time.Second
 
 // Share is one memory slice of a GPU.
 type Share struct {
@@ -66,6 +75,8 @@ type Recorder interface {
 
 // Options are what the loop reads and acts through.
 type Options struct {
+	// Processes should not wait on other NVML work: give the loop a
+	// gpu.Session's Lane, not the session the preparer uses.
 	Processes Processes
 	Owners    Owners
 	// Recorder may be nil: kills are then only logged and counted.
@@ -73,18 +84,24 @@ type Options struct {
 	// ProcRoot is the host's /proc, where PIDs are mapped to pods.
 	ProcRoot string
 	Interval time.Duration
-	// Kill ends a process; SIGKILL when nil.
-	Kill func(pid int) error
+	// Kill ends a process; KillChecked below ProcRoot when nil.
+	Kill func(Target) error
 	// StateFile keeps usage and kill counts for `carve shares`; none when
 	// empty.
 	StateFile string
-	Logger    logr.Logger
+	// ReportEvery is DefaultReportEvery when 0.
+	ReportEvery time.Duration
+	// Logger is the context's logger when unset.
+	Logger logr.Logger
 }
 
 // Police is the policing loop of every MPS share on the node.
 type Police struct {
 	opts    Options
 	metrics *metrics
+	// ownersDue wakes the owners loop: a share was added, or a tick saw a
+	// pod on a GPU that none of the GPU's shares is known to hold.
+	ownersDue chan struct{}
 
 	mu      sync.Mutex
 	shares  map[string]*state
@@ -95,9 +112,16 @@ type state struct {
 	Share
 	pods  []PodRef
 	asked time.Time
-	used  uint64
-	kills uint64
-	procs int
+	// What the last tick saw of the pool the share is held in (the share
+	// alone, unless its pods hold other shares of the GPU).
+	used    uint64
+	limit   uint64
+	procs   int
+	unknown int
+	kills   uint64
+	// Reports: the last kill logged, and the kills since not logged.
+	reported   time.Time
+	suppressed uint64
 }
 
 // New returns the loop; kill counts are read back from the state file.
@@ -105,26 +129,30 @@ func New(opts Options) *Police {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
+	if opts.ReportEvery <= 0 {
+		opts.ReportEvery = DefaultReportEvery
+	}
 	if opts.ProcRoot == "" {
 		opts.ProcRoot = "/proc"
 	}
 	if opts.Kill == nil {
-		opts.Kill = func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
+		root := opts.ProcRoot
+		opts.Kill = func(t Target) error { return KillChecked(root, t) }
 	}
-	p := &Police{opts: opts, metrics: newMetrics(), shares: map[string]*state{}}
-	return p
+	return &Police{opts: opts, metrics: newMetrics(), shares: map[string]*state{}, ownersDue: make(chan struct{}, 1)}
 }
 
 // Add polices a share (again, after a restart: its kill count comes back
-// from the state file).
+// from the state file). Its claim's pods are asked for beside the loop.
 func (p *Police) Add(s Share) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.wantOwners()
 	if old, ok := p.shares[s.Key]; ok {
 		old.Share = s
 		return
 	}
-	st := &state{Share: s}
+	st := &state{Share: s, limit: s.Slice}
 	if prev, err := ReadUsage(p.opts.StateFile); err == nil {
 		if u, ok := prev[s.Key]; ok {
 			st.kills = u.Kills
@@ -144,13 +172,17 @@ func (p *Police) Remove(key string) {
 	}
 }
 
-// Run polices until ctx ends.
+// Run polices until ctx ends, with the owners loop beside it.
 func (p *Police) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); p.runOwners(ctx) }()
+	defer wg.Wait()
 	t := time.NewTicker(p.opts.Interval)
 	defer t.Stop()
 	for {
 		if err := p.Tick(ctx); err != nil && ctx.Err() == nil {
-			p.opts.Logger.Error(err, "Policing GPU shares")
+			p.logger(ctx).Error(err, "Policing GPU shares")
 		}
 		select {
 		case <-ctx.Done():
@@ -160,140 +192,9 @@ func (p *Police) Run(ctx context.Context) {
 	}
 }
 
-type proc struct {
-	pid   int
-	pod   types.UID
-	used  uint64
-	start uint64
-}
-
-// Tick looks once at every GPU with shares and kills what exceeds a slice.
-func (p *Police) Tick(ctx context.Context) error {
-	byGPU := map[string][]*state{}
-	p.mu.Lock()
-	for _, st := range p.shares {
-		byGPU[st.UUID] = append(byGPU[st.UUID], st)
+func (p *Police) logger(ctx context.Context) logr.Logger {
+	if p.opts.Logger.GetSink() != nil {
+		return p.opts.Logger
 	}
-	p.mu.Unlock()
-	var errs []error
-	for uuid, shares := range byGPU {
-		if err := p.tickGPU(ctx, uuid, shares); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := p.persist(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-func (p *Police) tickGPU(ctx context.Context, uuid string, shares []*state) error {
-	list, err := p.opts.Processes.Processes(ctx, uuid)
-	if err != nil {
-		return fmt.Errorf("GPU %s: %w", uuid, err)
-	}
-	held := map[*state][]proc{}
-	refreshed := false
-	for _, pr := range list {
-		pod, err := PodOf(p.opts.ProcRoot, int(pr.PID))
-		if err != nil {
-			continue // gone, or not a pod's (the MPS server, the node's)
-		}
-		st := p.shareOf(shares, pod)
-		if st == nil && !refreshed {
-			p.refreshOwners(ctx, shares)
-			refreshed = true
-			st = p.shareOf(shares, pod)
-		}
-		if st == nil {
-			continue
-		}
-		held[st] = append(held[st], proc{pid: int(pr.PID), pod: pod, used: pr.UsedBytes, start: StartTime(p.opts.ProcRoot, int(pr.PID))})
-	}
-	for _, st := range shares {
-		p.enforce(st, held[st])
-	}
-	return nil
-}
-
-// enforce kills the share's newest processes until what is left fits.
-func (p *Police) enforce(st *state, procs []proc) {
-	var total uint64
-	for _, pr := range procs {
-		total += pr.used
-	}
-	sort.Slice(procs, func(i, j int) bool {
-		if procs[i].start != procs[j].start {
-			return procs[i].start > procs[j].start
-		}
-		return procs[i].pid > procs[j].pid
-	})
-	for _, pr := range procs {
-		if total <= st.Slice {
-			break
-		}
-		err := p.opts.Kill(pr.pid)
-		if err != nil && !errors.Is(err, syscall.ESRCH) {
-			p.opts.Logger.Error(err, "Killing a process over its GPU share", "pid", pr.pid, "claim", st.Namespace+"/"+st.Name, "share", st.ShareID)
-			continue
-		}
-		total -= pr.used
-		pod := pr.pod
-		msg := fmt.Sprintf("process %d killed: share %s of GPU %s held %d MiB with it, over its %d MiB slice", pr.pid, st.ShareID, st.UUID, (total+pr.used)>>20, st.Slice>>20)
-		p.opts.Logger.Info("Killed a process over its GPU memory slice", "pid", pr.pid, "claim", st.Namespace+"/"+st.Name, "share", st.ShareID, "gpu", st.UUID, "usedBytes", total+pr.used, "sliceBytes", st.Slice)
-		p.mu.Lock()
-		st.kills++
-		ref := PodRef{Namespace: st.Namespace, UID: pod}
-		for _, r := range st.pods {
-			if r.UID == pod {
-				ref = r
-			}
-		}
-		p.mu.Unlock()
-		p.metrics.kills.WithLabelValues(string(st.ClaimUID), st.ShareID).Inc()
-		if p.opts.Recorder != nil && ref.Name != "" {
-			p.opts.Recorder.PodEvent(ref, "GPUMemorySliceExceeded", msg)
-		}
-	}
-	p.mu.Lock()
-	st.used, st.procs = total, len(procs)
-	p.mu.Unlock()
-	p.metrics.used.WithLabelValues(string(st.ClaimUID), st.ShareID).Set(float64(total))
-}
-
-func (p *Police) shareOf(shares []*state, pod types.UID) *state {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, st := range shares {
-		for _, r := range st.pods {
-			if r.UID == pod {
-				return st
-			}
-		}
-	}
-	return nil
-}
-
-// refreshOwners asks again, at most once a second per share, which pods
-// each share's claim is reserved for.
-func (p *Police) refreshOwners(ctx context.Context, shares []*state) {
-	for _, st := range shares {
-		p.mu.Lock()
-		due := time.Since(st.asked) >= time.Second
-		if due {
-			st.asked = time.Now()
-		}
-		p.mu.Unlock()
-		if !due || p.opts.Owners == nil {
-			continue
-		}
-		pods, err := p.opts.Owners.ReservedPods(ctx, st.Namespace, st.Name)
-		if err != nil {
-			p.opts.Logger.Error(err, "Reading the pods of a GPU share's claim", "claim", st.Namespace+"/"+st.Name)
-			continue
-		}
-		p.mu.Lock()
-		st.pods = pods
-		p.mu.Unlock()
-	}
+	return klog.FromContext(ctx)
 }

@@ -85,7 +85,8 @@ func (n *fakeNode) PodEvent(pod PodRef, reason, msg string) {
 }
 
 // kill ends the process: its memory and its /proc entry go.
-func (n *fakeNode) kill(pid int) error {
+func (n *fakeNode) kill(t Target) error {
+	pid := t.PID
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.killed = append(n.killed, pid)
@@ -105,6 +106,7 @@ func newPolice(t *testing.T, n *fakeNode) (*Police, string) {
 	p.Add(Share{Key: "cb/gpu/s2", ClaimUID: "cb", Namespace: "ns", Name: "large", ShareID: "s2", UUID: "GPU-1", Slice: 20 * gib})
 	n.owners["ns/small"] = []PodRef{{Namespace: "ns", Name: "pod-a", UID: podA}}
 	n.owners["ns/large"] = []PodRef{{Namespace: "ns", Name: "pod-b", UID: podB}}
+	p.RefreshOwners(context.Background())
 	return p, state
 }
 
@@ -165,9 +167,14 @@ func TestSeveralKillsUntilTheShareFits(t *testing.T) {
 	}
 }
 
-func TestUnknownPodAsksTheClaimOnce(t *testing.T) {
+// A tick never asks the API server: a pod it cannot place wakes the owners
+// loop, which asks each claim at most once a second; the pod is policed
+// from the first tick after the answer.
+func TestUnknownPodWakesTheOwnersLoop(t *testing.T) {
 	n := newFakeNode(t)
 	p, _ := newPolice(t, n)
+	asked := n.asked
+	<-p.ownersDue // Add's wake, answered by newPolice's RefreshOwners
 	stranger := types.UID("cccccccc-0000-0000-0000-000000000003")
 	n.run(t, 50, stranger, 40*gib, 1) // a pod of no share: not ours to kill
 	for i := 0; i < 5; i++ {
@@ -178,13 +185,26 @@ func TestUnknownPodAsksTheClaimOnce(t *testing.T) {
 	if len(n.killed) != 0 {
 		t.Errorf("killed %v", n.killed)
 	}
-	if n.asked != 2 {
-		t.Errorf("claims asked %d times in 5 ticks, want 2 (once per share, then rate-limited)", n.asked)
+	if n.asked != asked {
+		t.Errorf("ticks asked the API server %d times, want none", n.asked-asked)
+	}
+	select {
+	case <-p.ownersDue:
+	default:
+		t.Fatal("the unknown pod did not wake the owners loop")
+	}
+	p.RefreshOwners(context.Background())
+	if n.asked != asked {
+		t.Errorf("claims asked again within a second: %d asks", n.asked-asked)
 	}
 	// A pod that joins a share later is found on the next ask.
 	n.owners["ns/small"] = append(n.owners["ns/small"], PodRef{Namespace: "ns", Name: "pod-c", UID: stranger})
 	for _, st := range p.shares {
 		st.asked = time.Time{}
+	}
+	p.RefreshOwners(context.Background())
+	if n.asked != asked+2 {
+		t.Errorf("asks %d, want one per share", n.asked-asked)
 	}
 	if err := p.Tick(context.Background()); err != nil || fmt.Sprint(n.killed) != "[50]" {
 		t.Errorf("after the pod joined: %v, killed %v", err, n.killed)

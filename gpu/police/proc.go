@@ -1,12 +1,14 @@
 package police
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -34,19 +36,35 @@ func PodOf(procRoot string, pid int) (types.UID, error) {
 // StartTime is a process's start time in clock ticks since boot (field 22
 // of /proc/<pid>/stat); 0 where it cannot be read.
 func StartTime(procRoot string, pid int) uint64 {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0
+	v, _ := startTime(procRoot, pid)
+	return v
+}
+
+// startTime reads field 22 of /proc/<pid>/stat. A process that is gone is
+// an error that wraps syscall.ESRCH.
+func startTime(procRoot string, pid int) (uint64, error) {
+	path := filepath.Join(procRoot, strconv.Itoa(pid), "stat")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return 0, fmt.Errorf("process %d: %w", pid, syscall.ESRCH)
 	}
+	if err != nil {
+		return 0, fmt.Errorf("process %d: %w", pid, err)
+	}
+	// The command name, field 2, is in parentheses and may hold spaces
+	// and parentheses: fields are counted from the last ')'.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0
+		return 0, fmt.Errorf("%s: no command name", path)
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 20 {
-		return 0
+		return 0, fmt.Errorf("%s: %d fields after the command name, want 20 or more", path, len(f))
 	}
-	v, _ := strconv.ParseUint(f[19], 10, 64)
-	return v
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: start time %q: %w", path, f[19], err)
+	}
+	return v, nil
 }

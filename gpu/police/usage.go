@@ -20,6 +20,13 @@ type ShareUsage struct {
 	Kills     uint64 `json:"kills"`
 	// Pods are the pods the share's claim is reserved for.
 	Pods []types.UID `json:"pods,omitempty"`
+	// LimitBytes is what UsedBytes is held to where the share's pods hold
+	// other shares of the GPU too (the sum of their slices; UsedBytes is
+	// then theirs together); absent where it is the share's own slice.
+	LimitBytes uint64 `json:"limitBytes,omitempty"`
+	// UnknownProcesses are processes NVML gave no memory reading for
+	// ("not available"), counted in Processes but not in UsedBytes.
+	UnknownProcesses int `json:"unknownProcesses,omitempty"`
 }
 
 // Usage is every share's, by share key.
@@ -31,7 +38,10 @@ func (p *Police) Usage() Usage {
 	defer p.mu.Unlock()
 	out := Usage{}
 	for k, st := range p.shares {
-		u := ShareUsage{UsedBytes: st.used, Processes: st.procs, Kills: st.kills}
+		u := ShareUsage{UsedBytes: st.used, Processes: st.procs, Kills: st.kills, UnknownProcesses: st.unknown}
+		if st.limit != st.Slice {
+			u.LimitBytes = st.limit
+		}
 		for _, r := range st.pods {
 			u.Pods = append(u.Pods, r.UID)
 		}
@@ -83,8 +93,9 @@ func ReadUsage(path string) (Usage, error) {
 }
 
 type metrics struct {
-	kills *prometheus.CounterVec
-	used  *prometheus.GaugeVec
+	kills      *prometheus.CounterVec
+	used       *prometheus.GaugeVec
+	suppressed *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -97,22 +108,29 @@ func newMetrics() *metrics {
 			Name: "carve_gpu_share_used_bytes",
 			Help: "Device memory a GPU share's processes hold, as NVML last reported.",
 		}, []string{"claim", "share_id"}),
+		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_gpu_share_kill_reports_suppressed_total",
+			Help: "Kills of a GPU share's processes not logged or recorded as a pod event, past the one report per share per interval.",
+		}, []string{"claim", "share_id"}),
 	}
 }
 
 func (m *metrics) forget(claim, share string) {
 	m.kills.DeleteLabelValues(claim, share)
 	m.used.DeleteLabelValues(claim, share)
+	m.suppressed.DeleteLabelValues(claim, share)
 }
 
 // Describe implements prometheus.Collector.
 func (p *Police) Describe(ch chan<- *prometheus.Desc) {
 	p.metrics.kills.Describe(ch)
 	p.metrics.used.Describe(ch)
+	p.metrics.suppressed.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
 func (p *Police) Collect(ch chan<- prometheus.Metric) {
 	p.metrics.kills.Collect(ch)
 	p.metrics.used.Collect(ch)
+	p.metrics.suppressed.Collect(ch)
 }

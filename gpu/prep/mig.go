@@ -215,7 +215,7 @@ func (p *Preparer) migEdits(ctx context.Context, g slices.GPU, rec migRecord) (c
 		return edits, err
 	}
 	edits.DeviceNodes = append(edits.DeviceNodes, node)
-	caps, err := p.migCapNodes(rec)
+	caps, err := p.migCapNodes(ctx, rec)
 	if err != nil {
 		return edits, err
 	}

@@ -65,13 +65,14 @@ func hostRoot(t *testing.T, gpus int, driverVersion string) string {
 	node("dev/nvidiactl", 195, 255)
 	node("dev/nvidia-uvm", 510, 0)
 	node("dev/nvidia-uvm-tools", 510, 1)
-	// go-nvml's mock never reuses a GPU instance id: enough for a test
-	// that makes every placement of a card in turn.
+	// The driver lists the capabilities but makes no /dev/nvidia-caps
+	// node: the preparer makes them. go-nvml's mock never reuses a GPU
+	// instance id: 32 are enough for a test that makes every placement of
+	// a card in turn.
+	file("proc/devices", "Character devices:\n195 nvidia\n237 nvidia-caps\n510 nvidia-uvm\n\nBlock devices:\n  7 loop\n")
 	for gi := 0; gi < 32; gi++ {
-		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", 10+2*gi))
-		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/ci0/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", 11+2*gi))
-		node(fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", 10+2*gi), 237, uint32(10+2*gi))
-		node(fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", 11+2*gi), 237, uint32(11+2*gi))
+		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n", 10+2*gi))
+		file(fmt.Sprintf("proc/driver/nvidia/capabilities/gpu0/mig/gi%d/ci0/access", gi), fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n", 11+2*gi))
 	}
 	return root
 }
@@ -216,6 +217,14 @@ func TestMIGPrepareUnprepare(t *testing.T) {
 			t.Errorf("device nodes %v lack %s", nodes, want)
 		}
 	}
+	// The capability nodes were made from the driver's description.
+	for minor := uint32(10); minor <= 11; minor++ {
+		var st unix.Stat_t
+		path := filepath.Join(f.root, fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", minor))
+		if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(237, minor) || st.Mode&0o777 != 0o444 {
+			t.Errorf("%s: %v, mode %#o, rdev %d:%d", path, err, st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		}
+	}
 	var rec map[string]any
 	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec["placementStart"] != 4.0 {
 		t.Errorf("undo %s", out.Undo)
@@ -285,5 +294,31 @@ func TestNoNVML(t *testing.T) {
 	name := "gpu-0000-19-00-0"
 	if _, err := p.Prepare(context.Background(), alloc("c", name, cslices.KindGPU), res.Index[name]); err == nil || !strings.Contains(err.Error(), "no working NVML") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// Where the driver gives no nvidia-caps major, a MIG prepare fails naming
+// the file, makes no node, and hands back the undo record that destroys
+// the instance it made.
+func TestMIGPrepareWithoutCapsMajor(t *testing.T) {
+	f := newFixture(t, gputest.A100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	if err := os.WriteFile(filepath.Join(f.root, "proc/devices"), []byte("Character devices:\n195 nvidia\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := migDevice(t, f, "3g.20gb", 4)
+	a := alloc("c1", name, cslices.KindMIG)
+	out, err := f.prep.Prepare(ctx, a, f.res.Index[name])
+	if err == nil || !strings.Contains(err.Error(), "proc/devices: no nvidia-caps character device") {
+		t.Fatalf("error %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.root, "dev/nvidia-caps")); !os.IsNotExist(err) {
+		t.Errorf("dev/nvidia-caps: %v, want nothing made", err)
+	}
+	if err := f.prep.Unprepare(ctx, a, out.Undo); err != nil {
+		t.Fatal(err)
+	}
+	if got := instances(t, f); len(got) != 0 {
+		t.Errorf("instances %v after the rollback", got)
 	}
 }

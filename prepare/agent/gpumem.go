@@ -41,7 +41,10 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	if s == nil {
 		return g
 	}
-	popts := police.Options{Processes: s, ProcRoot: filepath.Join(firstSet(opts.Root), "proc"),
+	// The loop's process queries go through a lane of the session: the
+	// preparer's calls (the CDI library's file walk, MIG creates) hold the
+	// session's own turn for seconds, and a tick must not wait on them.
+	popts := police.Options{Processes: s.Lane(), ProcRoot: filepath.Join(firstSet(opts.Root), "proc"),
 		StateFile: filepath.Join(opts.StateDir, memslice.UsageFile), Logger: logger}
 	if opts.KubeClient != nil {
 		popts.Owners = claimOwners{opts.KubeClient}
