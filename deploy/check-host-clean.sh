@@ -30,11 +30,16 @@ if [ -d /sys/fs/bpf/carve ] && [ -n "$(ls -A /sys/fs/bpf/carve 2>/dev/null)" ]; 
   left+=("BPF pins under /sys/fs/bpf/carve: $(ls /sys/fs/bpf/carve | tr '\n' ' ')")
 fi
 
-# Process names as the kernel keeps them: 15 characters at most.
-for p in kube-apiserver kube-controller kube-scheduler carve-scheduler kubelet etcd containerd containerd-shim carve iperf3; do
-  pids=$(pgrep -x "$p" | tr '\n' ' ' || true)
-  [ -z "$pids" ] || left+=("process $p: $pids")
+# Process names as the kernel keeps them: 15 characters at most. A
+# teardown signals them and returns: a process gets 15 s to exit.
+names='^(kube-apiserver|kube-controller|kube-scheduler|carve-scheduler|kubelet|etcd|containerd|containerd-shim|carve|iperf3)$'
+for _ in $(seq 30); do
+  pgrep -x -- "$names" >/dev/null 2>&1 || break
+  sleep 0.5
 done
+while read -r pid name; do
+  [ -n "$pid" ] && left+=("process $name ($pid)")
+done < <(pgrep -l -x -- "$names" 2>/dev/null || true)
 
 cluster=${CARVE_CLUSTER_DIR:-/tmp/carve-cluster}
 mounts=$(findmnt -rn -o TARGET | awk -v d="$cluster" '$0 == d || index($0, d "/") == 1' | tr '\n' ' ')

@@ -53,6 +53,26 @@ func InNamespace(nsPath string, fn func() error) error {
 	return <-errc
 }
 
+// RuntimeNamespace is the mount namespace to make host mounts in: that of
+// the process that started this one, which in a container with hostPID is
+// its runtime's shim (a subreaper that adopts the container's first
+// process), living in the mount namespace where the runtime checks a
+// mount's propagation; else PID 1's. PID 1's comes second because a host
+// may deny it: on the VMs this project runs on, even root may not read
+// /proc/1/ns (PID 1 holds a capability the rest of the system lacks).
+func RuntimeNamespace() (string, error) {
+	candidates := []string{fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()), "/proc/1/ns/mnt"}
+	var errs []string
+	for _, p := range candidates {
+		if _, err := os.Readlink(p); err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		return p, nil
+	}
+	return "", fmt.Errorf("no host mount namespace to enter (run with hostPID): %s", strings.Join(errs, "; "))
+}
+
 // Mount is one line of a mountinfo file: what this package needs of it.
 type Mount struct {
 	ID         int

@@ -1,6 +1,7 @@
 package hostmount
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -153,5 +154,16 @@ func TestInNamespace(t *testing.T) {
 	}
 	if err := InNamespace("/nonexistent/ns/mnt", func() error { return nil }); err == nil || !strings.Contains(err.Error(), "/nonexistent/ns/mnt") {
 		t.Errorf("a missing namespace: %v", err)
+	}
+}
+
+// The runtime's namespace is the parent's where it can be read.
+func TestRuntimeNamespace(t *testing.T) {
+	p, err := RuntimeNamespace()
+	if err != nil {
+		t.Skip(err)
+	}
+	if want := fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()); p != want {
+		t.Errorf("RuntimeNamespace = %s, want the parent's, %s", p, want)
 	}
 }
