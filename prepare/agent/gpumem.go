@@ -20,6 +20,7 @@ import (
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/gpu/police"
+	"github.com/carve-dra/carve/prepare/hostmount"
 )
 
 // gpuMemory chooses each GPU's memory enforcement tier once, the first
@@ -57,9 +58,12 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger}
 	if root := firstSet(opts.Root); root != "/" {
 		// Containers get the host's view of the tmpfs: check that it has
-		// one, through the host's init process's root (live, whatever the
-		// host root mount's propagation).
-		mopts.ShmHostView = filepath.Join(root, "proc", "1", "root", mopts.ShmDir)
+		// one, through the root of the runtime's shim (live, whatever the
+		// host root mount's propagation), else the host root mount.
+		mopts.ShmHostView = filepath.Join(root, mopts.ShmDir)
+		if hostRoot, err := hostmount.RuntimeRoot(); err == nil {
+			mopts.ShmHostView = filepath.Join(hostRoot, mopts.ShmDir)
+		}
 	}
 	g.shares = memslice.New(mopts)
 	return g

@@ -61,10 +61,21 @@ func InNamespace(nsPath string, fn func() error) error {
 // may deny it: on the VMs this project runs on, even root may not read
 // /proc/1/ns (PID 1 holds a capability the rest of the system lacks).
 func RuntimeNamespace() (string, error) {
-	candidates := []string{fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()), "/proc/1/ns/mnt"}
+	return firstReadable("ns/mnt")
+}
+
+// RuntimeRoot is the root directory of the same process as
+// RuntimeNamespace's, through which this process sees the host's mounts
+// as they are now, whatever its own mounts' propagation.
+func RuntimeRoot() (string, error) {
+	return firstReadable("root")
+}
+
+func firstReadable(entry string) (string, error) {
 	var errs []string
-	for _, p := range candidates {
-		if _, err := os.Readlink(p); err != nil {
+	for _, pid := range []int{os.Getppid(), 1} {
+		p := fmt.Sprintf("/proc/%d/%s", pid, entry)
+		if _, err := os.Stat(p); err != nil {
 			errs = append(errs, err.Error())
 			continue
 		}
