@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,13 +54,13 @@ func TestNodeChartDefaultsGPUMemoryTier(t *testing.T) {
 	buildAgentImage(t, "carve:e2e")
 	t.Run("defaults", func(t *testing.T) {
 		installChartWith(t, env, stateDir, values, cfg)
-		if got := gpuTier(t, cs, node); got != "mps-policed" {
+		if got := gpuTier(t, cs, node, "mps-policed"); got != "mps-policed" {
 			t.Errorf("memoryEnforcement = %q with the chart's defaults, want mps-policed; agent log:\n%s", got, agentLog(t, "enforcement"))
 		}
 	})
 	t.Run("stateDirPropagation=None", func(t *testing.T) {
 		installChartWith(t, env, stateDir, append(values, "--set", "stateDirPropagation=None"), cfg)
-		if got := gpuTier(t, cs, node); got != "none" {
+		if got := gpuTier(t, cs, node, "none"); got != "none" {
 			t.Errorf("memoryEnforcement = %q without propagation, want none", got)
 		}
 		if log := agentLog(t, "enforcement"); !strings.Contains(log, "does not show on the host") {
@@ -70,25 +69,31 @@ func TestNodeChartDefaultsGPUMemoryTier(t *testing.T) {
 	})
 }
 
-// gpuTier waits for the node's whole GPU and returns its memoryEnforcement.
-func gpuTier(t *testing.T, cs kubernetes.Interface, node string) string {
+// gpuTier waits for the node's whole GPU to be published with want as its
+// memoryEnforcement, and returns what it last saw: the slices of the agent
+// installed before may still stand until this one republishes.
+func gpuTier(t *testing.T, cs kubernetes.Interface, node, want string) string {
 	t.Helper()
 	var tier string
-	waitFor(t, "the replayed GPU published for "+node, 60*time.Second, func() (bool, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		tier = ""
 		l, err := cs.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
-			return false, err
+			t.Fatal(err)
 		}
 		for _, s := range l.Items {
 			for _, d := range s.Spec.Devices {
 				if a, ok := d.Attributes["memoryEnforcement"]; ok && a.StringValue != nil {
 					tier = *a.StringValue
-					return true, nil
 				}
 			}
 		}
-		return false, fmt.Errorf("%d slices, no GPU with memoryEnforcement", len(l.Items))
-	})
+		if tier == want {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 	return tier
 }
 
