@@ -207,6 +207,9 @@ func (m *Manager) releaseClaim(claimDir string) error {
 	if err := os.RemoveAll(claimDir); err != nil {
 		return fmt.Errorf("remove %s: %w", claimDir, err)
 	}
+	// The daemons' root goes with the last claim (a node without shares
+	// keeps nothing); another claim's directory keeps it, and the error.
+	_ = os.Remove(filepath.Dir(claimDir))
 	return nil
 }
 
