@@ -174,7 +174,7 @@ func checkDaemon(s *Share, o ListOptions) {
 	s.Daemon = &Daemon{PipeDir: d.PipeDir(), PID: pid, Running: alive}
 	if !alive {
 		s.Daemon.PID = 0
-		s.Problems = append(s.Problems, fmt.Sprintf("the MPS control daemon of claim %s on %s is not running (pipe %s)", s.Claim, s.UUID, d.PipeDir()))
+		s.Problems = append(s.Problems, fmt.Sprintf("the MPS control daemon of %s is not running (claim %s's own; pipe %s)", s.UUID, s.Claim, d.PipeDir()))
 	}
 }
 

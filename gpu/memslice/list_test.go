@@ -116,7 +116,7 @@ func TestListMPSPolicedShares(t *testing.T) {
 	if n.Used != nil || !strings.Contains(n.UsedUnknown, "libnvidia-ml.so.1 not found") {
 		t.Errorf("a share nothing measured: used %v, %q", n.Used, n.UsedUnknown)
 	}
-	if s.Enforced || len(s.Problems) != 1 || !strings.Contains(s.Problems[0], "MPS control daemon of claim ns/c1 on GPU-1 is not running") ||
+	if s.Enforced || len(s.Problems) != 1 || !strings.Contains(s.Problems[0], "MPS control daemon of GPU-1 is not running (claim ns/c1's own") ||
 		s.Daemon == nil || s.Daemon.Running || s.Daemon.PipeDir != filepath.Join(DaemonDir(filepath.Join(f.state, SharesDir), "c1", "GPU-1"), "pipe") {
 		t.Errorf("without its daemon: enforced %v, %v", s.Enforced, s.Problems)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 )
 
@@ -124,4 +126,36 @@ func TestChoose(t *testing.T) {
 			t.Errorf("%s: %+v, want %s with %q", c.name, got, c.tier, c.why)
 		}
 	}
+}
+
+// An earlier agent ran one daemon per GPU (<gpu dir>/mps); after an
+// upgrade, the GPU's last share going stops it too.
+func TestGPUWideDaemonOfAnEarlierAgentIsStopped(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	t.Setenv("FAKE_MPS_TAG_PIPE", "1")
+	r := share("a", 10*gib, TierMPSPoliced)
+	old := mps.Daemon{Path: mps.Binary, Dir: filepath.Join(e.dir, "GPU-1", "mps"), UUID: "GPU-1"}
+	if _, err := old.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if pid, alive := old.PID(); alive {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	m := New(e.opts)
+	if err := m.Restore(ctx, []Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := old.PID(); !alive {
+		t.Fatal("the earlier daemon was stopped while its GPU still has a share")
+	}
+	if err := m.Unprepare(ctx, r.Key, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := old.PID(); alive || !strings.Contains(e.commands(t), old.PipeDir()+": quit") {
+		t.Errorf("the earlier agent's GPU-wide daemon was not quit with the GPU's last share: %s", e.commands(t))
+	}
+	assertNothingLeft(t, e)
 }

@@ -72,6 +72,11 @@ func (m *Manager) tearDown(ctx context.Context, uuid string) error {
 	if err := json.Unmarshal(raw, &st); err != nil {
 		return fmt.Errorf("GPU %s: state %s: %w", uuid, filepath.Join(dir, "gpu.json"), err)
 	}
+	// A daemon of the GPU as a whole, as agents before per-claim daemons
+	// ran one (<gpu dir>/mps), goes with the GPU's last share.
+	if err := (mps.Daemon{Path: m.opts.MPSControl, Dir: filepath.Join(dir, "mps"), UUID: uuid}).Stop(ctx); err != nil {
+		return fmt.Errorf("GPU %s: the GPU-wide daemon of an earlier agent: %w", uuid, err)
+	}
 	if !m.opts.KeepComputeMode {
 		mode, err := m.opts.NVML.ComputeMode(ctx, uuid)
 		if err == nil && mode != st.FormerComputeMode {

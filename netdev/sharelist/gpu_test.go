@@ -94,7 +94,7 @@ func TestGPUSharesListed(t *testing.T) {
 		g["usedBytes"] != float64(1<<30) || g["usedFrom"] != "agent" {
 		t.Errorf("row %v", o)
 	}
-	if NotEnforced(rows) != 1 || !strings.Contains(strings.Join(rows[0].Problems, ";"), "MPS control daemon of claim ns/train on GPU-1 is not running") {
+	if NotEnforced(rows) != 1 || !strings.Contains(strings.Join(rows[0].Problems, ";"), "MPS control daemon of GPU-1 is not running (claim ns/train's own") {
 		t.Errorf("problems %v", rows[0].Problems)
 	}
 	buf.Reset()
