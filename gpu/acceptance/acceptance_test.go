@@ -59,6 +59,9 @@ type pod struct {
 	// shm is what the share's container has as /dev/shm: the tmpfs its
 	// claim's daemon sees as its own.
 	shm string
+	// pipe is the host path of its claim's daemon's pipe directory, which
+	// its container has read-only.
+	pipe string
 }
 
 func TestAcceptance(t *testing.T) {
@@ -121,7 +124,7 @@ func TestAcceptance(t *testing.T) {
 		if err != nil {
 			t.Fatalf("prepare %s: %v", allocs[i].ClaimName, err)
 		}
-		pd.env, pd.shm = shareEnv(out)
+		pd.env, pd.shm, pd.pipe = shareEnv(out)
 		if choice.Tier == memslice.TierDMEM { // what the createRuntime hook does
 			if err := dmem.Apply(dmem.DefaultRoot, pd.dir, dmem.Limit{Region: choice.Region, Max: pd.slice, Min: pd.slice}); err != nil {
 				t.Fatal(err)
@@ -192,9 +195,9 @@ func share(e slices.Entry, name, size string) prepare.Allocation {
 }
 
 // shareEnv is the share's MPS environment as a process on the host sees
-// it: the pipe directory's host path; and the host path of what the
-// container has as /dev/shm.
-func shareEnv(out prepare.Prepared) (env []string, shm string) {
+// it: the pipe directory's host path; the host path of what the container
+// has as /dev/shm; and the pipe directory's host path.
+func shareEnv(out prepare.Prepared) (env []string, shm, pipe string) {
 	for _, e := range out.Edits.Env {
 		if strings.HasPrefix(e, "CUDA_MPS_") && !strings.HasPrefix(e, "CUDA_MPS_PIPE_DIRECTORY=") {
 			env = append(env, e)
@@ -203,12 +206,12 @@ func shareEnv(out prepare.Prepared) (env []string, shm string) {
 	for _, m := range out.Edits.Mounts {
 		switch {
 		case strings.HasPrefix(m.ContainerPath, memslice.ContainerPipeRoot+"/"):
-			env = append(env, "CUDA_MPS_PIPE_DIRECTORY="+m.HostPath)
+			env, pipe = append(env, "CUDA_MPS_PIPE_DIRECTORY="+m.HostPath), m.HostPath
 		case m.ContainerPath == "/dev/shm":
 			shm = m.HostPath
 		}
 	}
-	return env, shm
+	return env, shm, pipe
 }
 
 func newPod(t *testing.T, uid string, slice uint64) *pod {

@@ -2,7 +2,10 @@ package mps
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -243,5 +246,59 @@ func TestPIDFileLinkIsNotFollowed(t *testing.T) {
 	}
 	if pid, _ := d.PID(); pid != 0 {
 		t.Errorf("PID = %d, read through a link", pid)
+	}
+}
+
+// A share's container has its daemon's pipe directory read-only: it can
+// still connect to the daemon's socket there (connect(2) is no write to the
+// file system), and can neither create nor remove anything in it.
+func TestSocketOnAReadOnlyBindTakesConnections(t *testing.T) {
+	gputest.NeedRoot(t)
+	dir := gputest.TempDir(t)
+	sock := filepath.Join(dir, "control")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+	err = onOwnThread(func() error {
+		if err := newSlaveNS("test"); err != nil {
+			return err
+		}
+		if err := bindReadOnly(dir); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "planted"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+			return fmt.Errorf("creating a file: %v, want EROFS", err)
+		}
+		if err := os.Remove(sock); !errors.Is(err, syscall.EROFS) {
+			return fmt.Errorf("removing the socket: %v, want EROFS", err)
+		}
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return fmt.Errorf("connect on the read-only bind: %w", err)
+		}
+		defer c.Close()
+		b, err := io.ReadAll(c)
+		if err != nil || string(b) != "ok" {
+			return fmt.Errorf("answer %q, %v", b, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sock); err != nil {
+		t.Errorf("the socket is gone outside the namespace: %v", err)
 	}
 }

@@ -118,6 +118,51 @@ func StartWithShm(cmd *exec.Cmd, shm string) error {
 	return onOwnThread(func() error { return startInMountNS(cmd, shm) })
 }
 
+// StartClient starts an MPS client as a share's container has it: shm over
+// /dev/shm, and each of readOnly (the pipe directory) bound read-only over
+// itself, in a mount namespace of its own (the acceptance run's clients).
+func StartClient(cmd *exec.Cmd, shm string, readOnly ...string) error {
+	return onOwnThread(func() error {
+		if err := newSlaveNS(cmd.Path); err != nil {
+			return err
+		}
+		for _, dir := range readOnly {
+			if err := bindReadOnly(dir); err != nil {
+				return err
+			}
+		}
+		if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s over /dev/shm for %s: %w", shm, cmd.Path, err)
+		}
+		return cmd.Start()
+	})
+}
+
+// bindReadOnly makes dir read-only in the calling thread's mount namespace.
+// A unix socket in it still takes connections: connect(2) writes nothing to
+// the file system, and the read-only check of a mount applies to writes.
+func bindReadOnly(dir string) error {
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("make %s read-only: %w", dir, err)
+	}
+	return nil
+}
+
+// newSlaveNS moves the calling (locked) thread to a new mount namespace
+// whose mounts are slaves of the caller's.
+func newSlaveNS(what string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("a mount namespace for %s: %w", what, err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("mounts of %s as slaves: %w", what, err)
+	}
+	return nil
+}
+
 // StartInNamespace is a Starter that starts the daemon from the mount
 // namespace at nsPath (the container runtime's, which is the host's:
 // hostmount.RuntimeNamespace) rather than from this process's, so that the
@@ -187,11 +232,8 @@ func onOwnThread(fn func() error) error {
 }
 
 func startInMountNS(cmd *exec.Cmd, shm string) error {
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("a mount namespace for %s: %w", cmd.Path, err)
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("mounts of %s as slaves: %w", cmd.Path, err)
+	if err := newSlaveNS(cmd.Path); err != nil {
+		return err
 	}
 	if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s over /dev/shm for %s: %w", shm, cmd.Path, err)
