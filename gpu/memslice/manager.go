@@ -104,8 +104,7 @@ type Record struct {
 }
 
 // gpuState is a shared GPU's file: written before its compute mode is
-// changed, so that the former mode is restored after any crash. Tier is
-// the first share's, kept for `carve shares` readers of old files.
+// changed, so that the former mode is restored after any crash.
 type gpuState struct {
 	FormerComputeMode gpu.ComputeMode `json:"formerComputeMode"`
 	Tier              Tier            `json:"tier"`
