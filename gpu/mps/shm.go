@@ -221,11 +221,19 @@ func checkNotUnderShm(cmd *exec.Cmd) error {
 
 // onOwnThread runs fn on a thread locked for the purpose and never
 // unlocked: the runtime ends the thread with the goroutine, and with it
-// whatever namespace fn entered.
+// whatever namespace fn entered. Never on the main thread, which the runtime
+// does not end but keeps, wedged, in that namespace, and whose namespaces
+// are those /proc/self names: fn then runs on another thread while the main
+// one is held, unchanged, and is given back.
 func onOwnThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			errc <- onOwnThread(fn)
+			runtime.UnlockOSThread()
+			return
+		}
 		errc <- fn()
 	}()
 	return <-errc
