@@ -64,7 +64,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.nvidiaCDIHook, "nvidia-cdi-hook", "", "the host's nvidia-cdi-hook, to run the NVIDIA container hooks; without it carve mounts the libraries' soname links and sets LD_LIBRARY_PATH itself")
 	fs.StringVar(&f.nvmlReplay, "nvml-replay", "", "answer NVML from this replay file instead of the library (tests, what-if)")
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
-	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs that GPU memory shares' containers and the MPS daemons have as /dev/shm (a quantity); pages are charged to the pods that write them")
+	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs each claim's GPU memory shares' containers and MPS daemons have as /dev/shm, one per claim (a quantity); pages are charged to the pods that write them")
 	must(cmd.MarkFlagFilename("kubeconfig"))
 	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
 	must(cmd.MarkFlagDirname("root"))

@@ -57,8 +57,11 @@ type pod struct {
 	env   []string
 	slice uint64
 	// shm is what the share's container has as /dev/shm: the tmpfs its
-	// GPU's daemon sees as its own.
+	// claim's daemon sees as its own.
 	shm string
+	// pipe is the host path of its claim's daemon's pipe directory, which
+	// its container has read-only.
+	pipe string
 }
 
 func TestAcceptance(t *testing.T) {
@@ -121,7 +124,7 @@ func TestAcceptance(t *testing.T) {
 		if err != nil {
 			t.Fatalf("prepare %s: %v", allocs[i].ClaimName, err)
 		}
-		pd.env, pd.shm = shareEnv(out)
+		pd.env, pd.shm, pd.pipe = shareEnv(out)
 		if choice.Tier == memslice.TierDMEM { // what the createRuntime hook does
 			if err := dmem.Apply(dmem.DefaultRoot, pd.dir, dmem.Limit{Region: choice.Region, Max: pd.slice, Min: pd.slice}); err != nil {
 				t.Fatal(err)
@@ -145,11 +148,10 @@ func TestAcceptance(t *testing.T) {
 	rows = append(rows, attack(t, s, dev0.UUID, small, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=70G, 12 GiB", 1, 12, []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=70G"}, false))
 	rows = append(rows, attack(t, s, dev0.UUID, small, "two processes, 8 GiB each in 10 GiB", 2, 8, nil, false))
 	skip := attack(t, s, dev0.UUID, small, "a process skips MPS, 12 GiB", 1, 12, []string{"CUDA_MPS_PIPE_DIRECTORY=/nonexistent-carve-mps"}, false)
-	if *keepMode {
-		// Compute mode Default lets the process past MPS; what holds it,
-		// if anything, is policing, and the row says what was measured.
-		skip.Outcome += " (compute mode Default: MPS bypassed, policing alone)"
-	}
+	// Compute mode Default (carve's while a GPU is shared: one daemon per
+	// claim) lets the process past MPS; what holds it, if anything, is
+	// policing, and the row says what was measured.
+	skip.Outcome += " (compute mode Default: MPS bypassed, policing alone)"
 	rows = append(rows, skip)
 	beats := worker.report(t)
 	largeHeld := podHeld(ctx, s, dev0.UUID, large)
@@ -164,9 +166,22 @@ func TestAcceptance(t *testing.T) {
 	}
 	torndown = true
 	mode, merr := s.ComputeMode(ctx, dev0.UUID)
-	_, alive := mps.Daemon{Dir: filepath.Join(state, "gpushare", dev0.UUID, "mps"), UUID: dev0.UUID}.PID()
-	rows = append(rows, Row{Attack: "teardown", Outcome: fmt.Sprintf("%s: daemon left %v, compute mode %d (was %d), err %v",
-		time.Since(start).Round(time.Millisecond), alive, mode, formerMode, errors.Join(terr, merr)), Passed: terr == nil && merr == nil && !alive && mode == formerMode})
+	// Every claim's own daemon, tmpfs and directory are gone.
+	var left []string
+	for _, a := range allocs {
+		dir := filepath.Join(state, "gpushare")
+		if _, alive := (mps.Daemon{Dir: memslice.DaemonDir(dir, a.ClaimUID, dev0.UUID), UUID: dev0.UUID}).PID(); alive {
+			left = append(left, a.ClaimName+"'s daemon")
+		}
+		if ok, _ := mps.IsShm(memslice.ClaimShmDir(dir, a.ClaimUID)); ok {
+			left = append(left, a.ClaimName+"'s tmpfs")
+		}
+		if _, err := os.Stat(memslice.ClaimDir(dir, a.ClaimUID)); !errors.Is(err, os.ErrNotExist) {
+			left = append(left, a.ClaimName+"'s directory")
+		}
+	}
+	rows = append(rows, Row{Attack: "teardown", Outcome: fmt.Sprintf("%s: left %v, compute mode %d (was %d), err %v",
+		time.Since(start).Round(time.Millisecond), left, mode, formerMode, errors.Join(terr, merr)), Passed: terr == nil && merr == nil && len(left) == 0 && mode == formerMode})
 	fmt.Println()
 	if !Table(os.Stdout, rows) {
 		t.Error("an attack was not held; see the table")
@@ -180,9 +195,9 @@ func share(e slices.Entry, name, size string) prepare.Allocation {
 }
 
 // shareEnv is the share's MPS environment as a process on the host sees
-// it: the pipe directory's host path; and the host path of what the
-// container has as /dev/shm.
-func shareEnv(out prepare.Prepared) (env []string, shm string) {
+// it: the pipe directory's host path; the host path of what the container
+// has as /dev/shm; and the pipe directory's host path.
+func shareEnv(out prepare.Prepared) (env []string, shm, pipe string) {
 	for _, e := range out.Edits.Env {
 		if strings.HasPrefix(e, "CUDA_MPS_") && !strings.HasPrefix(e, "CUDA_MPS_PIPE_DIRECTORY=") {
 			env = append(env, e)
@@ -191,12 +206,12 @@ func shareEnv(out prepare.Prepared) (env []string, shm string) {
 	for _, m := range out.Edits.Mounts {
 		switch {
 		case strings.HasPrefix(m.ContainerPath, memslice.ContainerPipeRoot+"/"):
-			env = append(env, "CUDA_MPS_PIPE_DIRECTORY="+m.HostPath)
+			env, pipe = append(env, "CUDA_MPS_PIPE_DIRECTORY="+m.HostPath), m.HostPath
 		case m.ContainerPath == "/dev/shm":
 			shm = m.HostPath
 		}
 	}
-	return env, shm
+	return env, shm, pipe
 }
 
 func newPod(t *testing.T, uid string, slice uint64) *pod {

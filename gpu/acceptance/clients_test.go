@@ -28,7 +28,8 @@ type proc struct {
 }
 
 // run starts client.py in the pod's cgroup with the share's environment
-// and, as its container would have, the share's /dev/shm.
+// and, as its container would have, the share's /dev/shm and its claim's
+// pipe directory read-only.
 func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib, hold float64, compute bool) *proc {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "report.json")
@@ -40,7 +41,7 @@ func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib
 	c := exec.Command("sh", args...)
 	c.Env = append(append(os.Environ(), pd.env...), extra...)
 	c.Stdout, c.Stderr = os.Stderr, os.Stderr
-	if err := mps.StartWithShm(c, pd.shm); err != nil {
+	if err := mps.StartClient(c, pd.shm, pd.pipe); err != nil {
 		t.Fatal(err)
 	}
 	p := &proc{cmd: c, file: file, done: make(chan error, 1)}

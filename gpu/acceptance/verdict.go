@@ -97,9 +97,11 @@ func Table(w io.Writer, rows []Row) bool {
 
 // Plan lists the attacks in the order the run makes them.
 func Plan(keepComputeMode bool) []string {
-	skip := "a process of the 10 GiB share skips MPS (held: no context in EXCLUSIVE_PROCESS)"
+	// Default either way: carve sets it while a GPU is shared, since each
+	// claim's daemon runs an MPS server and EXCLUSIVE_PROCESS admits one.
+	skip := "a process of the 10 GiB share skips MPS (compute mode Default: held only if policing kills it)"
 	if keepComputeMode {
-		skip = "a process of the 10 GiB share skips MPS (compute mode Default: held only if policing kills it)"
+		skip = "a process of the 10 GiB share skips MPS (compute mode as found, kept; compute mode Default: held only if policing kills it)"
 	}
 	return []string{
 		"prepare two shares of GPU 0: 10 GiB and 20 GiB (latency)",
@@ -110,6 +112,6 @@ func Plan(keepComputeMode bool) []string {
 		"two processes hold 8 GiB each in the 10 GiB share (held)",
 		skip,
 		"the 20 GiB share kept computing through every kill",
-		"teardown: no daemon left, compute mode restored",
+		"teardown: no claim's daemon, tmpfs or directory left, compute mode restored",
 	}
 }

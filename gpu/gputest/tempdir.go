@@ -9,7 +9,7 @@ import (
 // under /dev/shm (where make puts TMPDIR): an MPS daemon runs with a tmpfs
 // of its own bound over /dev/shm, which would hide a state directory
 // beneath it. And short: an MPS pipe directory must be under 88 bytes
-// (mps.Daemon refuses longer), and <dir>/gpushare/<uuid>/mps/pipe adds 59
+// (mps.Daemon refuses longer), and <dir>/gpushare/mps/<12>/<8>/pipe adds 37
 // to it, where t.TempDir's /tmp/<TestName><n>/001 is often 40 or more.
 func TempDir(t testing.TB) string {
 	t.Helper()

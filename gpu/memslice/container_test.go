@@ -65,16 +65,17 @@ func mountsOf(spec *oci.Spec) map[string]string {
 	return out
 }
 
-// One container holds a share of each of two GPUs (two requests). Each
-// GPU's daemon stays reachable at its own path with its own slice, the
-// container's /dev/shm is the one tmpfs both daemons see, and the default
-// variables are one share's pair, never a mix.
+// One container holds a share of each of two GPUs (two requests of one
+// claim). The claim's daemon of each GPU stays reachable at its own path
+// with its own slice, the container's /dev/shm is the claim's one tmpfs
+// both daemons see, and the default variables are one share's pair, never
+// a mix.
 func TestSharesOfTwoGPUsInOneContainer(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	m := New(e.opts)
 	a, b := share("a", 10*gib, TierMPSPoliced), share("b", 20*gib, TierMPSPoliced)
-	a.EnvPrefix, b.UUID, b.EnvPrefix = "CARVE_SMALL_", "GPU-2", "CARVE_LARGE_"
+	a.EnvPrefix, b.UUID, b.EnvPrefix, b.ClaimUID = "CARVE_SMALL_", "GPU-2", "CARVE_LARGE_", a.ClaimUID
 	ea, _, err := m.Prepare(ctx, a)
 	if err != nil {
 		t.Fatal(err)
@@ -86,9 +87,9 @@ func TestSharesOfTwoGPUsInOneContainer(t *testing.T) {
 	spec := container(t, ea, eb)
 	env, mounts := envOf(spec), mountsOf(spec)
 	for path, host := range map[string]string{
-		"/run/nvidia-mps/GPU-1": filepath.Join(e.dir, "GPU-1", "mps", "pipe"),
-		"/run/nvidia-mps/GPU-2": filepath.Join(e.dir, "GPU-2", "mps", "pipe"),
-		"/dev/shm":              e.opts.ShmDir,
+		"/run/nvidia-mps/GPU-1": filepath.Join(DaemonDir(e.dir, a.ClaimUID, "GPU-1"), "pipe"),
+		"/run/nvidia-mps/GPU-2": filepath.Join(DaemonDir(e.dir, a.ClaimUID, "GPU-2"), "pipe"),
+		"/dev/shm":              ClaimShmDir(e.dir, a.ClaimUID),
 	} {
 		if mounts[path] != host {
 			t.Errorf("%s mounted from %q, want %s (mounts %v)", path, mounts[path], host, mounts)
@@ -108,7 +109,7 @@ func TestSharesOfTwoGPUsInOneContainer(t *testing.T) {
 	}
 	// Both daemons see the tmpfs the container has as /dev/shm.
 	for _, uuid := range []string{"GPU-1", "GPU-2"} {
-		if d := m.daemon(uuid, TierMPSPoliced); d.ShmDir != e.opts.ShmDir {
+		if d := m.daemon(a.ClaimUID, uuid, TierMPSPoliced); d.ShmDir != ClaimShmDir(e.dir, a.ClaimUID) {
 			t.Errorf("daemon of %s: /dev/shm %q", uuid, d.ShmDir)
 		}
 	}
@@ -116,11 +117,14 @@ func TestSharesOfTwoGPUsInOneContainer(t *testing.T) {
 	if err := m.Unprepare(ctx, "a", ""); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := mps.IsShm(e.opts.ShmDir); !ok {
+	if ok, _ := mps.IsShm(ClaimShmDir(e.dir, a.ClaimUID)); !ok {
 		t.Error("the tmpfs went with the first GPU while the second still uses it")
 	}
 	if err := m.Unprepare(ctx, "b", ""); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(ClaimDir(e.dir, a.ClaimUID)); !os.IsNotExist(err) {
+		t.Errorf("the claim's directory is left after its last share: %v", err)
 	}
 }
 
@@ -173,7 +177,7 @@ func TestDMEMSharesOfTwoGPUsInOneContainer(t *testing.T) {
 // a share is refused saying so, and the GPU is left as it was.
 func TestSharedMemoryTheHostDoesNotSeeIsRefused(t *testing.T) {
 	e := newEnv(t)
-	e.opts.ShmHostView = gputest.TempDir(t)
+	e.opts.HostRoot = gputest.TempDir(t)
 	_, _, err := New(e.opts).Prepare(context.Background(), share("a", 10*gib, TierMPSPoliced))
 	if err == nil || !strings.Contains(err.Error(), "stateDirPropagation") {
 		t.Fatalf("Prepare = %v, want a refusal naming the propagation", err)
@@ -181,7 +185,16 @@ func TestSharedMemoryTheHostDoesNotSeeIsRefused(t *testing.T) {
 	if len(e.nv.modes) != 0 || e.commands(t) != "" {
 		t.Errorf("a refused share changed the GPU: modes %v, commands %q", e.nv.modes, e.commands(t))
 	}
+	for _, dir := range []string{ClaimDir(e.dir, "uid-a"), filepath.Join(e.dir, "GPU-1")} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s of a refused share is left: %v", dir, err)
+		}
+	}
+	// The probe at start says so too, and leaves nothing mounted.
+	if err := New(e.opts).CheckShm(); err == nil || !strings.Contains(err.Error(), "stateDirPropagation") {
+		t.Errorf("CheckShm = %v", err)
+	}
 	if _, err := os.Stat(e.opts.ShmDir); !os.IsNotExist(err) {
-		t.Errorf("the tmpfs of a refused share is left: %v", err)
+		t.Errorf("the probe tmpfs is left: %v", err)
 	}
 }

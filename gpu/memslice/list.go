@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sort"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/mps"
@@ -56,6 +58,18 @@ type Share struct {
 	// Problems says what is missing where not.
 	Enforced bool     `json:"enforced"`
 	Problems []string `json:"problems,omitempty"`
+	// Daemon is the state of the claim's MPS control daemon of the GPU
+	// (mps-policed shares).
+	Daemon *Daemon `json:"mpsDaemon,omitempty"`
+}
+
+// Daemon is a claim's MPS control daemon of a GPU as `carve shares` lists
+// it.
+type Daemon struct {
+	PipeDir string `json:"pipeDir"`
+	// PID is the daemon's, from its pid file; 0 where there is none.
+	PID     int  `json:"pid,omitempty"`
+	Running bool `json:"running"`
 }
 
 // ListOptions say where the shares are read from.
@@ -152,12 +166,15 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 	return out, nil
 }
 
-// checkDaemon: an mps-policed share is held only while its GPU's control
-// daemon runs (its ceiling, its clients' only way in).
+// checkDaemon: an mps-policed share is held only while its claim's control
+// daemon of the GPU runs (its ceiling, its clients' only way in).
 func checkDaemon(s *Share, o ListOptions) {
-	d := mps.Daemon{Dir: filepath.Join(o.StateDir, SharesDir, s.UUID, "mps"), UUID: s.UUID, ProcRoot: o.ProcRoot}
-	if _, alive := d.PID(); !alive {
-		s.Problems = append(s.Problems, fmt.Sprintf("the MPS control daemon of %s is not running (pipe %s)", s.UUID, d.PipeDir()))
+	d := mps.Daemon{Dir: DaemonDir(filepath.Join(o.StateDir, SharesDir), types.UID(s.ClaimUID), s.UUID), UUID: s.UUID, ProcRoot: o.ProcRoot}
+	pid, alive := d.PID()
+	s.Daemon = &Daemon{PipeDir: d.PipeDir(), PID: pid, Running: alive}
+	if !alive {
+		s.Daemon.PID = 0
+		s.Problems = append(s.Problems, fmt.Sprintf("the MPS control daemon of %s is not running (claim %s's own; pipe %s)", s.UUID, s.Claim, d.PipeDir()))
 	}
 }
 

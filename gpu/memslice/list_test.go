@@ -64,11 +64,11 @@ func (f *listFixture) write(t *testing.T, claims map[types.UID]prepare.ClaimReco
 	}
 }
 
-// daemonRuns makes the GPU's daemon look alive: its pid file names a live
-// process (this one) whose environment, in the fixture's /proc, carries
-// the daemon's pipe directory.
-func (f *listFixture) daemonRuns(t *testing.T, uuid string) {
-	d := mps.Daemon{Dir: filepath.Join(f.state, SharesDir, uuid, "mps"), UUID: uuid}
+// daemonRuns makes the claim's daemon of the GPU look alive: its pid file
+// names a live process (this one) whose environment, in the fixture's
+// /proc, carries the daemon's pipe directory.
+func (f *listFixture) daemonRuns(t *testing.T, claim types.UID, uuid string) {
+	d := mps.Daemon{Dir: DaemonDir(filepath.Join(f.state, SharesDir), claim, uuid), UUID: uuid}
 	pid := strconv.Itoa(os.Getpid())
 	_ = os.MkdirAll(d.PipeDir(), 0o755)
 	_ = os.WriteFile(filepath.Join(d.PipeDir(), "nvidia-cuda-mps-control.pid"), []byte(pid+"\n"), 0o644)
@@ -116,13 +116,15 @@ func TestListMPSPolicedShares(t *testing.T) {
 	if n.Used != nil || !strings.Contains(n.UsedUnknown, "libnvidia-ml.so.1 not found") {
 		t.Errorf("a share nothing measured: used %v, %q", n.Used, n.UsedUnknown)
 	}
-	if s.Enforced || len(s.Problems) != 1 || !strings.Contains(s.Problems[0], "MPS control daemon of GPU-1 is not running") {
+	if s.Enforced || len(s.Problems) != 1 || !strings.Contains(s.Problems[0], "MPS control daemon of GPU-1 is not running (claim ns/c1's own") ||
+		s.Daemon == nil || s.Daemon.Running || s.Daemon.PipeDir != filepath.Join(DaemonDir(filepath.Join(f.state, SharesDir), "c1", "GPU-1"), "pipe") {
 		t.Errorf("without its daemon: enforced %v, %v", s.Enforced, s.Problems)
 	}
 
-	// The daemon runs; NVML measures the share's pod now (its process
-	// 4242; 99999 is no pod's).
-	f.daemonRuns(t, "GPU-1")
+	// c1's daemon runs; NVML measures the share's pod now (its process
+	// 4242; 99999 is no pod's). c3's own daemon of the same GPU does not
+	// run: c1's does not hold c3's share.
+	f.daemonRuns(t, "c1", "GPU-1")
 	opts.Live, opts.LiveUnknown = oneProc{pid: 4242}, ""
 	got, err = ListShares(context.Background(), opts)
 	if err != nil || len(got) != 3 {
@@ -131,6 +133,12 @@ func TestListMPSPolicedShares(t *testing.T) {
 	got = got[1:]
 	if s := got[0]; !s.Enforced || s.Used == nil || *s.Used != 3*gib || s.UsedFrom != UsedFromNVML || s.Processes != 1 {
 		t.Errorf("live: %+v", s)
+	}
+	if s := got[0]; s.Daemon == nil || !s.Daemon.Running || s.Daemon.PID != os.Getpid() {
+		t.Errorf("c1's daemon: %+v", s.Daemon)
+	}
+	if s := got[1]; s.Enforced || s.Daemon == nil || s.Daemon.Running || !strings.Contains(strings.Join(s.Problems, " "), "claim ns/c3") {
+		t.Errorf("c3's share held by another claim's daemon: %+v", s)
 	}
 	if got[1].Used != nil || got[1].UsedUnknown == "" {
 		t.Errorf("a share whose pods are not known was measured: %+v", got[1])

@@ -2,10 +2,8 @@ package memslice
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,12 +17,11 @@ import (
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
-	"github.com/carve-dra/carve/prepare/atomicfile"
 )
 
 // ContainerPipeRoot holds, in a share's container, the MPS pipe directory
 // of each GPU it has a share of, at ContainerPipeRoot/<GPU UUID>: a
-// container with shares of two GPUs sees both daemons.
+// container with shares of two GPUs sees both of its claim's daemons.
 const ContainerPipeRoot = "/run/nvidia-mps"
 
 // ContainerPipeDir is where a share's container sees the pipe directory of
@@ -41,8 +38,10 @@ type NVML interface {
 // Options are what shares are made with.
 type Options struct {
 	NVML NVML
-	// Dir holds one directory per shared GPU (its MPS daemon's pipe and
-	// log directories and its gpu.json): <state-dir>/gpushare.
+	// Dir holds one directory per shared GPU (its gpu.json, its dmem
+	// shares' records) and, below Dir/mps, one per claim (its tmpfs) with
+	// one per GPU of the claim (its MPS daemon's pipe and log
+	// directories): <state-dir>/gpushare. See DaemonDir.
 	Dir string
 	// MPSControl is the nvidia-cuda-mps-control binary.
 	MPSControl string
@@ -51,22 +50,30 @@ type Options struct {
 	HookArgs []string
 	// CgroupRoot is the host's cgroup v2 mount, as the hook sees it.
 	CgroupRoot string
-	// ShmDir is the tmpfs every MPS daemon and every share's container
-	// see as /dev/shm (see mps.MountShm); <Dir>/../mps-shm when empty.
-	// It must be a host path, as Dir is.
+	// ShmDir is where CheckShm mounts a probe tmpfs, to learn at start
+	// whether the claims' tmpfs mounts will show on the host;
+	// <Dir>/../mps-shm when empty. It must be a host path, as Dir is.
 	ShmDir string
-	// ShmSize bounds it; mps.DefaultShmSize when 0.
+	// ShmSize bounds each claim's tmpfs (the --mps-shm-size default: the
+	// claim config API has no GPU config to size it from);
+	// mps.DefaultShmSize when 0.
 	ShmSize uint64
-	// ShmHostView, when set, is ShmDir as the host sees it (below the
-	// host root mount). A share is refused unless the tmpfs shows there
-	// too: containers are given the host's view, which has the tmpfs only
-	// where the mount of the state directory propagates to the host.
-	ShmHostView string
+	// HostRoot, when set, is where this process sees the host's root (the
+	// runtime's root, the host root mount). A share is refused unless its
+	// claim's tmpfs shows below it too: containers are given the host's
+	// view, which has the tmpfs only where the mount of the state
+	// directory propagates to the host.
+	HostRoot string
+	// Start starts each MPS daemon (mps.Daemon.Start); nil starts it from
+	// this process's mount namespace.
+	Start mps.Starter
 	// Police holds mps-policed shares to their slices; nil refuses them.
 	Police *police.Police
 	// KeepComputeMode leaves the GPU's compute mode alone (the
-	// acceptance run on a lent machine): a process that skips MPS is then
-	// not held.
+	// acceptance run on a lent machine). Shares need mode Default (a daemon
+	// per claim, and EXCLUSIVE_PROCESS admits one MPS server per GPU):
+	// under a kept EXCLUSIVE_PROCESS or PROHIBITED, a second claim's
+	// clients on the GPU wait or fail.
 	KeepComputeMode bool
 	Logger          logr.Logger
 }
@@ -120,19 +127,23 @@ func New(opts Options) *Manager {
 
 func (m *Manager) gpuDir(uuid string) string { return filepath.Join(m.opts.Dir, uuid) }
 
-func (m *Manager) daemon(uuid string, tier Tier) mps.Daemon {
-	d := mps.Daemon{Path: m.opts.MPSControl, Dir: filepath.Join(m.gpuDir(uuid), "mps"), UUID: uuid, ShmDir: m.opts.ShmDir}
-	if tier == TierDMEM {
-		d.Protocol = 3
-	}
-	return d
-}
-
 // onGPU lists the shares on a GPU other than key, with m.mu held.
 func (m *Manager) onGPU(uuid, key string) []Request {
 	var out []Request
 	for k, r := range m.shares {
 		if r.UUID == uuid && k != key {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// ofClaim lists the claim's shares on a GPU other than key, with m.mu held:
+// the shares one daemon serves.
+func (m *Manager) ofClaim(claim types.UID, uuid, key string) []Request {
+	var out []Request
+	for _, r := range m.onGPU(uuid, key) {
+		if r.ClaimUID == claim {
 			out = append(out, r)
 		}
 	}
@@ -157,13 +168,22 @@ func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdit
 	if r.Slice == 0 {
 		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: a share of 0 bytes of memory", r.UUID)
 	}
-	others := m.onGPU(r.UUID, r.Key)
+	if p := m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier).PipeDir(); len(p) > mps.MaxPipeDir {
+		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: the MPS pipe directory %s is %d bytes long, over the %d its sockets' paths allow: choose a shorter --state-dir",
+			r.UUID, p, len(p), mps.MaxPipeDir)
+	}
+	others, mine := m.onGPU(r.UUID, r.Key), m.ofClaim(r.ClaimUID, r.UUID, r.Key)
 	if _, again := m.shares[r.Key]; !again {
 		if err := m.checkLeft(ctx, r, others); err != nil {
 			return cdispec.ContainerEdits{}, rec, err
 		}
 	}
-	if err := m.setUp(ctx, r, append(others, r)); err != nil {
+	if err := m.setUp(ctx, r, append(mine, r)); err != nil {
+		if len(mine) == 0 {
+			if terr := m.stopDaemon(ctx, m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier)); terr != nil {
+				err = errors.Join(err, fmt.Errorf("stopping the daemon of claim %s on GPU %s: %w", r.ClaimUID, r.UUID, terr))
+			}
+		}
 		if len(others) == 0 {
 			if terr := m.tearDown(ctx, r.UUID); terr != nil {
 				err = errors.Join(err, fmt.Errorf("giving GPU %s back: %w", r.UUID, terr))
@@ -201,74 +221,9 @@ func (m *Manager) checkLeft(ctx context.Context, r Request, others []Request) er
 	return nil
 }
 
-// setUp brings the GPU to serve shares: the node's shared memory tmpfs, the
-// GPU's state file, its compute mode, its daemon and ceiling. Every step is
-// idempotent.
-func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
-	if err := m.shm(); err != nil {
-		return err
-	}
-	if err := m.holdComputeMode(ctx, r.UUID, r.Choice.Tier); err != nil {
-		return err
-	}
-	d := m.daemon(r.UUID, r.Choice.Tier)
-	started, err := d.Ensure(ctx)
-	if err != nil {
-		return fmt.Errorf("GPU %s: %w", r.UUID, err)
-	}
-	if started {
-		m.opts.Logger.Info("Started the MPS control daemon of a shared GPU", "gpu", r.UUID, "tier", r.Choice.Tier, "dir", d.Dir)
-	}
-	if r.Choice.Tier == TierMPSPoliced {
-		return d.SetCeiling(ctx, ceiling(all))
-	}
-	return nil
-}
-
-// ceiling is the per-process MPS ceiling of a GPU: its largest slice.
-func ceiling(shares []Request) uint64 {
-	var c uint64
-	for _, s := range shares {
-		c = max(c, s.Slice)
-	}
-	return c
-}
-
-// holdComputeMode records the GPU's mode and sets EXCLUSIVE_PROCESS, so
-// that MPS is the only way onto it.
-func (m *Manager) holdComputeMode(ctx context.Context, uuid string, tier Tier) error {
-	path := filepath.Join(m.gpuDir(uuid), "gpu.json")
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		st := gpuState{FormerComputeMode: gpu.ComputeModeDefault, Tier: tier}
-		if !m.opts.KeepComputeMode {
-			if st.FormerComputeMode, err = m.opts.NVML.ComputeMode(ctx, uuid); err != nil {
-				return fmt.Errorf("GPU %s: %w", uuid, err)
-			}
-		}
-		data, _ := json.Marshal(st)
-		if err := os.MkdirAll(m.gpuDir(uuid), 0o755); err != nil {
-			return fmt.Errorf("GPU %s: %w", uuid, err)
-		}
-		if err := atomicfile.Write(path, data, 0o644); err != nil {
-			return fmt.Errorf("GPU %s: record its compute mode: %w", uuid, err)
-		}
-	}
-	if m.opts.KeepComputeMode {
-		return nil
-	}
-	mode, err := m.opts.NVML.ComputeMode(ctx, uuid)
-	if err == nil && mode != gpu.ComputeModeExclusiveProcess {
-		err = m.opts.NVML.SetComputeMode(ctx, uuid, gpu.ComputeModeExclusiveProcess)
-	}
-	if err != nil {
-		return fmt.Errorf("GPU %s: EXCLUSIVE_PROCESS, without which a process could skip MPS: %w", uuid, err)
-	}
-	return nil
-}
-
-// edits give the container its GPU's daemon: the pipe directory at
-// ContainerPipeDir(uuid), the shared memory tmpfs as /dev/shm, and the
-// variables that point a client at them. CDI keeps one value of a variable
+// edits give the container its claim's daemon of the GPU: the pipe
+// directory at ContainerPipeDir(uuid), read-only, the claim's shared memory
+// tmpfs as /dev/shm, and the variables that point a client at them. CDI keeps one value of a variable
 // and one mount of a path, the last device's, so that a container with
 // shares of several GPUs gets one daemon's CUDA_MPS_PIPE_DIRECTORY and
 // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, always of one share; each share's own
@@ -276,7 +231,7 @@ func (m *Manager) holdComputeMode(ctx context.Context, uuid string, tier Tier) e
 // CARVE_<REQUEST>_MPS_PINNED_DEVICE_MEM_LIMIT. A process reaches one daemon,
 // so one process uses one shared GPU.
 func (m *Manager) edits(r Request) cdispec.ContainerEdits {
-	d := m.daemon(r.UUID, r.Choice.Tier)
+	d := m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier)
 	pipe := ContainerPipeDir(r.UUID)
 	e := cdispec.ContainerEdits{
 		Env: []string{
@@ -286,8 +241,13 @@ func (m *Manager) edits(r Request) cdispec.ContainerEdits {
 			r.EnvPrefix + "GPU_MEMORY_ENFORCEMENT=" + string(r.Choice.Tier),
 		},
 		Mounts: []*cdispec.Mount{
-			{HostPath: d.PipeDir(), ContainerPath: pipe, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
-			{HostPath: m.opts.ShmDir, ContainerPath: "/dev/shm", Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+			// Read-only: the root daemon writes its pid file and sockets
+			// there, and a tenant must neither plant links nor remove
+			// the control socket. A client still connects: connect(2)
+			// to a unix socket is no write to the filesystem, and the
+			// kernel's read-only-mount check does not apply to it.
+			{HostPath: d.PipeDir(), ContainerPath: pipe, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+			{HostPath: d.ShmDir, ContainerPath: "/dev/shm", Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		},
 	}
 	switch r.Choice.Tier {
@@ -324,21 +284,6 @@ func fileName(key string) string {
 		}
 		return '_'
 	}, key)
-}
-
-// CheckShm mounts the shared memory tmpfs unless it is, and checks that
-// the host sees it where containers will mount it from.
-func (m *Manager) CheckShm() error { return m.shm() }
-
-func (m *Manager) shm() error {
-	if err := mps.MountShm(m.opts.ShmDir, m.opts.ShmSize); err != nil {
-		return err
-	}
-	if v := m.opts.ShmHostView; v != "" && !mps.SameShm(m.opts.ShmDir, v) {
-		return fmt.Errorf("the MPS shared memory tmpfs at %s does not show on the host (%s): containers would not share it with the daemon; "+
-			"the state directory's mount must propagate to the host (chart: stateDirPropagation: Bidirectional, with hostPID for its init container)", m.opts.ShmDir, v)
-	}
-	return nil
 }
 
 func policeShare(r Request) police.Share {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -82,17 +83,28 @@ func newEnv(t *testing.T) *env {
 	e.opts = Options{NVML: e.nv, Dir: e.dir, MPSControl: mps.Binary, HookPath: "/var/lib/carve/bin/carve",
 		HookArgs: []string{"carve", "hook", "dmem-limit"}, CgroupRoot: "/sys/fs/cgroup", Police: e.pol,
 		ShmDir: filepath.Join(filepath.Dir(e.dir), "mps-shm"), ShmSize: 8 << 20}
-	t.Cleanup(func() {
-		for _, uuid := range []string{"GPU-1", "GPU-2"} {
-			for _, tier := range []Tier{TierMPSPoliced, TierDMEM} {
-				if pid, alive := New(e.opts).daemon(uuid, tier).PID(); alive {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		_ = mps.UnmountShm(e.opts.ShmDir)
-	})
+	t.Cleanup(func() { e.killAll() })
 	return e
+}
+
+// killAll ends every daemon the tests left and unmounts every claim's
+// tmpfs.
+func (e *env) killAll() {
+	pipes, _ := filepath.Glob(filepath.Join(e.dir, daemonsDir, "*", "*", "pipe"))
+	for _, p := range pipes {
+		if pid, alive := (mps.Daemon{Dir: filepath.Dir(p)}).PID(); alive {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	shms, _ := filepath.Glob(filepath.Join(e.dir, daemonsDir, "*", shmName))
+	for _, s := range append(shms, e.opts.ShmDir) {
+		_ = mps.UnmountShm(s)
+	}
+}
+
+// daemonOf is the daemon of share key's claim (share's) on GPU-1.
+func (e *env) daemonOf(key string) mps.Daemon {
+	return New(e.opts).daemon(share(key, 0, TierMPSPoliced).ClaimUID, "GPU-1", TierMPSPoliced)
 }
 
 func (e *env) commands(t *testing.T) string {
@@ -117,6 +129,7 @@ func share(key string, slice uint64, tier Tier) Request {
 func TestMPSPolicedLifecycle(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
+	e.nv.mode = gpu.ComputeModeExclusiveProcess
 	m := New(e.opts)
 	edits, rec, err := m.Prepare(ctx, share("a", 10*gib, TierMPSPoliced))
 	if err != nil {
@@ -132,16 +145,18 @@ func TestMPSPolicedLifecycle(t *testing.T) {
 			t.Errorf("env %q lacks %s", envs, want)
 		}
 	}
-	// The container gets the daemon's pipe directory and the shared memory
-	// tmpfs as its /dev/shm, which is the daemon's /dev/shm too.
-	if len(edits.Mounts) != 2 || edits.Mounts[0].HostPath != filepath.Join(e.dir, "GPU-1", "mps", "pipe") || edits.Mounts[0].ContainerPath != "/run/nvidia-mps/GPU-1" ||
-		edits.Mounts[1].HostPath != e.opts.ShmDir || edits.Mounts[1].ContainerPath != "/dev/shm" {
+	// The container gets its claim's daemon's pipe directory, read-only,
+	// and its claim's tmpfs as its /dev/shm, which is the daemon's too.
+	d := e.daemonOf("a")
+	if len(edits.Mounts) != 2 || edits.Mounts[0].HostPath != d.PipeDir() || edits.Mounts[0].ContainerPath != "/run/nvidia-mps/GPU-1" ||
+		!slices.Contains(edits.Mounts[0].Options, "ro") || slices.Contains(edits.Mounts[0].Options, "rw") ||
+		edits.Mounts[1].HostPath != ClaimShmDir(e.dir, "uid-a") || edits.Mounts[1].ContainerPath != "/dev/shm" {
 		t.Errorf("mounts %+v", edits.Mounts)
 	}
-	if ok, err := mps.IsShm(e.opts.ShmDir); !ok || err != nil {
-		t.Errorf("the shared memory tmpfs is not mounted: %v", err)
+	if ok, err := mps.IsShm(d.ShmDir); !ok || err != nil {
+		t.Errorf("the claim's tmpfs is not mounted: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(e.opts.ShmDir, e.mark)); err != nil {
+	if _, err := os.Stat(filepath.Join(d.ShmDir, e.mark)); err != nil {
 		t.Errorf("the daemon's /dev/shm is not the tmpfs its clients mount: %v", err)
 	}
 	if _, _, err := m.Prepare(ctx, share("b", 20*gib, TierMPSPoliced)); err != nil {
@@ -151,7 +166,8 @@ func TestMPSPolicedLifecycle(t *testing.T) {
 	if _, _, err := m.Prepare(ctx, share("b", 20*gib, TierMPSPoliced)); err != nil {
 		t.Fatal(err)
 	}
-	if e.nv.mode != gpu.ComputeModeExclusiveProcess || len(e.nv.modes) != 1 {
+	// Default while the GPU is shared, set once for its first share.
+	if e.nv.mode != gpu.ComputeModeDefault || len(e.nv.modes) != 1 {
 		t.Errorf("compute modes set %v", e.nv.modes)
 	}
 	if len(e.pol.Usage()) != 2 {
@@ -167,24 +183,24 @@ func TestMPSPolicedLifecycle(t *testing.T) {
 		t.Errorf("unprepare again: %v", err)
 	}
 	want := strings.Join([]string{
-		"start -d",
+		"start -d", // a's daemon
 		"set_default_device_pinned_mem_limit 0 10240M",
+		"start -d", // b's own
 		"set_default_device_pinned_mem_limit 0 20480M",
 		"set_default_device_pinned_mem_limit 0 20480M",
-		"set_default_device_pinned_mem_limit 0 10240M", // b gone: the ceiling comes down
-		"quit",
+		"quit", // b's
+		"quit", // a's
 	}, "\n")
 	if got := e.commands(t); got != want {
 		t.Errorf("daemon commands:\n%s\nwant:\n%s", got, want)
 	}
-	if e.nv.mode != gpu.ComputeModeDefault {
-		t.Errorf("compute mode %d after the last share, want Default back", e.nv.mode)
+	if e.nv.mode != gpu.ComputeModeExclusiveProcess {
+		t.Errorf("compute mode %d after the last share, want EXCLUSIVE_PROCESS back", e.nv.mode)
 	}
-	if _, err := os.Stat(filepath.Join(e.dir, "GPU-1")); !os.IsNotExist(err) {
-		t.Errorf("GPU directory left: %v", err)
-	}
-	if _, err := os.Stat(e.opts.ShmDir); !os.IsNotExist(err) {
-		t.Errorf("the shared memory tmpfs was left after the last share: %v", err)
+	for _, dir := range []string{filepath.Join(e.dir, "GPU-1"), filepath.Join(e.dir, daemonsDir, filepath.Base(ClaimDir(e.dir, "uid-a")))} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s left: %v", dir, err)
+		}
 	}
 	if len(e.pol.Usage()) != 0 {
 		t.Errorf("still policed: %v", e.pol.Usage())

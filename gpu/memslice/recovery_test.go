@@ -3,11 +3,16 @@ package memslice
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/carve-dra/carve/gpu"
+	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 )
 
@@ -18,12 +23,13 @@ import (
 func TestCrashAfterDaemonBeforeCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
+	e.nv.mode = nvml.COMPUTEMODE_PROHIBITED
 	if _, _, err := New(e.opts).Prepare(ctx, share("a", 10*gib, TierMPSPoliced)); err != nil {
 		t.Fatal(err)
 	}
-	// The agent dies here; the daemon and EXCLUSIVE_PROCESS remain.
-	d := New(e.opts).daemon("GPU-1", TierMPSPoliced)
-	if _, alive := d.PID(); !alive || e.nv.mode != gpu.ComputeModeExclusiveProcess {
+	// The agent dies here; the daemon and mode Default remain.
+	d := e.daemonOf("a")
+	if _, alive := d.PID(); !alive || e.nv.mode != gpu.ComputeModeDefault {
 		t.Fatal("set-up did not happen")
 	}
 	next := New(e.opts)
@@ -33,8 +39,11 @@ func TestCrashAfterDaemonBeforeCheckpoint(t *testing.T) {
 	if _, alive := d.PID(); alive {
 		t.Error("the daemon no share owns was left running")
 	}
-	if e.nv.mode != gpu.ComputeModeDefault {
-		t.Errorf("compute mode %d, want Default back", e.nv.mode)
+	if e.nv.mode != nvml.COMPUTEMODE_PROHIBITED {
+		t.Errorf("compute mode %d, want PROHIBITED back", e.nv.mode)
+	}
+	if _, err := os.Stat(ClaimDir(e.dir, "uid-a")); !os.IsNotExist(err) {
+		t.Errorf("the claim's directory no share owns is left: %v", err)
 	}
 	if err := next.Unprepare(ctx, "a", "GPU-1"); err != nil {
 		t.Errorf("rollback: %v", err)
@@ -59,14 +68,14 @@ func TestCheckpointWithoutDaemon(t *testing.T) {
 	if _, _, err := New(e.opts).Prepare(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	d := New(e.opts).daemon("GPU-1", TierMPSPoliced)
+	d := e.daemonOf("a")
 	pid, _ := d.PID()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	for _, alive := d.PID(); alive; _, alive = d.PID() {
 	}
-	e.nv.mode = gpu.ComputeModeDefault
+	e.nv.mode = gpu.ComputeModeExclusiveProcess
 	before := e.commands(t)
 	pol := police.New(police.Options{Processes: noProcs{}})
 	e.opts.Police = pol
@@ -77,7 +86,7 @@ func TestCheckpointWithoutDaemon(t *testing.T) {
 	if got := strings.TrimPrefix(e.commands(t), before+"\n"); got != "start -d\nset_default_device_pinned_mem_limit 0 10240M" {
 		t.Errorf("restore commands %q", got)
 	}
-	if e.nv.mode != gpu.ComputeModeExclusiveProcess || len(pol.Usage()) != 1 {
+	if e.nv.mode != gpu.ComputeModeDefault || len(pol.Usage()) != 1 {
 		t.Errorf("mode %d, policed %v", e.nv.mode, pol.Usage())
 	}
 	// Restarted again with the daemon up: adopted.
@@ -91,7 +100,8 @@ func TestCheckpointWithoutDaemon(t *testing.T) {
 	if err := m.Unprepare(ctx, "a", ""); err != nil {
 		t.Fatal(err)
 	}
-	// The former mode recorded by the first agent is the one restored.
+	// The former mode recorded by the first agent (Default) is the one
+	// restored, not the one found at Restore.
 	if e.nv.mode != gpu.ComputeModeDefault {
 		t.Errorf("mode %d after the last share", e.nv.mode)
 	}
@@ -116,4 +126,36 @@ func TestChoose(t *testing.T) {
 			t.Errorf("%s: %+v, want %s with %q", c.name, got, c.tier, c.why)
 		}
 	}
+}
+
+// An earlier agent ran one daemon per GPU (<gpu dir>/mps); after an
+// upgrade, the GPU's last share going stops it too.
+func TestGPUWideDaemonOfAnEarlierAgentIsStopped(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	t.Setenv("FAKE_MPS_TAG_PIPE", "1")
+	r := share("a", 10*gib, TierMPSPoliced)
+	old := mps.Daemon{Path: mps.Binary, Dir: filepath.Join(e.dir, "GPU-1", "mps"), UUID: "GPU-1"}
+	if _, err := old.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if pid, alive := old.PID(); alive {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	m := New(e.opts)
+	if err := m.Restore(ctx, []Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := old.PID(); !alive {
+		t.Fatal("the earlier daemon was stopped while its GPU still has a share")
+	}
+	if err := m.Unprepare(ctx, r.Key, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := old.PID(); alive || !strings.Contains(e.commands(t), old.PipeDir()+": quit") {
+		t.Errorf("the earlier agent's GPU-wide daemon was not quit with the GPU's last share: %s", e.commands(t))
+	}
+	assertNothingLeft(t, e)
 }

@@ -1,8 +1,8 @@
-// Package mps runs one NVIDIA MPS control daemon per shared GPU, with its
-// pipe and log directories under carve's state directory, through the
-// nvidia-cuda-mps-control binary: starting or adopting it, setting the
-// pinned device memory ceiling of its servers, and stopping it. Tests put a
-// fake binary on PATH.
+// Package mps runs NVIDIA MPS control daemons, one per claim and shared
+// GPU, with their pipe and log directories under carve's state directory,
+// through the nvidia-cuda-mps-control binary: starting or adopting one,
+// setting the pinned device memory ceiling of its servers, and stopping
+// it. Tests put a fake binary on PATH.
 package mps
 
 import (
@@ -45,7 +45,16 @@ type Daemon struct {
 	// see as /dev/shm, in a mount namespace of their own: the one its
 	// clients' containers mount.
 	ShmDir string
+	// Start starts the daemon's `-d` command, the one place a daemon is
+	// started; StartWithShm (in a mount namespace made from this
+	// process's) when nil. StartInHostNamespace starts it from the host's
+	// instead.
+	Start Starter
 }
+
+// Starter starts cmd (nvidia-cuda-mps-control -d) with shm, when not
+// empty, bound over /dev/shm in a mount namespace of the daemon's own.
+type Starter func(cmd *exec.Cmd, shm string) error
 
 // MaxPipeDir is the longest CUDA_MPS_PIPE_DIRECTORY a control daemon
 // starts in: it binds <dir>/control_privileged, a unix socket whose path
@@ -78,7 +87,7 @@ func (d Daemon) timeout() time.Duration {
 // PID is the running control daemon's PID, from its pid file, and whether
 // that process is alive. A stale pid file gives false.
 func (d Daemon) PID() (int, bool) {
-	b, err := os.ReadFile(filepath.Join(d.PipeDir(), pidFile))
+	b, err := readNoFollow(filepath.Join(d.PipeDir(), pidFile))
 	if err != nil {
 		return 0, false
 	}
@@ -96,6 +105,35 @@ func (d Daemon) PID() (int, bool) {
 		return pid, false
 	}
 	return pid, true
+}
+
+// readNoFollow reads a file the daemon wrote, never through a symbolic
+// link: a link planted in its place must not make this root process read
+// (or, through Ensure's remove, act on) another file.
+func readNoFollow(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, 64) // a PID and a newline
+	n, err := f.Read(b)
+	if err != nil && n == 0 {
+		return nil, err
+	}
+	return b[:n], nil
+}
+
+func (d Daemon) starter() Starter {
+	if d.Start != nil {
+		return d.Start
+	}
+	return func(c *exec.Cmd, shm string) error {
+		if shm == "" {
+			return c.Start()
+		}
+		return StartWithShm(c, shm)
+	}
 }
 
 func (d Daemon) procRoot() string {
@@ -131,10 +169,7 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 	if d.Protocol != 0 {
 		args = append(args, "-p", strconv.Itoa(d.Protocol))
 	}
-	start := func(c *exec.Cmd) error { return c.Start() }
-	if d.ShmDir != "" {
-		start = func(c *exec.Cmd) error { return StartWithShm(c, d.ShmDir) }
-	}
+	start := func(c *exec.Cmd) error { return d.starter()(c, d.ShmDir) }
 	if _, err := d.runWith(ctx, start, "", args...); err != nil {
 		// -d prints nothing when it fails; its reason is in its log.
 		return false, fmt.Errorf("start MPS daemon of %s: %w%s", d.UUID, err, d.logTail())

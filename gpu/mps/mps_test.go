@@ -2,7 +2,10 @@ package mps
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,5 +178,127 @@ func TestDaemonSeesTheSharedMemoryTmpfs(t *testing.T) {
 	}
 	if _, err := os.Stat(d.ShmDir); !os.IsNotExist(err) {
 		t.Errorf("tmpfs directory left: %v", err)
+	}
+}
+
+// A daemon started from another mount namespace (here this process's own,
+// entered by its path, as the agent enters the runtime's) is started by its
+// path on that side of the host root, and sees its tmpfs as /dev/shm there.
+func TestStartInNamespace(t *testing.T) {
+	gputest.NeedRoot(t)
+	ctx := context.Background()
+	d, log := fakeDaemon(t)
+	bin, err := filepath.Abs(filepath.Join("testdata", Binary))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The host root as the agent sees it: the binary is below it (a link
+	// here), and is started by its path on the host, bin.
+	root := gputest.TempDir(t)
+	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(bin)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(bin, filepath.Join(root, bin)); err != nil {
+		t.Fatal(err)
+	}
+	d.Path = filepath.Join(root, bin)
+	d.Start = StartInNamespace("/proc/self/ns/mnt", root)
+	d.ShmDir = filepath.Join(gputest.TempDir(t), "shm")
+	if err := MountShm(d.ShmDir, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = UnmountShm(d.ShmDir) })
+	mark := fmt.Sprintf("carve-mps-ns-test-%d", os.Getpid())
+	t.Setenv("FAKE_MPS_SHM_MARK", mark)
+	t.Setenv("FAKE_MPS_LOG_ARGV0", "1")
+	t.Cleanup(func() { _ = os.Remove(filepath.Join("/dev/shm", mark)) })
+	if _, err := d.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := commands(t, log)[0]; !strings.HasSuffix(got, " argv0="+bin) {
+		t.Errorf("start %q, want it started by its host path %s", got, bin)
+	}
+	if _, err := os.Stat(filepath.Join(d.ShmDir, mark)); err != nil {
+		t.Errorf("the daemon's /dev/shm is not its tmpfs: %v", err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A binary outside the host root cannot be named on the host.
+	d.Path = bin
+	if _, err := d.Ensure(ctx); err == nil || !strings.Contains(err.Error(), "not below the host root") {
+		t.Errorf("Ensure = %v, want the binary refused", err)
+	}
+}
+
+// A link planted where the daemon writes its pid file is never followed.
+func TestPIDFileLinkIsNotFollowed(t *testing.T) {
+	d, _ := fakeDaemon(t)
+	if err := os.MkdirAll(d.PipeDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(gputest.TempDir(t), "pid")
+	if err := os.WriteFile(target, []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(d.PipeDir(), pidFile)); err != nil {
+		t.Fatal(err)
+	}
+	if pid, _ := d.PID(); pid != 0 {
+		t.Errorf("PID = %d, read through a link", pid)
+	}
+}
+
+// A share's container has its daemon's pipe directory read-only: it can
+// still connect to the daemon's socket there (connect(2) is no write to the
+// file system), and can neither create nor remove anything in it.
+func TestSocketOnAReadOnlyBindTakesConnections(t *testing.T) {
+	gputest.NeedRoot(t)
+	dir := gputest.TempDir(t)
+	sock := filepath.Join(dir, "control")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+	err = onOwnThread(func() error {
+		if err := newSlaveNS("test"); err != nil {
+			return err
+		}
+		if err := bindReadOnly(dir); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "planted"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+			return fmt.Errorf("creating a file: %v, want EROFS", err)
+		}
+		if err := os.Remove(sock); !errors.Is(err, syscall.EROFS) {
+			return fmt.Errorf("removing the socket: %v, want EROFS", err)
+		}
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return fmt.Errorf("connect on the read-only bind: %w", err)
+		}
+		defer c.Close()
+		b, err := io.ReadAll(c)
+		if err != nil || string(b) != "ok" {
+			return fmt.Errorf("answer %q, %v", b, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sock); err != nil {
+		t.Errorf("the socket is gone outside the namespace: %v", err)
 	}
 }

@@ -16,14 +16,16 @@ import (
 // The control daemon, its servers and their clients meet in two places: the
 // pipe directory and POSIX shared memory, which lives in /dev/shm. A pod has
 // a /dev/shm of its own, so a client in a pod cannot attach to a daemon that
-// sees another one. carve therefore gives every daemon and every share's
-// container one tmpfs as /dev/shm: mounted once per node (MountShm), bound
-// over /dev/shm in a mount namespace of the daemon's own (StartWithShm), and
-// mounted over the container's /dev/shm by the share's CDI edits. Two daemons
-// with their own pipe directories ran clients on one GPU with one /dev/shm
-// between them (the measured H100), so one tmpfs serves every GPU's daemon.
+// sees another one. carve therefore gives a claim's daemons and its shares'
+// containers one tmpfs as /dev/shm: mounted per claim (MountShm), bound over
+// /dev/shm in a mount namespace of each daemon's own (StartWithShm,
+// StartInNamespace), and mounted over the container's /dev/shm by the
+// share's CDI edits. A tmpfs per claim, not per node: what one tenant writes
+// there (MPS segments, or bytes to fill it) no other tenant sees. Two
+// daemons with their own pipe directories and their own tmpfs ran clients
+// on one GPU at once (the measured H100).
 
-// DefaultShmSize bounds the tmpfs. Its pages are charged to the memory
+// DefaultShmSize bounds a claim's tmpfs. Its pages are charged to the memory
 // cgroup of the process that writes them (the pod), so the size is a cap,
 // not a reservation.
 const DefaultShmSize = 1 << 30
@@ -110,30 +112,136 @@ func UnmountShm(dir string) error {
 // are slaves of the caller's, so that the bind never reaches the caller nor
 // the host.
 func StartWithShm(cmd *exec.Cmd, shm string) error {
+	if err := checkNotUnderShm(cmd); err != nil {
+		return err
+	}
+	return onOwnThread(func() error { return startInMountNS(cmd, shm) })
+}
+
+// StartClient starts an MPS client as a share's container has it: shm over
+// /dev/shm, and each of readOnly (the pipe directory) bound read-only over
+// itself, in a mount namespace of its own (the acceptance run's clients).
+func StartClient(cmd *exec.Cmd, shm string, readOnly ...string) error {
+	return onOwnThread(func() error {
+		if err := newSlaveNS(cmd.Path); err != nil {
+			return err
+		}
+		for _, dir := range readOnly {
+			if err := bindReadOnly(dir); err != nil {
+				return err
+			}
+		}
+		if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s over /dev/shm for %s: %w", shm, cmd.Path, err)
+		}
+		return cmd.Start()
+	})
+}
+
+// bindReadOnly makes dir read-only in the calling thread's mount namespace.
+// A unix socket in it still takes connections: connect(2) writes nothing to
+// the file system, and the read-only check of a mount applies to writes.
+func bindReadOnly(dir string) error {
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("make %s read-only: %w", dir, err)
+	}
+	return nil
+}
+
+// newSlaveNS moves the calling (locked) thread to a new mount namespace
+// whose mounts are slaves of the caller's.
+func newSlaveNS(what string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("a mount namespace for %s: %w", what, err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("mounts of %s as slaves: %w", what, err)
+	}
+	return nil
+}
+
+// StartInNamespace is a Starter that starts the daemon from the mount
+// namespace at nsPath (the container runtime's, which is the host's:
+// hostmount.RuntimeNamespace) rather than from this process's, so that the
+// daemon and the servers it forks load the host's driver libraries, not
+// whatever the agent's image holds; shm is bound over /dev/shm in a slave
+// namespace made from that one, as StartWithShm does from this process's.
+// root is where this process sees the host's root: cmd.Path is below it
+// here and is started by its host path. Every other path the daemon is
+// given (its pipe and log directories, shm) must be the same on the host,
+// as the state directory's hostPath mount is.
+func StartInNamespace(nsPath, root string) Starter {
+	return func(cmd *exec.Cmd, shm string) error {
+		if err := checkNotUnderShm(cmd); err != nil {
+			return err
+		}
+		if root != "" && root != "/" {
+			rel, err := filepath.Rel(root, cmd.Path)
+			if err != nil || strings.HasPrefix(rel, "..") {
+				return fmt.Errorf("the MPS control binary %s is not below the host root %s", cmd.Path, root)
+			}
+			cmd.Path = "/" + rel
+		}
+		return onOwnThread(func() error {
+			fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("mount namespace %s: %w", nsPath, err)
+			}
+			defer unix.Close(fd)
+			// A thread that shares its filesystem attributes with
+			// others cannot enter a mount namespace.
+			if err := unix.Unshare(unix.CLONE_FS); err != nil {
+				return fmt.Errorf("unshare filesystem attributes: %w", err)
+			}
+			if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
+				return fmt.Errorf("enter mount namespace %s: %w", nsPath, err)
+			}
+			if shm == "" {
+				return cmd.Start()
+			}
+			return startInMountNS(cmd, shm)
+		})
+	}
+}
+
+// checkNotUnderShm refuses a pipe or log directory that the tmpfs bound over
+// /dev/shm would hide from the daemon, which would never answer.
+func checkNotUnderShm(cmd *exec.Cmd) error {
 	for _, kv := range cmd.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		if (k == "CUDA_MPS_PIPE_DIRECTORY" || k == "CUDA_MPS_LOG_DIRECTORY") && strings.HasPrefix(filepath.Clean(v)+"/", "/dev/shm/") {
-			// The tmpfs bound over /dev/shm would hide it from the
-			// daemon, which would never answer.
 			return fmt.Errorf("the MPS daemon's %s %s is under /dev/shm, which the daemon gets a tmpfs of its own over: put the state directory elsewhere", k, v)
 		}
 	}
+	return nil
+}
+
+// onOwnThread runs fn on a thread locked for the purpose and never
+// unlocked: the runtime ends the thread with the goroutine, and with it
+// whatever namespace fn entered. Never on the main thread, which the runtime
+// does not end but keeps, wedged, in that namespace, and whose namespaces
+// are those /proc/self names: fn then runs on another thread while the main
+// one is held, unchanged, and is given back.
+func onOwnThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the runtime ends the thread with the goroutine,
-		// and with it the namespace.
 		runtime.LockOSThread()
-		errc <- startInMountNS(cmd, shm)
+		if unix.Gettid() == unix.Getpid() {
+			errc <- onOwnThread(fn)
+			runtime.UnlockOSThread()
+			return
+		}
+		errc <- fn()
 	}()
 	return <-errc
 }
 
 func startInMountNS(cmd *exec.Cmd, shm string) error {
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("a mount namespace for %s: %w", cmd.Path, err)
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("mounts of %s as slaves: %w", cmd.Path, err)
+	if err := newSlaveNS(cmd.Path); err != nil {
+		return err
 	}
 	if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s over /dev/shm for %s: %w", shm, cmd.Path, err)

@@ -46,7 +46,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	bin, _ := filepath.Abs("../mps/testdata")
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
-	card := &cardNVML{}
+	card := &cardNVML{mode: gpu.ComputeModeExclusiveProcess}
 	dir := filepath.Join(gputest.TempDir(t), "gpushare")
 	mgr := memslice.New(memslice.Options{NVML: card, Dir: dir, MPSControl: mps.Binary, Police: police.New(police.Options{Processes: idle{}})})
 	p := prep.New(prep.Options{NVML: f.session, Root: f.root, DriverRoot: "/usr/local/nvidia", Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
@@ -58,11 +58,11 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	e.GPU = &g
 	f.res.Index[name] = e
 	t.Cleanup(func() {
-		d := mps.Daemon{Dir: filepath.Join(dir, gputest.H100UUID(1), "mps"), UUID: gputest.H100UUID(1)}
+		d := mps.Daemon{Dir: memslice.DaemonDir(dir, "c1", gputest.H100UUID(1)), UUID: gputest.H100UUID(1)}
 		if pid, alive := d.PID(); alive {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		_ = mps.UnmountShm(filepath.Join(filepath.Dir(dir), "mps-shm"))
+		_ = mps.UnmountShm(memslice.ClaimShmDir(dir, "c1"))
 	})
 
 	sid := types.UID("s1")
@@ -90,15 +90,19 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != gputest.H100UUID(1) {
 		t.Fatalf("undo %s: %v", out.Undo, err)
 	}
-	if card.mode != gpu.ComputeModeExclusiveProcess {
+	// Default while shared: every claim's daemon runs an MPS server.
+	if card.mode != gpu.ComputeModeDefault {
 		t.Errorf("compute mode %d", card.mode)
 	}
 	// A crash before the record: Unprepare finds the GPU from the device.
 	if err := p.Unprepare(ctx, a, nil); err != nil {
 		t.Fatal(err)
 	}
-	if card.mode != gpu.ComputeModeDefault {
-		t.Errorf("compute mode %d after unprepare", card.mode)
+	if card.mode != gpu.ComputeModeExclusiveProcess {
+		t.Errorf("compute mode %d after unprepare, want the former one back", card.mode)
+	}
+	if _, err := os.Stat(memslice.ClaimDir(dir, "c1")); !os.IsNotExist(err) {
+		t.Errorf("the claim's MPS directory is left: %v", err)
 	}
 	// A GPU whose slices cannot be enforced refuses shares.
 	g.Memory = discovery.GPUMemory{Enforcement: "none", Reason: "no nvidia-cuda-mps-control below the driver root"}

@@ -31,6 +31,9 @@ type GPU struct {
 	Processes   int     `json:"processes"`
 	// Kills are the share's processes the policing loop killed so far.
 	Kills uint64 `json:"kills"`
+	// MPSDaemon is the state of the claim's own MPS control daemon of the
+	// GPU (mps-policed shares); its not running is also a problem.
+	MPSDaemon *memslice.Daemon `json:"mpsDaemon,omitempty"`
 }
 
 // GPUSource lists GPU memory shares (gpu/memslice) from the checkpoint in
@@ -82,7 +85,7 @@ func (s *GPUSource) Shares(ctx context.Context) ([]Row, error) {
 		rows = append(rows, Row{Claim: sh.Claim, ClaimUID: sh.ClaimUID, Kind: slices.KindGPU, Device: sh.Device, ShareID: sh.ShareID,
 			Parent: sh.UUID, Enforced: sh.Enforced, Problems: sh.Problems,
 			GPU: &GPU{UUID: sh.UUID, Tier: string(sh.Tier), SliceBytes: sh.Slice, UsedBytes: sh.Used, UsedFrom: sh.UsedFrom,
-				UsedUnknown: sh.UsedUnknown, Processes: sh.Processes, Kills: sh.Kills}})
+				UsedUnknown: sh.UsedUnknown, Processes: sh.Processes, Kills: sh.Kills, MPSDaemon: sh.Daemon}})
 	}
 	return rows, nil
 }

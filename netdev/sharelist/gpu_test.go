@@ -94,7 +94,7 @@ func TestGPUSharesListed(t *testing.T) {
 		g["usedBytes"] != float64(1<<30) || g["usedFrom"] != "agent" {
 		t.Errorf("row %v", o)
 	}
-	if NotEnforced(rows) != 1 || !strings.Contains(strings.Join(rows[0].Problems, ";"), "MPS control daemon of GPU-1 is not running") {
+	if NotEnforced(rows) != 1 || !strings.Contains(strings.Join(rows[0].Problems, ";"), "MPS control daemon of GPU-1 is not running (claim ns/train's own") {
 		t.Errorf("problems %v", rows[0].Problems)
 	}
 	buf.Reset()
@@ -127,7 +127,7 @@ func TestGPUSharesListed(t *testing.T) {
 // measured now, from its pod's processes.
 func TestGPUShareEnforcedAndMeasured(t *testing.T) {
 	root, state := gpuNode(t)
-	d := mps.Daemon{Dir: filepath.Join(state, memslice.SharesDir, "GPU-1", "mps"), UUID: "GPU-1"}
+	d := mps.Daemon{Dir: memslice.DaemonDir(filepath.Join(state, memslice.SharesDir), "c1", "GPU-1"), UUID: "GPU-1"}
 	pid := strconv.Itoa(os.Getpid())
 	_ = os.MkdirAll(d.PipeDir(), 0o755)
 	_ = os.WriteFile(filepath.Join(d.PipeDir(), "nvidia-cuda-mps-control.pid"), []byte(pid), 0o644)
@@ -144,6 +144,9 @@ func TestGPUShareEnforcedAndMeasured(t *testing.T) {
 	g := rows[0].GPU
 	if !rows[0].Enforced || g.UsedBytes == nil || *g.UsedBytes != 3<<30 || g.UsedFrom != "nvml" || g.Processes != 1 || !closed {
 		t.Errorf("row %+v, gpu %+v, NVML closed %v", rows[0], g, closed)
+	}
+	if g.MPSDaemon == nil || !g.MPSDaemon.Running || g.MPSDaemon.PipeDir != d.PipeDir() {
+		t.Errorf("the claim's daemon: %+v", g.MPSDaemon)
 	}
 	// A NIC row has no "gpu" key: the network contract is unchanged.
 	b, _ := json.Marshal(Row{Claim: "ns/net", Kind: "nic"})

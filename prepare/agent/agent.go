@@ -78,8 +78,8 @@ type Options struct {
 	NVMLReplay string
 	// NVMLTimeout bounds every NVML call (gpu.DefaultTimeout when 0).
 	NVMLTimeout time.Duration
-	// MPSShmSize bounds the tmpfs GPU memory shares' containers and the
-	// MPS daemons have as /dev/shm (mps.DefaultShmSize when 0).
+	// MPSShmSize bounds each claim's tmpfs, its GPU memory shares'
+	// containers' and MPS daemons' /dev/shm (mps.DefaultShmSize when 0).
 	MPSShmSize uint64
 }
 

@@ -57,12 +57,23 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	mopts := memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, memslice.SharesDir), ShmDir: filepath.Join(opts.StateDir, "mps-shm"), ShmSize: opts.MPSShmSize,
 		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger}
 	if root := firstSet(opts.Root); root != "/" {
-		// Containers get the host's view of the tmpfs: check that it has
-		// one, through the root of the runtime's shim (live, whatever the
-		// host root mount's propagation), else the host root mount.
-		mopts.ShmHostView = filepath.Join(root, mopts.ShmDir)
+		// Containers get the host's view of each claim's tmpfs: check
+		// that it has one, through the root of the runtime's shim (live,
+		// whatever the host root mount's propagation), else the host
+		// root mount.
+		mopts.HostRoot = root
 		if hostRoot, err := hostmount.RuntimeRoot(); err == nil {
-			mopts.ShmHostView = filepath.Join(hostRoot, mopts.ShmDir)
+			mopts.HostRoot = hostRoot
+		}
+		// The daemons start from the runtime's (the host's) mount
+		// namespace, so that they and their servers load the host's
+		// driver libraries rather than the agent image's; the control
+		// binary is then found by its host path. Where that namespace
+		// cannot be entered, they start from the agent's, as before.
+		if ns, err := hostmount.RuntimeNamespace(); err == nil {
+			mopts.Start = mps.StartInNamespace(ns, root)
+		} else {
+			logger.Info("MPS daemons start from the agent's mount namespace", "reason", err.Error())
 		}
 	}
 	g.shares = memslice.New(mopts)
