@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/carve-dra/carve/prepare/hostmount"
 	"io"
 	"net"
 	"os"
@@ -271,7 +272,7 @@ func TestSocketOnAReadOnlyBindTakesConnections(t *testing.T) {
 			c.Close()
 		}
 	}()
-	err = onOwnThread(func() error {
+	err = hostmount.OnOwnThread(func() error {
 		if err := newSlaveNS("test"); err != nil {
 			return err
 		}

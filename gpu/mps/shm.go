@@ -3,10 +3,10 @@ package mps
 import (
 	"errors"
 	"fmt"
+	"github.com/carve-dra/carve/prepare/hostmount"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -115,14 +115,14 @@ func StartWithShm(cmd *exec.Cmd, shm string) error {
 	if err := checkNotUnderShm(cmd); err != nil {
 		return err
 	}
-	return onOwnThread(func() error { return startInMountNS(cmd, shm) })
+	return hostmount.OnOwnThread(func() error { return startInMountNS(cmd, shm) })
 }
 
 // StartClient starts an MPS client as a share's container has it: shm over
 // /dev/shm, and each of readOnly (the pipe directory) bound read-only over
 // itself, in a mount namespace of its own (the acceptance run's clients).
 func StartClient(cmd *exec.Cmd, shm string, readOnly ...string) error {
-	return onOwnThread(func() error {
+	return hostmount.OnOwnThread(func() error {
 		if err := newSlaveNS(cmd.Path); err != nil {
 			return err
 		}
@@ -185,7 +185,7 @@ func StartInNamespace(nsPath, root string) Starter {
 			}
 			cmd.Path = "/" + rel
 		}
-		return onOwnThread(func() error {
+		return hostmount.OnOwnThread(func() error {
 			fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return fmt.Errorf("mount namespace %s: %w", nsPath, err)
@@ -217,26 +217,6 @@ func checkNotUnderShm(cmd *exec.Cmd) error {
 		}
 	}
 	return nil
-}
-
-// onOwnThread runs fn on a thread locked for the purpose and never
-// unlocked: the runtime ends the thread with the goroutine, and with it
-// whatever namespace fn entered. Never on the main thread, which the runtime
-// does not end but keeps, wedged, in that namespace, and whose namespaces
-// are those /proc/self names: fn then runs on another thread while the main
-// one is held, unchanged, and is given back.
-func onOwnThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			errc <- onOwnThread(fn)
-			runtime.UnlockOSThread()
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }
 
 func startInMountNS(cmd *exec.Cmd, shm string) error {

@@ -26,29 +26,42 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// InNamespace runs fn in the mount namespace at nsPath (the host's is
-// /proc/1/ns/mnt, seen with hostPID) on an OS thread of its own. A thread
-// that shares its filesystem attributes cannot enter a mount namespace, so
-// the thread unshares them first; it is never unlocked, so the runtime ends
-// it with the goroutine and no other goroutine ever runs in that namespace.
+// InNamespace runs fn in the mount namespace at nsPath on an OS thread of
+// its own (OnOwnThread). A thread that shares its filesystem attributes
+// cannot enter a mount namespace, so the thread unshares them first.
 func InNamespace(nsPath string, fn func() error) error {
+	return OnOwnThread(func() error {
+		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("mount namespace %s: %w", nsPath, err)
+		}
+		defer unix.Close(fd)
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return fmt.Errorf("unshare filesystem attributes: %w", err)
+		}
+		if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("enter mount namespace %s: %w", nsPath, err)
+		}
+		return fn()
+	})
+}
+
+// OnOwnThread runs fn on a thread locked for the purpose and never
+// unlocked: the runtime ends the thread with the goroutine, and with it
+// whatever namespace fn entered. Never on the main thread, which the runtime
+// does not end but keeps, wedged, in that namespace, and whose namespaces
+// are those /proc/self names: fn then runs on another thread while the main
+// one is held, unchanged, and is given back.
+func OnOwnThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		errc <- func() error {
-			fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return fmt.Errorf("mount namespace %s: %w", nsPath, err)
-			}
-			defer unix.Close(fd)
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				return fmt.Errorf("unshare filesystem attributes: %w", err)
-			}
-			if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("enter mount namespace %s: %w", nsPath, err)
-			}
-			return fn()
-		}()
+		if unix.Gettid() == unix.Getpid() {
+			errc <- OnOwnThread(fn)
+			runtime.UnlockOSThread()
+			return
+		}
+		errc <- fn()
 	}()
 	return <-errc
 }

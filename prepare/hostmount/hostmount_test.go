@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -49,21 +48,19 @@ func inPrivateMountNS(t *testing.T, fn func()) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make a mount namespace")
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread() // never unlocked: the thread ends with its namespace
+	err := OnOwnThread(func() error {
 		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-			t.Errorf("unshare: %v", err)
-			return
+			return fmt.Errorf("unshare: %w", err)
 		}
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			t.Errorf("make / private: %v", err)
-			return
+			return fmt.Errorf("make / private: %w", err)
 		}
 		fn()
-	}()
-	<-done
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
 }
 
 func mountsAt(t *testing.T, dir string) []Mount {
