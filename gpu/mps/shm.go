@@ -185,20 +185,7 @@ func StartInNamespace(nsPath, root string) Starter {
 			}
 			cmd.Path = "/" + rel
 		}
-		return hostmount.OnOwnThread(func() error {
-			fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return fmt.Errorf("mount namespace %s: %w", nsPath, err)
-			}
-			defer unix.Close(fd)
-			// A thread that shares its filesystem attributes with
-			// others cannot enter a mount namespace.
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				return fmt.Errorf("unshare filesystem attributes: %w", err)
-			}
-			if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("enter mount namespace %s: %w", nsPath, err)
-			}
+		return hostmount.InNamespace(nsPath, func() error {
 			if shm == "" {
 				return cmd.Start()
 			}
