@@ -81,10 +81,11 @@ cluster-up: ## start the local control plane; the last line is the kubeconfig pa
 cluster-down: ## stop the local control plane and remove its state
 	@deploy/cluster/down.sh
 
-verify: ## gofmt, vet, go mod tidy diff, generated-code diff
+verify: ## gofmt, vet, the import layering, go mod tidy diff, generated-code diff
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
 	$(GO) vet ./...
 	cd scheduler && $(GO) vet ./...
+	$(GO) run ./deploy/importcheck
 	@for d in . scheduler; do \
 	  (cd $$d && cp go.mod /tmp/carve-go.mod.bak && cp go.sum /tmp/carve-go.sum.bak && $(GO) mod tidy && \
 	   if ! diff -q go.mod /tmp/carve-go.mod.bak >/dev/null || ! diff -q go.sum /tmp/carve-go.sum.bak >/dev/null; then \

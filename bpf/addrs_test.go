@@ -9,7 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // skbCtx is struct __sk_buff (192 bytes) as BPF_PROG_RUN takes it in for a
@@ -54,7 +54,7 @@ func runCtx(t *testing.T, prog *ebpf.Program, frame []byte, ctx skbCtx) (int32, 
 	t.Helper()
 	var out skbCtx
 	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, Context: ctx, ContextOut: &out})
-	netdevtest.SkipIfLacks(t, err, netdevtest.BPF("BPF_PROG_RUN"))
+	nettest.SkipIfLacks(t, err, nettest.BPF("BPF_PROG_RUN"))
 	return int32(ret), out.Priority
 }
 
@@ -221,7 +221,7 @@ func benchClassifyByAddress(b *testing.B, src string, want uint32) {
 	frame = append(frame, make([]byte, 64-len(frame))...)
 	var out skbCtx
 	_, err := s.objs.ClassifyEgress.Run(&ebpf.RunOptions{Data: frame, Context: skbCtx{}, ContextOut: &out})
-	netdevtest.SkipIfLacks(b, err, netdevtest.BPF("BPF_PROG_RUN"))
+	nettest.SkipIfLacks(b, err, nettest.BPF("BPF_PROG_RUN"))
 	if out.Priority != want {
 		b.Fatalf("priority %#x, want %#x", out.Priority, want)
 	}

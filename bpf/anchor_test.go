@@ -13,7 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // passProg is what a CNI's TCX program ending in TCX_PASS looks like (Cilium
@@ -47,7 +47,7 @@ func TestAttachAheadOfPassingProgram(t *testing.T) {
 		cni, err = link.AttachTCX(link.TCXOptions{Interface: n.a.Attrs().Index, Program: pass, Attach: ebpf.AttachTCXEgress})
 		return err
 	})
-	netdevtest.SkipIfLacks(t, err, netdevtest.BPF("TCX"))
+	nettest.SkipIfLacks(t, err, nettest.BPF("TCX"))
 	defer cni.Close()
 
 	s := openShaper(t, dir)

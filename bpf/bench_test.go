@@ -3,7 +3,7 @@ package bpf
 import (
 	"testing"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // BenchmarkClassify measures classify_egress per packet with BPF_PROG_RUN
@@ -28,7 +28,7 @@ func benchClassify(b *testing.B, src []byte) {
 	frame[12], frame[13] = 0x08, 0x00
 
 	ret, per, err := s.objs.ClassifyEgress.Benchmark(frame, b.N, b.ResetTimer)
-	netdevtest.SkipIfLacks(b, err, netdevtest.BPF("BPF_PROG_RUN"))
+	nettest.SkipIfLacks(b, err, nettest.BPF("BPF_PROG_RUN"))
 	if int32(ret) != -1 {
 		b.Fatalf("returned %d, want TCX_NEXT (-1)", int32(ret))
 	}

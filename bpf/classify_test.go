@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // htbClass adds leaf class 1:minor with rate bits/s. netlink's
@@ -49,7 +49,7 @@ func TestClassifyHTB(t *testing.T) {
 		Parent:    netlink.HANDLE_ROOT,
 	})
 	htb.Defcls = 0 // unclassified (ARP) goes straight through
-	netdevtest.SkipIfLacks(t, n.hh.QdiscAdd(htb), netdevtest.Qdisc("htb"))
+	nettest.SkipIfLacks(t, n.hh.QdiscAdd(htb), nettest.Qdisc("htb"))
 	for i, r := range rates {
 		htbClass(t, n.hh, n.a, uint16(0x10*(i+1)), r)
 	}
@@ -117,7 +117,7 @@ func newShareNet(t testing.TB, shares int) *shareNet {
 		la.Namespace = netlink.NsFd(ns)
 		// Created from the host netns, where "a" is, straight into the client's.
 		err := n.hh.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE})
-		netdevtest.SkipIfLacks(t, err, netdevtest.LinkKind("macvlan"))
+		nettest.SkipIfLacks(t, err, nettest.LinkKind("macvlan"))
 		m, err := hc.LinkByName("m")
 		if err != nil {
 			t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 func monoNow(t testing.TB) uint64 {
@@ -35,7 +35,7 @@ func TestEDTStamps(t *testing.T) {
 	before := monoNow(t)
 	for range 10 {
 		ret, err := s.objs.EdtEgress.Run(&ebpf.RunOptions{Data: frame})
-		netdevtest.SkipIfLacks(t, err, netdevtest.BPF("BPF_PROG_RUN"))
+		nettest.SkipIfLacks(t, err, nettest.BPF("BPF_PROG_RUN"))
 		if int32(ret) != -1 {
 			t.Fatalf("returned %d, want TCX_NEXT", int32(ret))
 		}
@@ -83,7 +83,7 @@ func TestEDTPacingFQ(t *testing.T) {
 		Handle:    netlink.MakeHandle(1, 0),
 		Parent:    netlink.HANDLE_ROOT,
 	}, Pacing: 1}
-	netdevtest.SkipIfLacks(t, n.hh.QdiscAdd(fq), netdevtest.Qdisc("fq"))
+	nettest.SkipIfLacks(t, n.hh.QdiscAdd(fq), nettest.Qdisc("fq"))
 	s := openShaper(t, dir)
 	defer s.Close()
 	for i, mac := range n.macs {

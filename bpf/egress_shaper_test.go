@@ -6,7 +6,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // skbContext is struct __sk_buff as BPF_PROG_RUN takes and returns it for a
@@ -42,7 +42,7 @@ func runOn(t *testing.T, ns netns.NsHandle, prog *ebpf.Program, src []byte, ctx 
 		ret, err = prog.Run(&ebpf.RunOptions{Data: frame, Context: ctx, ContextOut: &out})
 		return err
 	})
-	netdevtest.SkipIfLacks(t, err, netdevtest.BPF("BPF_PROG_RUN"))
+	nettest.SkipIfLacks(t, err, nettest.BPF("BPF_PROG_RUN"))
 	return int32(ret), out
 }
 

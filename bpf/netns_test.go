@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // needRoot skips tests that need CAP_NET_ADMIN, CAP_BPF and CAP_SYS_ADMIN
@@ -20,7 +20,7 @@ import (
 func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		netdevtest.SkipUnlessRequired(t, "needs root: creates netns, loads BPF, mounts bpffs")
+		nettest.SkipUnlessRequired(t, "needs root: creates netns, loads BPF, mounts bpffs")
 	}
 	// Kernels since 5.11 account BPF memory to the cgroup; older ones need
 	// the memlock rlimit raised. Harmless where it is not needed.
@@ -30,7 +30,7 @@ func needRoot(t testing.TB) {
 // testPinDir is a fresh directory on bpffs, removed with its pins at the end.
 func testPinDir(t testing.TB) string {
 	t.Helper()
-	netdevtest.NeedBPFFS(t, MountBPFFS(""))
+	nettest.NeedBPFFS(t, MountBPFFS(""))
 	dir := filepath.Join(DefaultBPFFS, "carve-test-"+filepath.Base(t.TempDir()))
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
@@ -101,7 +101,7 @@ func addVeth(t testing.TB, h *netlink.Handle, name, peer string, peerNS netns.Ns
 	if peerNS.IsOpen() {
 		v.PeerNamespace = netlink.NsFd(peerNS)
 	}
-	netdevtest.SkipIfLacks(t, h.LinkAdd(v), netdevtest.LinkKind("veth"))
+	nettest.SkipIfLacks(t, h.LinkAdd(v), nettest.LinkKind("veth"))
 	l, err := h.LinkByName(name)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 var (
@@ -172,7 +172,7 @@ func lacksTCX(t testing.TB, prog *ebpf.Program) bool {
 		l.Close()
 		t.Fatal("TCX attach to ifindex MaxInt32 succeeded")
 	}
-	return netdevtest.KernelLacks(err, netdevtest.BPF("TCX"))
+	return nettest.KernelLacks(err, nettest.BPF("TCX"))
 }
 
 func TestLegacyFallback(t *testing.T) {
@@ -188,7 +188,7 @@ func TestLegacyFallback(t *testing.T) {
 	defer func() { forceLegacy = false }()
 	for range 2 { // the second replaces the first
 		err := inNS(ns, func() error { return s.Attach(a.Attrs().Index, Egress) })
-		if netdevtest.KernelLacks(err, netdevtest.Qdisc("clsact")) || netdevtest.KernelLacks(err, netdevtest.Filter("bpf")) {
+		if nettest.KernelLacks(err, nettest.Qdisc("clsact")) || nettest.KernelLacks(err, nettest.Filter("bpf")) {
 			t.Skipf("kernel lacks clsact or cls_bpf: %v", err)
 		}
 		if err != nil {

@@ -1,6 +1,6 @@
 package discovery
 
-import "github.com/carve-dra/carve/gpu/nvmlinfo"
+import "github.com/carve-dra/carve/discovery/nvmlinfo"
 
 // Inventory is everything discovery found on one node. It is plain data: the
 // slices package turns it into ResourceSlices.

@@ -9,7 +9,7 @@ import (
 	nvlib "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // ComputeProfileBySlices is the compute-instance profile that fills a GPU

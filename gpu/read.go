@@ -6,7 +6,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // nvmlError names the call that failed and NVML's reason.

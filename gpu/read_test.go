@@ -12,15 +12,15 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/gputest"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
 )
 
 // A replay of the real H100's inventory reads back as the file says: what
 // NVML reports, not the mock's built-in table.
 func TestReadReplayRoundTrip(t *testing.T) {
-	want := gputest.H100Node(2, 5)
+	want := nvmltest.H100Node(2, 5)
 	r, err := nvmlreplay.New(want)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestReadReplayRoundTrip(t *testing.T) {
 // Without migProfiles the mock's table is used, with a warning, and names
 // are derived as NVIDIA names them.
 func TestReadReplayMockTable(t *testing.T) {
-	r, err := nvmlreplay.New(gputest.A100Node())
+	r, err := nvmlreplay.New(nvmltest.A100Node())
 	if err != nil {
 		t.Fatal(err)
 	}

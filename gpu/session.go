@@ -11,7 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // DefaultTimeout bounds every NVML call. A real H100 answers Init in about

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/netdev"
-	"github.com/carve-dra/carve/netdev/netdevtest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
@@ -94,23 +94,23 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 		}
 		ifbTx = append(ifbTx, ifb.Attrs().Statistics.TxBytes)
 	}
-	flow := func(from, to netns.NsHandle, host string, port int) netdevtest.Flow {
-		return netdevtest.Flow{From: from, To: to, ToAddr: net.JoinHostPort(host, fmt.Sprint(port))}
+	flow := func(from, to netns.NsHandle, host string, port int) nettest.Flow {
+		return nettest.Flow{From: from, To: to, ToAddr: net.JoinHostPort(host, fmt.Sprint(port))}
 	}
 	for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 		// Flows 0-1: the share (IPv4, IPv6); 2-3: the neighbour; 4-5
 		// (ingress): the node itself.
-		var flows []netdevtest.Flow
+		var flows []nettest.Flow
 		if dir == bpf.Egress {
-			flows = []netdevtest.Flow{flow(keyed, b.tp.Server, b.tp.ServerIP, 5301), flow(keyed, b.tp.Server, "fd77::1", 5302),
+			flows = []nettest.Flow{flow(keyed, b.tp.Server, b.tp.ServerIP, 5301), flow(keyed, b.tp.Server, "fd77::1", 5302),
 				flow(free.pod, b.tp.Server, b.tp.ServerIP, 5303), flow(free.pod, b.tp.Server, "fd77::1", 5304)}
 		} else {
-			flows = []netdevtest.Flow{flow(b.tp.Server, keyed, v4, 5311), flow(b.tp.Server, keyed, "fd77::11", 5312),
+			flows = []nettest.Flow{flow(b.tp.Server, keyed, v4, 5311), flow(b.tp.Server, keyed, "fd77::11", 5312),
 				flow(b.tp.Server, free.pod, free.ip, 5313), flow(b.tp.Server, free.pod, "fd77::12", 5314),
 				flow(b.tp.Server, b.tp.Node, "10.77.0.250", 5315), flow(b.tp.Server, b.tp.Node, "fd77::250", 5316)}
 		}
 		stats, ifbTx = nil, nil
-		res, err := netdevtest.RunFlows(flows, time.Second, 1500*time.Millisecond, mark)
+		res, err := nettest.RunFlows(flows, time.Second, 1500*time.Millisecond, mark)
 		if err != nil {
 			t.Fatal(err)
 		}

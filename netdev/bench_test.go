@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-dra/carve/bpf"
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // BenchmarkConformance measures how well shares are held to their
@@ -48,7 +48,7 @@ func conformance(b *testing.B, proto string, dir bpf.Direction, limits []string)
 			for i, l := range limits {
 				want[i] = 1.2 * rate(l)
 			}
-			var res []netdevtest.UDPResult
+			var res []nettest.UDPResult
 			res, l2 = env.measureUDP(dir, shares, want, 2*time.Second)
 			for _, r := range res {
 				goodput, offered = append(goodput, r.Received), append(offered, r.Offered)
@@ -159,21 +159,21 @@ func latencyUnderLoad(b *testing.B, proto string, dir bpf.Direction, limit strin
 	s := env.add("lat", limit, limit, nil)
 	var p50, p99, lost float64
 	for b.Loop() {
-		load := netdevtest.Flow{From: s.pod, To: env.tp.Server, ToAddr: env.tp.ServerIP + ":5301"}
+		load := nettest.Flow{From: s.pod, To: env.tp.Server, ToAddr: env.tp.ServerIP + ":5301"}
 		from, to, echo := s.pod, env.tp.Server, env.tp.ServerIP+":5302"
 		if dir == bpf.Ingress {
-			load = netdevtest.Flow{From: env.tp.Server, To: s.pod, ToAddr: s.ip + ":5301"}
+			load = nettest.Flow{From: env.tp.Server, To: s.pod, ToAddr: s.ip + ":5301"}
 			// Probes from the pod; it is their replies that queue.
 		}
 		loaded := make(chan error, 1)
 		go func() {
-			run := netdevtest.RunFlows
+			run := nettest.RunFlows
 			if proto == "udp" {
-				run = func(f []netdevtest.Flow, warmup, d time.Duration, mark func()) ([]netdevtest.Result, error) {
-					return netdevtest.RunUDP(f, 1400, warmup, d, mark)
+				run = func(f []nettest.Flow, warmup, d time.Duration, mark func()) ([]nettest.Result, error) {
+					return nettest.RunUDP(f, 1400, warmup, d, mark)
 				}
 			}
-			flows := []netdevtest.Flow{load}
+			flows := []nettest.Flow{load}
 			if proto == "udp" {
 				// A local sender's socket buffer holds some 90
 				// datagrams; a remote sender's is no limit. Twelve
@@ -189,15 +189,15 @@ func latencyUnderLoad(b *testing.B, proto string, dir bpf.Direction, limit strin
 			loaded <- err
 		}()
 		time.Sleep(time.Second) // the flow fills the share's queue
-		rtts, l, err := netdevtest.EchoRTT(from, to, echo, 20*time.Millisecond, 3*time.Second)
+		rtts, l, err := nettest.EchoRTT(from, to, echo, 20*time.Millisecond, 3*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}
 		if err := <-loaded; err != nil {
 			b.Fatal(err)
 		}
-		p50 += float64(netdevtest.Quantile(rtts, 0.5)) / 1e6
-		p99 += float64(netdevtest.Quantile(rtts, 0.99)) / 1e6
+		p50 += float64(nettest.Quantile(rtts, 0.5)) / 1e6
+		p99 += float64(nettest.Quantile(rtts, 0.99)) / 1e6
 		lost += float64(l)
 	}
 	n := float64(b.N)

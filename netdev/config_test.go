@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/bpf"
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
@@ -75,7 +75,7 @@ func TestIPVlanShare(t *testing.T) {
 	defer node.Close()
 	parent, _ := node.LinkByName(b.tp.Parent)
 	probe := &netlink.IPVlan{LinkAttrs: netlink.LinkAttrs{Name: "ipvprobe", ParentIndex: parent.Attrs().Index}, Mode: netlink.IPVLAN_MODE_L2}
-	netdevtest.SkipIfLacks(t, node.LinkAdd(probe), netdevtest.LinkKind("ipvlan"))
+	nettest.SkipIfLacks(t, node.LinkAdd(probe), nettest.LinkKind("ipvlan"))
 	_ = node.LinkDel(probe)
 	s := b.add("ipv", "", "", &v1alpha1.NetworkConfig{Mode: "ipvlan", IPVlanMode: "l2", Pools: []string{"test"}})
 	pod, _ := netlink.NewHandleAt(s.pod)

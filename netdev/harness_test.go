@@ -18,9 +18,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/netdev"
-	"github.com/carve-dra/carve/netdev/netdevtest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 	"github.com/carve-dra/carve/slices"
@@ -29,7 +29,7 @@ import (
 
 type bench struct {
 	t      testing.TB
-	tp     *netdevtest.Topology
+	tp     *nettest.Topology
 	shaper *bpf.Shaper
 	pinDir string
 	p      *netdev.NICPreparer
@@ -39,8 +39,8 @@ type bench struct {
 
 func newBench(t testing.TB) *bench {
 	t.Helper()
-	tp := netdevtest.New(t)
-	netdevtest.NeedBPFFS(t, bpf.MountBPFFS(bpf.DefaultBPFFS))
+	tp := nettest.New(t)
+	nettest.NeedBPFFS(t, bpf.MountBPFFS(bpf.DefaultBPFFS))
 	pinDir := filepath.Join(bpf.DefaultBPFFS, "carve-test-"+string(uuid.NewUUID())[:8])
 	shaper, err := bpf.OpenShaper(pinDir)
 	if err != nil {
@@ -164,7 +164,7 @@ func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d
 	if proto == "udp" {
 		b.t.Fatal("measureProto: UDP is measured by measureUDP, with an offered rate")
 	}
-	res, err := netdevtest.RunFlows(flows, time.Second, d, mark)
+	res, err := nettest.RunFlows(flows, time.Second, d, mark)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -177,14 +177,14 @@ func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d
 }
 
 // flows is one flow per share in direction dir, each to its own port.
-func (b *bench) flows(dir bpf.Direction, shares []*share) []netdevtest.Flow {
-	var flows []netdevtest.Flow
+func (b *bench) flows(dir bpf.Direction, shares []*share) []nettest.Flow {
+	var flows []nettest.Flow
 	for i, s := range shares {
 		port := 5201 + i
 		if dir == bpf.Egress {
-			flows = append(flows, netdevtest.Flow{From: s.pod, To: b.tp.Server, ToAddr: fmt.Sprintf("%s:%d", b.tp.ServerIP, port)})
+			flows = append(flows, nettest.Flow{From: s.pod, To: b.tp.Server, ToAddr: fmt.Sprintf("%s:%d", b.tp.ServerIP, port)})
 		} else {
-			flows = append(flows, netdevtest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
+			flows = append(flows, nettest.Flow{From: b.tp.Server, To: s.pod, ToAddr: fmt.Sprintf("%s:%d", s.ip, port)})
 		}
 	}
 	return flows
@@ -205,12 +205,12 @@ func (b *bench) marker(marks *[]map[bpf.Key]bpf.Counters) func() {
 // measureUDP offers each share offered[i] bits/s of UDP with iperf3 in
 // direction dir, and returns what was offered and received (payload bits/s)
 // and the classifier's count over the same window (frame bits/s).
-func (b *bench) measureUDP(dir bpf.Direction, shares []*share, offered []float64, d time.Duration) (res []netdevtest.UDPResult, l2 []float64) {
+func (b *bench) measureUDP(dir bpf.Direction, shares []*share, offered []float64, d time.Duration) (res []nettest.UDPResult, l2 []float64) {
 	b.t.Helper()
 	flows := b.flows(dir, shares)
 	var marks []map[bpf.Key]bpf.Counters
 	mark := b.marker(&marks)
-	res, err := netdevtest.RunIperfUDP(flows, 1400, offered, time.Second, d, mark)
+	res, err := nettest.RunIperfUDP(flows, 1400, offered, time.Second, d, mark)
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // Only traffic towards a share takes the parent's IFB; the node's own
@@ -47,7 +47,7 @@ func TestOnlyShareTrafficTakesTheIFB(t *testing.T) {
 	}
 	send := func(to string) {
 		t.Helper()
-		err := netdevtest.In(b.tp.Server, func() error {
+		err := nettest.In(b.tp.Server, func() error {
 			c, err := net.ListenPacket("udp", ":0")
 			if err != nil {
 				return err

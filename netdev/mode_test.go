@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
@@ -21,7 +21,7 @@ func TestShareToShareCannotBypassShaping(t *testing.T) {
 	b := newBench(t)
 	from := b.add("from", "20M", "20M", nil)
 	to := b.add("to", "", "", nil)
-	res, err := netdevtest.RunUDP([]netdevtest.Flow{{From: from.pod, To: to.pod, ToAddr: to.ip + ":5401"}}, 1400, 500*time.Millisecond, 2*time.Second, nil)
+	res, err := nettest.RunUDP([]nettest.Flow{{From: from.pod, To: to.pod, ToAddr: to.ip + ":5401"}}, 1400, 500*time.Millisecond, 2*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/netdev"
-	"github.com/carve-dra/carve/netdev/netdevtest"
 )
 
 // A restarted agent whose checkpoint was lost keeps every share enforced
@@ -143,7 +143,7 @@ func TestOrphanShapersAreRemovedAtStart(t *testing.T) {
 	}
 	orphan, _ := node.LinkByName("cveg9999")
 	back, _ := node.LinkByName("cveg9999r")
-	err = netdevtest.In(b.tp.Node, func() error {
+	err = nettest.In(b.tp.Node, func() error {
 		return b.shaper.AttachEgressShaper(9999, orphan.Attrs().Index, back.Attrs().Index, orphan.Attrs().HardwareAddr)
 	})
 	if err != nil {

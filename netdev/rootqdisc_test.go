@@ -6,7 +6,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // An operator's root qdisc on the parent is never touched: carve's shaper
@@ -31,7 +31,7 @@ func TestKeepsOperatorsRootQdisc(t *testing.T) {
 	tried := 0
 	for kind, q := range operators {
 		if err := node.QdiscReplace(q); err != nil {
-			if !netdevtest.KernelLacks(err, netdevtest.Qdisc(kind)) {
+			if !nettest.KernelLacks(err, nettest.Qdisc(kind)) {
 				t.Fatalf("operator's %s root: %v", kind, err)
 			}
 			t.Logf("kernel lacks %s (%v): not tried", kind, err)

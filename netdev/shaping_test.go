@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/bpf"
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // Two shares of one parent at once, each held to its own rate in both
@@ -103,8 +103,8 @@ func TestParentRootUntouchedWhileShaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	sent = shaped()
-	hostFlow := []netdevtest.Flow{{From: b.tp.Node, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5301"}}
-	res, err := netdevtest.RunFlows(hostFlow, 0, time.Second, nil)
+	hostFlow := []nettest.Flow{{From: b.tp.Node, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5301"}}
+	res, err := nettest.RunFlows(hostFlow, 0, time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/bpf"
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // A pod cannot leave its egress share by what it puts in a frame: raw
@@ -32,14 +32,14 @@ func TestSpoofedSourceStaysInItsShare(t *testing.T) {
 	// rxRate is what the server received while fn ran, in bit/s.
 	rxRate := func(fn func()) float64 {
 		t.Helper()
-		before, err := netdevtest.RxBytes(b.tp.Server, "peer0")
+		before, err := nettest.RxBytes(b.tp.Server, "peer0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t0 := time.Now()
 		fn()
 		time.Sleep(100 * time.Millisecond) // what is queued drains
-		after, _ := netdevtest.RxBytes(b.tp.Server, "peer0")
+		after, _ := nettest.RxBytes(b.tp.Server, "peer0")
 		return float64(after-before) * 8 / time.Since(t0).Seconds()
 	}
 	neighbourMAC, _ := net.ParseMAC(n.mac)
@@ -53,7 +53,7 @@ func TestSpoofedSourceStaysInItsShare(t *testing.T) {
 		before, _ := b.shaper.Stats()
 		var sent int
 		got := rxRate(func() {
-			sent, err = netdevtest.RawFlood(a.pod, "net1", c.src, srvMAC, net.ParseIP(a.ip), net.ParseIP(b.tp.ServerIP), 1400, 2*time.Second)
+			sent, err = nettest.RawFlood(a.pod, "net1", c.src, srvMAC, net.ParseIP(a.ip), net.ParseIP(b.tp.ServerIP), 1400, 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,14 +7,14 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/prepare"
 )
 
 // mq, the root of multi-queue NICs, may be replaced while its children are
 // kernel defaults, not once an operator put their own under it.
 func TestMQRootReplaceableOnlyWithDefaultChildren(t *testing.T) {
-	tp := netdevtest.New(t)
+	tp := nettest.New(t)
 	h, err := netlink.NewHandleAt(tp.Node)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestMQRootReplaceableOnlyWithDefaultChildren(t *testing.T) {
 // A restored share's class minors are reserved on the devices that hold the
 // classes: egress on the parent's egress shaper, ingress on the parent's IFB.
 func TestRestoreReservesMinorsPerDevice(t *testing.T) {
-	tp := netdevtest.New(t)
+	tp := nettest.New(t)
 	p, err := NewNICPreparer(Options{HostNS: tp.Node, StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

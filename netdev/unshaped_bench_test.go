@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // unshapedStreams is how many TCP streams each case runs at once: enough
@@ -17,7 +17,7 @@ import (
 const unshapedStreams = 4
 
 // The plain and carve's node take turns of unshapedSlot, unshapedRounds
-// times (see netdevtest.RunAlternating): other work on the machine moves
+// times (see nettest.RunAlternating): other work on the machine moves
 // one-off measurements by ±20%, and weighs on turns this short alike.
 const (
 	unshapedSlot   = 100 * time.Millisecond
@@ -37,10 +37,10 @@ func BenchmarkUnlimitedShare(b *testing.B) {
 		b.Run(c, func(b *testing.B) {
 			plain, carve := newBench(b), newBench(b)
 			carve.add("limited", "200M", "200M", nil)
-			sets := [][]netdevtest.Flow{plain.streams(plain.unshapedSender(c)), carve.streams(carve.unshapedSender(c))}
-			var sum [2]netdevtest.Slot
+			sets := [][]nettest.Flow{plain.streams(plain.unshapedSender(c)), carve.streams(carve.unshapedSender(c))}
+			var sum [2]nettest.Slot
 			for b.Loop() {
-				slots, err := netdevtest.RunAlternating(sets, time.Second, unshapedSlot, unshapedRounds)
+				slots, err := nettest.RunAlternating(sets, time.Second, unshapedSlot, unshapedRounds)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -115,10 +115,10 @@ func (b *bench) unshapedSender(c string) netns.NsHandle {
 }
 
 // streams are unshapedStreams TCP flows from sender to the server.
-func (b *bench) streams(sender netns.NsHandle) []netdevtest.Flow {
-	var flows []netdevtest.Flow
+func (b *bench) streams(sender netns.NsHandle) []nettest.Flow {
+	var flows []nettest.Flow
 	for i := range unshapedStreams {
-		flows = append(flows, netdevtest.Flow{From: sender, To: b.tp.Server, ToAddr: net.JoinHostPort(b.tp.ServerIP, fmt.Sprint(5201+i))})
+		flows = append(flows, nettest.Flow{From: sender, To: b.tp.Server, ToAddr: net.JoinHostPort(b.tp.ServerIP, fmt.Sprint(5201+i))})
 	}
 	return flows
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // A subscription that dies is made again, and the watcher signals a change
@@ -117,7 +117,7 @@ func linkUpdate(name string) netlink.LinkUpdate {
 // with nothing discovery reads changed: a share's prepare and unprepare then
 // make no rediscovery. A real change of the parent (its MTU, its state) does.
 func TestWatchLinksIgnoresAParentsChildrenComingAndGoing(t *testing.T) {
-	tp := netdevtest.New(t)
+	tp := nettest.New(t)
 	h, err := netlink.NewHandleAt(tp.Node)
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/discovery"
-	"github.com/carve-dra/carve/prepare/llc/resctrl"
+	"github.com/carve-dra/carve/discovery/cbm"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -204,7 +204,7 @@ func (b *builder) llc(l discovery.LLC) resourceapi.Device {
 	if shareable {
 		// What shares can have: the default group keeps its ways.
 		minWays = int64(l.Resctrl.MinCBMBits)
-		ways = resctrl.ShareWays(l.Resctrl.CBMMask, l.Resctrl.ShareableBM, l.Resctrl.MinCBMBits)
+		ways = cbm.ShareWays(l.Resctrl.CBMMask, l.Resctrl.ShareableBM, l.Resctrl.MinCBMBits)
 		size = int64(ways) * wayBytes
 	}
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
@@ -234,7 +234,7 @@ func (b *builder) llcShareable(l discovery.LLC) bool {
 		b.notef("LLC %d: resctrl is not mounted (or has no L3 allocation); cache ways cannot be partitioned, published as a whole device", l.ID)
 	case rc.NumCLOSIDs < 2:
 		b.notef("LLC %d: resctrl has %d CLOSID(s), none beyond the default group's; published as a whole device", l.ID, rc.NumCLOSIDs)
-	case resctrl.ShareWays(rc.CBMMask, rc.ShareableBM, rc.MinCBMBits) < rc.MinCBMBits:
+	case cbm.ShareWays(rc.CBMMask, rc.ShareableBM, rc.MinCBMBits) < rc.MinCBMBits:
 		b.notef("LLC %d: resctrl leaves no ways for shares beside the default group's min_cbm_bits (cbm_mask %x, shareable_bits %x); published as a whole device",
 			l.ID, rc.CBMMask, rc.ShareableBM)
 	default:

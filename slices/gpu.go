@@ -8,7 +8,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/discovery"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 

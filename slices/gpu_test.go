@@ -8,9 +8,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/discovery/sysfstest"
-	"github.com/carve-dra/carve/gpu/gputest"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
@@ -20,7 +20,7 @@ import (
 func gpuNode(t *testing.T, nvml *nvmlinfo.Inventory, addrs ...string) slices.Result {
 	t.Helper()
 	if addrs == nil {
-		for _, b := range gputest.H100BusIDs {
+		for _, b := range nvmltest.H100BusIDs {
 			a, _ := nvmlinfo.NormalizeBusID(b)
 			addrs = append(addrs, a)
 		}
@@ -40,14 +40,14 @@ func gpuNode(t *testing.T, nvml *nvmlinfo.Inventory, addrs ...string) slices.Res
 }
 
 func TestWholeGPUs(t *testing.T) {
-	res := gpuNode(t, gputest.H100Node())
+	res := gpuNode(t, nvmltest.H100Node())
 	devs := devices(res)
 	if len(devs) != 8 {
 		t.Fatalf("%d devices, want 8 whole GPUs", len(devs))
 	}
 	g := devs["gpu-0000-19-00-0"]
 	for attr, want := range map[resourceapi.QualifiedName]string{
-		"kind": "gpu", "uuid": gputest.H100UUID(0), "productName": "NVIDIA H100 80GB HBM3",
+		"kind": "gpu", "uuid": nvmltest.H100UUID(0), "productName": "NVIDIA H100 80GB HBM3",
 		"architecture": "hopper", "driverVersion": "580.159.04", "pciAddress": "0000:19:00.0",
 		"resource.kubernetes.io/pcieRoot": "pci0000:19",
 	} {
@@ -67,7 +67,7 @@ func TestWholeGPUs(t *testing.T) {
 	if n, ok := intAttr(g, "numaNode"); !ok || n != 0 {
 		t.Errorf("numaNode = %d %v", n, ok)
 	}
-	if q := g.Capacity["memory"].Value; q.Value() != gputest.H100MemoryBytes {
+	if q := g.Capacity["memory"].Value; q.Value() != nvmltest.H100MemoryBytes {
 		t.Errorf("memory = %s", q.String())
 	}
 	last := devs["gpu-0000-db-00-0"]
@@ -82,7 +82,7 @@ func TestWholeGPUs(t *testing.T) {
 // A GPU NVML reports that PCI discovery did not find is published without
 // topology, with a notice naming it; a PCI GPU NVML does not know is not.
 func TestGPUJoinMismatch(t *testing.T) {
-	res := gpuNode(t, gputest.H100Node(), "0000:19:00.0", "0000:3b:00.0", "0000:ee:00.0")
+	res := gpuNode(t, nvmltest.H100Node(), "0000:19:00.0", "0000:3b:00.0", "0000:ee:00.0")
 	devs := devices(res)
 	if len(devs) != 8 {
 		t.Fatalf("%d devices, want 8", len(devs))
@@ -92,7 +92,7 @@ func TestGPUJoinMismatch(t *testing.T) {
 		t.Errorf("unjoined GPU attributes %v", g.Attributes)
 	}
 	notes := strings.Join(res.Notices, "\n")
-	for _, want := range []string{"GPU 2 (" + gputest.H100UUID(2), "0000:ee:00.0 is not reported by NVML"} {
+	for _, want := range []string{"GPU 2 (" + nvmltest.H100UUID(2), "0000:ee:00.0 is not reported by NVML"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notices lack %q:\n%s", want, notes)
 		}

@@ -6,15 +6,15 @@ import (
 	"testing"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/discovery/sysfstest"
-	"github.com/carve-dra/carve/gpu/gputest"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
 func TestGPUMemorySlices(t *testing.T) {
-	nvml := gputest.H100Node()
+	nvml := nvmltest.H100Node()
 	tree := sysfstest.GPUNode(t.TempDir(), []string{"0000:19:00.0", "0000:3b:00.0"}, func(int) int { return 0 })
 	inv, err := discovery.Discover(context.Background(), discovery.Options{Root: tree.Root,
 		NVML: func(context.Context) (*nvmlinfo.Inventory, error) { return nvml, nil }})
@@ -22,8 +22,8 @@ func TestGPUMemorySlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	inv.GPUMemory = map[string]discovery.GPUMemory{
-		gputest.H100UUID(0): {Enforcement: "mps-policed", Reason: "no kernel limit: driver 580.159.04 is older than r615"},
-		gputest.H100UUID(1): {Enforcement: "none", Reason: "no nvidia-cuda-mps-control below the driver root"},
+		nvmltest.H100UUID(0): {Enforcement: "mps-policed", Reason: "no kernel limit: driver 580.159.04 is older than r615"},
+		nvmltest.H100UUID(1): {Enforcement: "none", Reason: "no nvidia-cuda-mps-control below the driver root"},
 	}
 	cfg, err := nodeconfig.Decode([]byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nrequestPolicies:\n  gpu:\n    memory: {default: 10Gi, min: 5Gi, step: 5Gi, max: 40Gi}\n"))
 	if err != nil {

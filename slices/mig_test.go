@@ -5,8 +5,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/carve-dra/carve/gpu/gputest"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/slices"
 )
 
@@ -58,9 +58,9 @@ func counterSets(res slices.Result) map[string]resourceapi.CounterSet {
 // An 8 x H100 node with MIG on every GPU: every placement NVML reports is a
 // device; counters live in their own slice; device slices hold at most 64.
 func TestMIGSlices(t *testing.T) {
-	res := gpuNode(t, gputest.H100Node(0, 1, 2, 3, 4, 5, 6, 7))
+	res := gpuNode(t, nvmltest.H100Node(0, 1, 2, 3, 4, 5, 6, 7))
 	perGPU := 0
-	for _, p := range gputest.H100Profiles() {
+	for _, p := range nvmltest.H100Profiles() {
 		perGPU += len(p.Placements)
 	}
 	devs := devices(res)
@@ -87,7 +87,7 @@ func TestMIGSlices(t *testing.T) {
 		t.Errorf("media extensions %s, want the H100's one", q.String())
 	}
 	m := devs["mig-0000-19-00-0-3g-40gb-4"]
-	if str(m, "kind") != "mig" || str(m, "profile") != "3g.40gb" || str(m, "parentUUID") != gputest.H100UUID(0) ||
+	if str(m, "kind") != "mig" || str(m, "profile") != "3g.40gb" || str(m, "parentUUID") != nvmltest.H100UUID(0) ||
 		str(m, "resource.kubernetes.io/pcieRoot") != "pci0000:19" {
 		t.Errorf("MIG attributes %v", m.Attributes)
 	}
@@ -112,7 +112,7 @@ func TestMIGSlices(t *testing.T) {
 // each hold the H100's one media-extension set (its OFA, as NVML counts it),
 // two others can, and a whole partitioning of the GPU fits at once.
 func TestMIGCountersExclusive(t *testing.T) {
-	res := gpuNode(t, gputest.H100Node(0))
+	res := gpuNode(t, nvmltest.H100Node(0))
 	sets := counterSets(res)
 	var migs []resourceapi.Device
 	place := map[string]nvmlinfo.Placement{}

@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/carve-dra/carve/prepare/agent"
+	"github.com/carve-dra/carve/cmd/carve/app"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -91,7 +91,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 	if err != nil {
 		return fmt.Errorf("kube client: %w", err)
 	}
-	return agent.Run(ctx, agent.Options{
+	return app.Run(ctx, app.Options{
 		NodeName: f.nodeName, KubeClient: client, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Config: cfg,
 		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
 		MetricsAddr: f.metricsAddr, Profiling: f.profiling, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),

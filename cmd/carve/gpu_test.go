@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/discovery/sysfstest"
-	"github.com/carve-dra/carve/gpu/gputest"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 )
 
 func writeInventory(t *testing.T, inv *nvmlinfo.Inventory) string {
@@ -43,16 +43,16 @@ func run(t *testing.T, bin string, args ...string) (string, string) {
 // discover --from reproduces it on this machine, which has no GPU.
 func TestDiscoverReplayAndSnapshot(t *testing.T) {
 	bin := buildCarve(t)
-	inv := gputest.H100Node(1)
+	inv := nvmltest.H100Node(1)
 	var addrs []string
-	for _, b := range gputest.H100BusIDs {
+	for _, b := range nvmltest.H100BusIDs {
 		a, _ := nvmlinfo.NormalizeBusID(b)
 		addrs = append(addrs, a)
 	}
 	tree := sysfstest.GPUNode(t.TempDir(), addrs, func(i int) int { return i / 4 })
 	replay := writeInventory(t, inv)
 	direct, _ := run(t, bin, "discover", "--root", tree.Root, "--nvml-replay", replay, "--node-name", "n1", "-o", "json")
-	for _, want := range []string{`"gpu-0000-19-00-0"`, `"mig-0000-3b-00-0-3g-40gb-4"`, `"sharedCounters"`, `"memory-slice-7"`, `"pci0000:19"`, gputest.H100UUID(0)} {
+	for _, want := range []string{`"gpu-0000-19-00-0"`, `"mig-0000-3b-00-0-3g-40gb-4"`, `"sharedCounters"`, `"memory-slice-7"`, `"pci0000:19"`, nvmltest.H100UUID(0)} {
 		if !strings.Contains(direct, want) {
 			t.Errorf("discover --nvml-replay output lacks %s", want)
 		}
@@ -70,7 +70,7 @@ func TestDiscoverReplayAndSnapshot(t *testing.T) {
 func TestDiscoverReplayWarningsAndErrors(t *testing.T) {
 	bin := buildCarve(t)
 	tree := sysfstest.GPUNode(t.TempDir(), []string{"0000:07:00.0"}, func(int) int { return 0 })
-	out, stderr := run(t, bin, "discover", "--root", tree.Root, "--nvml-replay", writeInventory(t, gputest.A100Node()), "-o", "json")
+	out, stderr := run(t, bin, "discover", "--root", tree.Root, "--nvml-replay", writeInventory(t, nvmltest.A100Node()), "-o", "json")
 	if !strings.Contains(stderr, "mock table") || !strings.Contains(out, `"mig-0000-07-00-0-7g-40gb-0"`) {
 		t.Errorf("stderr %s\nstdout lacks the A100's 7g.40gb", stderr)
 	}
@@ -80,7 +80,7 @@ func TestDiscoverReplayWarningsAndErrors(t *testing.T) {
 	if err == nil || !strings.Contains(string(res), `unknown field "gpus"`) {
 		t.Errorf("unknown key: err %v, output %s", err, res)
 	}
-	inv := gputest.H100Node()
+	inv := nvmltest.H100Node()
 	inv.Devices = inv.Devices[:1]
 	out, stderr = run(t, bin, "discover", "--root", tree.Root, "--nvml-replay", writeInventory(t, inv), "-o", "json")
 	if !strings.Contains(out, `"gpu-0000-19-00-0"`) || !strings.Contains(stderr, "not among the PCI functions") {
@@ -133,12 +133,12 @@ func TestDiscoverMemoryEnforcement(t *testing.T) {
 	}
 	bin := buildCarve(t)
 	var addrs []string
-	for _, b := range gputest.H100BusIDs[:2] {
+	for _, b := range nvmltest.H100BusIDs[:2] {
 		a, _ := nvmlinfo.NormalizeBusID(b)
 		addrs = append(addrs, a)
 	}
 	tree := sysfstest.GPUNode(t.TempDir(), addrs, func(int) int { return 0 })
-	inv := gputest.H100Node(1)
+	inv := nvmltest.H100Node(1)
 	inv.Devices = inv.Devices[:2]
 	cfg := filepath.Join(t.TempDir(), "node.yaml")
 	os.WriteFile(cfg, []byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nrequestPolicies:\n  gpu:\n    memory: {default: 10Gi, step: 5Gi}\n"), 0o644)

@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/carve-dra/carve/cmd/carve/sharelist"
 	"github.com/carve-dra/carve/gpu/police"
-	"github.com/carve-dra/carve/netdev/sharelist"
 )
 
 func newSharesCommand() *cobra.Command {

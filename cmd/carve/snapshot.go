@@ -9,8 +9,8 @@ import (
 
 	"bytes"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/discovery/snapshot"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/prepare/atomicfile"
 )
 

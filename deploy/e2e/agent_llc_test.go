@@ -20,6 +20,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/carve-dra/carve/deploy/e2e/kubeletstub"
+	"github.com/carve-dra/carve/discovery/cbm"
 	"github.com/carve-dra/carve/discovery/sysfstest"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
 )
@@ -162,7 +163,7 @@ func (h *agentHost) llcShare(t *testing.T, uid string) (string, uint64) {
 	}
 	m, ok := strings.CutPrefix(rdt.L3CacheSchema, "L3:0=")
 	mask, err := strconv.ParseUint(m, 16, 64)
-	if !ok || err != nil || !resctrl.Contiguous(mask) {
+	if !ok || err != nil || !cbm.Contiguous(mask) {
 		t.Fatalf("claim %s: l3CacheSchema %q, want one contiguous mask of cache 0", uid, rdt.L3CacheSchema)
 	}
 	// The agent ships the small static hook beside itself, and names it.

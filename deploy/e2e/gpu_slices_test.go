@@ -8,10 +8,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/discovery/sysfstest"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/gputest"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -29,9 +29,9 @@ func TestAPIServerAcceptsGPUSlices(t *testing.T) {
 		name string
 		inv  *nvmlinfo.Inventory
 	}{
-		{"h100-mig", gputest.H100Node(0, 1, 2, 3, 4, 5, 6, 7)},
-		{"h100-whole", gputest.H100Node()},
-		{"a100-mig", gputest.A100Node()},
+		{"h100-mig", nvmltest.H100Node(0, 1, 2, 3, 4, 5, 6, 7)},
+		{"h100-whole", nvmltest.H100Node()},
+		{"a100-mig", nvmltest.A100Node()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := nvmlreplay.New(tc.inv)

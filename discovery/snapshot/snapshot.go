@@ -14,7 +14,7 @@ import (
 
 	ghwsnapshot "github.com/jaypipes/ghw/pkg/snapshot"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // Paths inside a snapshot, beside the host tree (sys/, proc/, boot/, usr/).

@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // DefaultRoot is where cgroup v2 is mounted.

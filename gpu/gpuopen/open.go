@@ -9,8 +9,8 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
 )
 

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // NeedRoot skips a test that mounts (the MPS daemon's shared memory tmpfs,
@@ -14,6 +14,6 @@ import (
 func NeedRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		netdevtest.SkipUnlessRequired(t, "needs root to mount the MPS shared memory tmpfs and a mount namespace")
+		nettest.SkipUnlessRequired(t, "needs root to mount the MPS shared memory tmpfs and a mount namespace")
 	}
 }

@@ -26,10 +26,10 @@ import (
 	"strings"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/mps"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 )
 
 // Tier is how a GPU's memory slices are enforced: the values of the

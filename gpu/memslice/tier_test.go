@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // A process that does not see the host's PIDs cannot police: an MPS v2 GPU

@@ -4,7 +4,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // device makes a mock device answer as the file says: identity, exact

@@ -11,8 +11,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 )
 
 // Replay is a mock NVML that answers as the inventory says.

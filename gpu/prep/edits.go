@@ -15,8 +15,8 @@ import (
 	"github.com/go-logr/logr"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 )
 
 func jsonMarshal(v any) (json.RawMessage, error) { return json.Marshal(v) }

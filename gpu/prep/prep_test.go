@@ -17,9 +17,9 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/gputest"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
 	"github.com/carve-dra/carve/gpu/prep"
 	"github.com/carve-dra/carve/prepare"
@@ -117,9 +117,9 @@ func alloc(claim, device, kind string) prepare.Allocation {
 }
 
 func TestWholeGPUEdits(t *testing.T) {
-	f := newFixture(t, gputest.H100Node())
+	f := newFixture(t, nvmltest.H100Node())
 	_, ctx := ktesting.NewTestContext(t)
-	driverVersion := gputest.H100Node().DriverVersion
+	driverVersion := nvmltest.H100Node().DriverVersion
 	name := "gpu-0000-3b-00-0"
 	out, err := f.prep.Prepare(ctx, alloc("c1", name, cslices.KindGPU), f.res.Index[name])
 	if err != nil {
@@ -155,7 +155,7 @@ func TestWholeGPUEdits(t *testing.T) {
 		}
 	}
 	env := strings.Join(out.Edits.Env, " ")
-	for _, want := range []string{"LD_LIBRARY_PATH=/lib64", "CARVE_GPU_GPU_UUID=" + gputest.H100UUID(1)} {
+	for _, want := range []string{"LD_LIBRARY_PATH=/lib64", "CARVE_GPU_GPU_UUID=" + nvmltest.H100UUID(1)} {
 		if !strings.Contains(env, want) {
 			t.Errorf("env %q lacks %s", env, want)
 		}
@@ -197,7 +197,7 @@ func instances(t *testing.T, f *fixture) []string {
 // prepare creates the instance at the allocated placement; an overlapping
 // placement is refused by the driver; unprepare destroys it, twice safely.
 func TestMIGPrepareUnprepare(t *testing.T) {
-	f := newFixture(t, gputest.A100Node())
+	f := newFixture(t, nvmltest.A100Node())
 	_, ctx := ktesting.NewTestContext(t)
 	name := migDevice(t, f, "3g.20gb", 4)
 	a := alloc("c1", name, cslices.KindMIG)
@@ -251,7 +251,7 @@ func TestMIGPrepareUnprepare(t *testing.T) {
 // undo record: a new agent finds it from the allocation alone and rolls it
 // back. An instance no claim owns is reported at start and left in place.
 func TestMIGCrashRecovery(t *testing.T) {
-	f := newFixture(t, gputest.A100Node())
+	f := newFixture(t, nvmltest.A100Node())
 	_, ctx := ktesting.NewTestContext(t)
 	name := migDevice(t, f, "1g.5gb", 3)
 	a := alloc("c1", name, cslices.KindMIG)
@@ -288,7 +288,7 @@ func TestMIGCrashRecovery(t *testing.T) {
 }
 
 func TestNoNVML(t *testing.T) {
-	inv := gputest.H100Node()
+	inv := nvmltest.H100Node()
 	res := cslices.Build(&discovery.Inventory{NVML: inv}, nodeconfig.Default(), "node-a")
 	p := prep.New(prep.Options{Root: t.TempDir()})
 	name := "gpu-0000-19-00-0"
@@ -301,7 +301,7 @@ func TestNoNVML(t *testing.T) {
 // the file, makes no node, and hands back the undo record that destroys
 // the instance it made.
 func TestMIGPrepareWithoutCapsMajor(t *testing.T) {
-	f := newFixture(t, gputest.A100Node())
+	f := newFixture(t, nvmltest.A100Node())
 	_, ctx := ktesting.NewTestContext(t)
 	if err := os.WriteFile(filepath.Join(f.root, "proc/devices"), []byte("Character devices:\n195 nvidia\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -12,8 +12,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
 	"github.com/carve-dra/carve/prepare"
 	cslices "github.com/carve-dra/carve/slices"

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/gputest"
 	"github.com/carve-dra/carve/gpu/memslice"
@@ -42,7 +43,7 @@ func (idle) Processes(context.Context, string) ([]gpu.Process, error) { return n
 
 func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	gputest.NeedRoot(t)
-	f := newFixture(t, gputest.H100Node())
+	f := newFixture(t, nvmltest.H100Node())
 	_, ctx := ktesting.NewTestContext(t)
 	bin, _ := filepath.Abs("../mps/testdata")
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
@@ -58,7 +59,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	e.GPU = &g
 	f.res.Index[name] = e
 	t.Cleanup(func() {
-		d := mps.Daemon{Dir: memslice.DaemonDir(dir, "c1", gputest.H100UUID(1)), UUID: gputest.H100UUID(1)}
+		d := mps.Daemon{Dir: memslice.DaemonDir(dir, "c1", nvmltest.H100UUID(1)), UUID: nvmltest.H100UUID(1)}
 		if pid, alive := d.PID(); alive {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
@@ -74,7 +75,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := strings.Join(out.Edits.Env, " ")
-	for _, want := range []string{"CARVE_GPU_GPU_UUID=" + gputest.H100UUID(1), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps/" + gputest.H100UUID(1)} {
+	for _, want := range []string{"CARVE_GPU_GPU_UUID=" + nvmltest.H100UUID(1), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps/" + nvmltest.H100UUID(1)} {
 		if !strings.Contains(env, want) {
 			t.Errorf("env %q lacks %s", env, want)
 		}
@@ -87,7 +88,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 		t.Error("the share's container lacks the GPU's device node")
 	}
 	var rec memslice.Record
-	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != gputest.H100UUID(1) {
+	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != nvmltest.H100UUID(1) {
 		t.Fatalf("undo %s: %v", out.Undo, err)
 	}
 	// Default while shared: every claim's daemon runs an MPS server.

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/carve-dra/carve/discovery/cbm"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
 )
 
@@ -42,8 +43,8 @@ func (a *allocator) used(domain int) uint64 {
 // defaultMask is the ways the default group keeps in a domain: the longest
 // run no share holds (the kernel takes only contiguous masks).
 func (a *allocator) defaultMask(in resctrl.L3Info, domain int) uint64 {
-	lo, n := resctrl.LargestRun(in.CBMMask &^ a.used(domain))
-	return resctrl.Run(lo, n)
+	lo, n := cbm.LargestRun(in.CBMMask &^ a.used(domain))
+	return cbm.Run(lo, n)
 }
 
 // place finds ways contiguous ways for a share in a domain: outside the
@@ -60,11 +61,11 @@ func (a *allocator) place(in resctrl.L3Info, domain, ways int) (uint64, error) {
 	free := in.CBMMask &^ in.ShareableBits &^ used
 	best, bestDefault := uint64(0), -1
 	for lo := 63; lo >= 0; lo-- {
-		m := resctrl.Run(lo, ways)
+		m := cbm.Run(lo, ways)
 		if lo+ways > 64 || m&free != m {
 			continue
 		}
-		if _, n := resctrl.LargestRun(in.CBMMask &^ (used | m)); n >= in.MinCBMBits && n > bestDefault {
+		if _, n := cbm.LargestRun(in.CBMMask &^ (used | m)); n >= in.MinCBMBits && n > bestDefault {
 			best, bestDefault = m, n
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/cbm"
 	"github.com/carve-dra/carve/discovery/sysfstest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/llc"
@@ -138,7 +139,7 @@ func runShares(t *testing.T, f resctrl.FS, devs map[int]slices.Entry, domain int
 		}
 	}
 	ma, mb := masks[llc.GroupName(a.ShareKey())], masks[llc.GroupName(b.ShareKey())]
-	if ma&mb != 0 || bits.OnesCount64(ma) != in.MinCBMBits+1 || bits.OnesCount64(mb) != in.MinCBMBits || !resctrl.Contiguous(ma) || !resctrl.Contiguous(mb) {
+	if ma&mb != 0 || bits.OnesCount64(ma) != in.MinCBMBits+1 || bits.OnesCount64(mb) != in.MinCBMBits || !cbm.Contiguous(ma) || !cbm.Contiguous(mb) {
 		t.Fatalf("masks %x and %x: want disjoint contiguous runs of %d and %d ways", ma, mb, in.MinCBMBits+1, in.MinCBMBits)
 	}
 	if def := mask(t, f, "", domain); def&(ma|mb) != 0 || def != full&^(ma|mb) {

@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/carve-dra/carve/discovery/cbm"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
 )
@@ -61,7 +62,7 @@ func (p *Preparer) groupOnHost(a prepare.Allocation) (share, bool) {
 		return share{}, false
 	}
 	mask, err := sch.Mask(domain)
-	if err != nil || !resctrl.Contiguous(mask) {
+	if err != nil || !cbm.Contiguous(mask) {
 		return share{}, false
 	}
 	return share{Group: g, Domain: domain, Mask: mask}, true

@@ -13,7 +13,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev/netdevtest"
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 func main() {
@@ -30,7 +30,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rawflood: need -src-mac, -dst-mac, -src-ip and -dst-ip")
 		os.Exit(2)
 	}
-	sent, err := netdevtest.RawFlood(netns.None(), *ifName, srcMAC, dstMAC, net.ParseIP(*srcIP), net.ParseIP(*dstIP), 1400, time.Duration(*seconds)*time.Second)
+	sent, err := nettest.RawFlood(netns.None(), *ifName, srcMAC, dstMAC, net.ParseIP(*srcIP), net.ParseIP(*dstIP), 1400, time.Duration(*seconds)*time.Second)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rawflood:", err)
 		os.Exit(1)

@@ -2,9 +2,10 @@ package resctrl
 
 import (
 	"fmt"
-	"math/bits"
 	"strconv"
 	"strings"
+
+	"github.com/carve-dra/carve/discovery/cbm"
 )
 
 // L3Info is L3 cache allocation as info/L3 describes it.
@@ -39,7 +40,7 @@ func ReadL3Info(f FS) (L3Info, error) {
 	if in.CBMMask, err = read("cbm_mask", true); err != nil {
 		return in, err
 	}
-	if !Contiguous(in.CBMMask) || in.CBMMask&1 == 0 {
+	if !cbm.Contiguous(in.CBMMask) || in.CBMMask&1 == 0 {
 		return in, fmt.Errorf("resctrl info/L3/cbm_mask %x is not a run of bits from bit 0", in.CBMMask)
 	}
 	if in.ShareableBits, err = read("shareable_bits", true); err != nil {
@@ -55,36 +56,4 @@ func ReadL3Info(f FS) (L3Info, error) {
 	}
 	in.NumCLOSIDs = int(v)
 	return in, nil
-}
-
-// ShareWays is how many ways shares may take in one domain: the ways
-// outside the shareable bits, less what the default group must keep
-// (min_cbm_bits) where the shareable bits cannot hold it.
-func ShareWays(cbm, shareable uint64, minBits int) int {
-	eligible := cbm &^ shareable
-	n := bits.OnesCount64(eligible)
-	if _, run := LargestRun(cbm & shareable); run < minBits {
-		n -= minBits
-	}
-	return max(n, 0)
-}
-
-// LargestRun is the longest run of set bits in a mask: its lowest bit and
-// length (the lowest such run on a tie; 0, 0 for an empty mask).
-func LargestRun(m uint64) (lo, n int) {
-	for i := 0; i < 64; {
-		if m&(1<<i) == 0 {
-			i++
-			continue
-		}
-		j := i
-		for j < 64 && m&(1<<j) != 0 {
-			j++
-		}
-		if j-i > n {
-			lo, n = i, j-i
-		}
-		i = j
-	}
-	return lo, n
 }

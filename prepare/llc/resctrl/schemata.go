@@ -2,7 +2,6 @@ package resctrl
 
 import (
 	"fmt"
-	"math/bits"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,23 +69,3 @@ func L3Line(masks map[int]uint64) string {
 
 // MBLine is a schemata line that sets one domain's memory bandwidth.
 func MBLine(domain, value int) string { return fmt.Sprintf("MB:%d=%d", domain, value) }
-
-// Contiguous reports whether a mask's set bits are one run.
-func Contiguous(mask uint64) bool {
-	if mask == 0 {
-		return false
-	}
-	m := mask >> bits.TrailingZeros64(mask)
-	return m&(m+1) == 0
-}
-
-// Run is the mask of n bits from bit lo.
-func Run(lo, n int) uint64 {
-	if n <= 0 {
-		return 0
-	}
-	if n >= 64 {
-		return ^uint64(0) << lo
-	}
-	return ((uint64(1) << n) - 1) << lo
-}

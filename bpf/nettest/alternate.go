@@ -1,4 +1,4 @@
-package netdevtest
+package nettest
 
 import (
 	"net"

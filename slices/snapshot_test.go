@@ -1,4 +1,4 @@
-package snapshot_test
+package slices_test
 
 import (
 	"bytes"
@@ -12,15 +12,15 @@ import (
 	"testing"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/discovery/snapshot"
 	"github.com/carve-dra/carve/discovery/sysfstest"
-	"github.com/carve-dra/carve/gpu/gputest"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
-func build(t *testing.T, root string, nvml *nvmlinfo.Inventory) slices.Result {
+func buildFromSnapshotRoot(t *testing.T, root string, nvml *nvmlinfo.Inventory) slices.Result {
 	t.Helper()
 	inv, err := discovery.Discover(context.Background(), discovery.Options{Root: root,
 		NVML: func(context.Context) (*nvmlinfo.Inventory, error) { return nvml, nil }})
@@ -35,7 +35,7 @@ func build(t *testing.T, root string, nvml *nvmlinfo.Inventory) slices.Result {
 // from the NVML inventory it carries.
 func TestSnapshotReproducesNode(t *testing.T) {
 	tree := sysfstest.Typical(t.TempDir())
-	nvml := gputest.H100Node()
+	nvml := nvmltest.H100Node()
 	nvml.Devices = nvml.Devices[:1]
 	nvml.Devices[0].PCIBusID = "00000000:C1:00.0"
 	var buf bytes.Buffer
@@ -63,7 +63,7 @@ func TestSnapshotReproducesNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, got := build(t, tree.Root, nvml), build(t, u.Root, replayed)
+	want, got := buildFromSnapshotRoot(t, tree.Root, nvml), buildFromSnapshotRoot(t, u.Root, replayed)
 	if !reflect.DeepEqual(want.Resources, got.Resources) {
 		g, _ := json.MarshalIndent(got.Resources, "", " ")
 		w, _ := json.MarshalIndent(want.Resources, "", " ")

@@ -1,8 +1,8 @@
-// Package netdevtest builds the network topology netdev's tests and
+// Package nettest builds the network topology netdev's tests and
 // benchmarks run on, entirely inside namespaces they create: a "node"
 // namespace whose veth stands in for the physical NIC, a "server" namespace
 // on its other end, and pod namespaces. Traffic never leaves them.
-package netdevtest
+package nettest
 
 import (
 	"crypto/rand"

@@ -1,4 +1,4 @@
-package agent
+package app
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"

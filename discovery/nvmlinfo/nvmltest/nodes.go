@@ -1,12 +1,12 @@
-// Package gputest builds the NVML inventories of the GPU nodes carve's tests
+// Package nvmltest builds the NVML inventories of the GPU nodes carve's tests
 // use: an 8 x H100 node shaped as a real H100 reports on driver 580, and an
 // A100 node whose MIG profiles come from go-nvml's mock table.
-package gputest
+package nvmltest
 
 import (
 	"fmt"
 
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
 
 // H100MemoryBytes is what a real H100 80GB HBM3 reports as total memory.

@@ -1,4 +1,4 @@
-package agent
+package app
 
 import (
 	"context"
@@ -14,11 +14,11 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/gpu/mps"
-	"github.com/carve-dra/carve/gpu/nvmlinfo"
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare/hostmount"
 )

@@ -1,4 +1,4 @@
-package prepare_test
+package app_test
 
 import (
 	"context"

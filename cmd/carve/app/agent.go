@@ -1,7 +1,7 @@
-// Package agent is carve's composition root on a node: it wires every device
+// Package app is carve's composition root on a node: it wires every device
 // kind's preparer into the kubelet plugin, runs the rediscovery loop that
 // republishes ResourceSlices, and serves metrics and health.
-package agent
+package app
 
 import (
 	"context"
