@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // An ipvlan child has no MAC of its own: it sends and receives with its
@@ -22,7 +23,7 @@ import (
 // keysByAddress reports whether a share made with cfg is told apart by
 // address: ipvlan children, and every share where a test asked for it.
 func (p *NICPreparer) keysByAddress(cfg v1alpha1.NetworkConfig) bool {
-	return childKind(net1Mode(cfg)) == "ipvlan" || p.addressKeys
+	return hook.ChildKind(net1Mode(cfg)) == "ipvlan" || p.addressKeys
 }
 
 // checkAddressable refuses, before anything is made, a share to be told

@@ -19,6 +19,7 @@ import (
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // addAddrNoDAD gives a device in ns an address; an IPv6 one is usable at
@@ -62,7 +63,7 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 	a := b.alloc("keyed", limit, limit)
 	spec := b.prepareSpec(a, &v1alpha1.NetworkConfig{Addresses: []string{"fd77::11/64"}, Pools: []string{"test"}})
 	keyed := b.tp.NewPod("keyed")
-	if err := netdev.AttachToPod(b.tp.Node, keyed, spec); err != nil {
+	if err := hook.AttachToPod(b.tp.Node, keyed, spec); err != nil {
 		t.Fatal(err)
 	}
 	if len(spec.Addresses) != 2 {

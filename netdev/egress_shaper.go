@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // egressShaperName is the veth end whose egress HTB holds the egress shares
@@ -88,7 +90,7 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error
 			return nil, err
 		}
 	}
-	if err := inNetns(p.opts.HostNS, func() error {
+	if err := hook.InNetns(p.opts.HostNS, func() error {
 		return p.opts.Shaper.AttachEgressShaper(parent.Attrs().Index, shaper.Attrs().Index, peer.Attrs().Index, shaper.Attrs().HardwareAddr)
 	}); err != nil {
 		return nil, fmt.Errorf("send %s's limited shares through %s: %w", parent.Attrs().Name, name, err)
@@ -184,7 +186,7 @@ func (p *NICPreparer) forgetEgressShaper(parentIndex int) error {
 	if peer, err := p.h.LinkByName(egressReturnName(parentIndex)); err == nil {
 		back = peer.Attrs().Index
 	}
-	if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachEgressShaper(parentIndex, back) }); err != nil {
+	if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachEgressShaper(parentIndex, back) }); err != nil {
 		return fmt.Errorf("stop sending ifindex %d's limited shares to its egress shaper: %w", parentIndex, err)
 	}
 	return nil

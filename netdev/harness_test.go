@@ -23,6 +23,7 @@ import (
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
@@ -90,7 +91,7 @@ func (b *bench) preparer(pool, cidr, gateway, bootID string) *netdev.NICPreparer
 
 type share struct {
 	alloc prepare.Allocation
-	spec  netdev.AttachSpec
+	spec  hook.AttachSpec
 	pod   netns.NsHandle
 	ip    string
 	mac   string
@@ -127,10 +128,10 @@ func (b *bench) add(name, egress, ingress string, cfg *v1alpha1.NetworkConfig) *
 	pod := b.tp.NewPod(name)
 	// What the createRuntime hook does, twice: every container runs it.
 	for i := 0; i < 2; i++ {
-		if err := netdev.AttachToPod(b.tp.Node, pod, spec); err != nil {
+		if err := hook.AttachToPod(b.tp.Node, pod, spec); err != nil {
 			b.t.Fatalf("attach %s (run %d): %v", name, i, err)
 		}
-		if err := netdev.RecordPodNetns(b.tp.Node, pod, spec); err != nil {
+		if err := hook.RecordPodNetns(b.tp.Node, pod, spec); err != nil {
 			b.t.Fatalf("record %s's netns (run %d): %v", name, i, err)
 		}
 	}
@@ -222,9 +223,9 @@ func (b *bench) measureUDP(dir bpf.Direction, shares []*share, offered []float64
 }
 
 // specOf reads the attach spec of a prepared allocation.
-func (b *bench) specOf(a prepare.Allocation) netdev.AttachSpec {
+func (b *bench) specOf(a prepare.Allocation) hook.AttachSpec {
 	b.t.Helper()
-	spec, err := netdev.ReadAttachSpec(filepath.Join(b.state, "netdev", netdev.LinkName(a.ShareKey())+".json"))
+	spec, err := hook.ReadAttachSpec(filepath.Join(b.state, "netdev", netdev.LinkName(a.ShareKey())+".json"))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -233,7 +234,7 @@ func (b *bench) specOf(a prepare.Allocation) netdev.AttachSpec {
 
 // prepareSpec prepares a with cfg (unprepared when the test ends) and
 // returns its attach spec.
-func (b *bench) prepareSpec(a prepare.Allocation, cfg *v1alpha1.NetworkConfig) netdev.AttachSpec {
+func (b *bench) prepareSpec(a prepare.Allocation, cfg *v1alpha1.NetworkConfig) hook.AttachSpec {
 	b.t.Helper()
 	a.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: cfg})
 	prepared, err := b.p.Prepare(context.Background(), a, b.dev)

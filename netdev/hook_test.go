@@ -9,8 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // A pod in the node's own namespace (hostNetwork) is refused: the share's
@@ -21,7 +21,7 @@ func TestHookRefusesTheNodesNamespace(t *testing.T) {
 	node, _ := netlink.NewHandleAt(b.tp.Node)
 	defer node.Close()
 	before, _ := node.RouteList(nil, netlink.FAMILY_ALL)
-	err := netdev.AttachToPod(b.tp.Node, b.tp.Node, s.spec)
+	err := hook.AttachToPod(b.tp.Node, b.tp.Node, s.spec)
 	if err == nil || !strings.Contains(err.Error(), "hostNetwork") {
 		t.Fatalf("attach into the node's namespace: %v; want a refusal naming hostNetwork", err)
 	}
@@ -44,7 +44,7 @@ func TestHookChecksTheInterfaceIsTheShares(t *testing.T) {
 	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth9peer"}); err != nil {
 		t.Fatal(err)
 	}
-	err := netdev.AttachToPod(b.tp.Node, pod, spec)
+	err := hook.AttachToPod(b.tp.Node, pod, spec)
 	if err == nil || !strings.Contains(err.Error(), "not carve's share") {
 		t.Fatalf("attach over the pod's own eth9: %v; want a refusal", err)
 	}
@@ -68,7 +68,7 @@ func TestHookRemakesTheInterfaceForARecreatedSandbox(t *testing.T) {
 	runtime.GC()
 	time.Sleep(100 * time.Millisecond)
 	pod := b.tp.NewPod("resandbox2")
-	if err := netdev.AttachToPod(b.tp.Node, pod, s.spec); err != nil {
+	if err := hook.AttachToPod(b.tp.Node, pod, s.spec); err != nil {
 		t.Fatalf("attach to the recreated sandbox: %v", err)
 	}
 	h, _ := netlink.NewHandleAt(pod)

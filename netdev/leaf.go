@@ -8,6 +8,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // leafDelayMs is how much of its rate a share's queue holds where the leaf
@@ -57,7 +59,7 @@ func (p *NICPreparer) setLeaf(link netlink.Link, minor uint16, rateBits uint64) 
 		p.noFQCodel = true
 		p.mu.Unlock()
 	}
-	err := inNetns(p.opts.HostNS, func() error { return replaceBfifo(attrs, fifoLimit(rateBits)) })
+	err := hook.InNetns(p.opts.HostNS, func() error { return replaceBfifo(attrs, fifoLimit(rateBits)) })
 	if err != nil {
 		return fmt.Errorf("bfifo leaf of class 1:%x on %s: %w", minor, link.Attrs().Name, err)
 	}

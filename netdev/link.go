@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // ensureChild creates the share's macvlan or ipvlan interface on lower,
@@ -20,7 +21,7 @@ func (p *NICPreparer) ensureChild(lower netlink.Link, cfg v1alpha1.NetworkConfig
 		}
 		return nil
 	}
-	return addChild(p.h, lower, net1Mode(cfg), name, mac, mtu)
+	return hook.AddChild(p.h, lower, net1Mode(cfg), name, mac, mtu)
 }
 
 // ensureVLAN returns the parent's VLAN interface, creating it if needed.

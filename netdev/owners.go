@@ -14,13 +14,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 var _ prepare.ClaimCleaner = (*NICPreparer)(nil)
 
 // ownerOf is the part of an attach spec that says whose share it is.
-func (p *NICPreparer) ownerOf(a prepare.Allocation) AttachSpec {
-	spec := AttachSpec{ClaimUID: string(a.ClaimUID), Request: a.Request, Device: a.Device, BootID: p.opts.BootID}
+func (p *NICPreparer) ownerOf(a prepare.Allocation) hook.AttachSpec {
+	spec := hook.AttachSpec{ClaimUID: string(a.ClaimUID), Request: a.Request, Device: a.Device, BootID: p.opts.BootID}
 	if a.ShareID != nil {
 		spec.ShareID = string(*a.ShareID)
 	}
@@ -29,7 +30,7 @@ func (p *NICPreparer) ownerOf(a prepare.Allocation) AttachSpec {
 
 // allocationOf rebuilds, from an attach spec, the allocation its share was
 // made for: enough for Unprepare, which derives every name from the key.
-func allocationOf(spec AttachSpec) prepare.Allocation {
+func allocationOf(spec hook.AttachSpec) prepare.Allocation {
 	a := prepare.Allocation{ClaimUID: types.UID(spec.ClaimUID), Request: spec.Request, Device: spec.Device, Kind: "nic"}
 	if spec.ShareID != "" {
 		id := types.UID(spec.ShareID)
@@ -39,14 +40,14 @@ func allocationOf(spec AttachSpec) prepare.Allocation {
 }
 
 // specs reads every attach spec on the node, by file.
-func (p *NICPreparer) specs() (map[string]AttachSpec, error) {
+func (p *NICPreparer) specs() (map[string]hook.AttachSpec, error) {
 	files, err := filepath.Glob(filepath.Join(p.opts.StateDir, "netdev", "*.json"))
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]AttachSpec{}
+	out := map[string]hook.AttachSpec{}
 	for _, f := range files {
-		if spec, err := ReadAttachSpec(f); err == nil {
+		if spec, err := hook.ReadAttachSpec(f); err == nil {
 			out[f] = spec
 		}
 	}
@@ -82,7 +83,7 @@ func (p *NICPreparer) UnprepareClaim(ctx context.Context, uid types.UID) error {
 
 // removeSpecsOfOtherBoots deletes the attach specs of an earlier boot: the
 // interfaces, classes and pins they describe died with it.
-func (p *NICPreparer) removeSpecsOfOtherBoots(ctx context.Context) map[string]AttachSpec {
+func (p *NICPreparer) removeSpecsOfOtherBoots(ctx context.Context) map[string]hook.AttachSpec {
 	specs, err := p.specs()
 	if err != nil || p.opts.BootID == "" {
 		return specs
@@ -99,7 +100,7 @@ func (p *NICPreparer) removeSpecsOfOtherBoots(ctx context.Context) map[string]At
 }
 
 // macsOf are the share MACs the specs name.
-func macsOf(specs map[string]AttachSpec) map[string]bool {
+func macsOf(specs map[string]hook.AttachSpec) map[string]bool {
 	out := map[string]bool{}
 	for _, spec := range specs {
 		a := allocationOf(spec)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // The hook records the pod's netns for its share, refuses the node's own
@@ -29,14 +30,14 @@ func TestPodNetnsRecord(t *testing.T) {
 	if _, err := b.p.Prepare(context.Background(), other, b.dev); err != nil {
 		t.Fatal(err)
 	}
-	spec, err := netdev.ReadAttachSpec(filepath.Join(b.state, "netdev", netdev.LinkName(other.ShareKey())+".json"))
+	spec, err := hook.ReadAttachSpec(filepath.Join(b.state, "netdev", netdev.LinkName(other.ShareKey())+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := netdev.RecordPodNetns(b.tp.Node, b.tp.Node, spec); err == nil || !strings.Contains(err.Error(), "node's network namespace") {
+	if err := hook.RecordPodNetns(b.tp.Node, b.tp.Node, spec); err == nil || !strings.Contains(err.Error(), "node's network namespace") {
 		t.Errorf("the node's own netns: %v, want refused", err)
 	}
-	if err := netdev.RecordPodNetns(b.tp.Node, s.pod, spec); !errors.Is(err, bpf.ErrNetnsTaken) {
+	if err := hook.RecordPodNetns(b.tp.Node, s.pod, spec); !errors.Is(err, bpf.ErrNetnsTaken) {
 		t.Errorf("a second share of the parent in one pod: %v, want ErrNetnsTaken", err)
 	}
 

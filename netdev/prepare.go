@@ -19,6 +19,7 @@ import (
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 	"github.com/carve-dra/carve/prepare/crash"
+	"github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/slices"
 )
 
@@ -125,14 +126,16 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	specPath := p.specPath(u.Link)
 	spec := p.ownerOf(a)
 	spec.HostName, spec.Parent = u.Link, dev.NIC.Name
-	spec.Kind, spec.Mode, spec.VLAN = childKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
+	spec.Kind, spec.Mode, spec.VLAN = hook.ChildKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
 	mac := ShareMAC(key)
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
-	spec.Routes = cfg.Routes
+	for _, r := range cfg.Routes {
+		spec.Routes = append(spec.Routes, hook.Route(r))
+	}
 	if p.opts.Shaper != nil && p.opts.PinDir != "" {
 		// Every share of a shaped parent, limited or not: a share
 		// without an egress class is then never charged to another.
-		spec.PodShare = &PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index}
+		spec.PodShare = &hook.PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index}
 		if u.EgressMinor != 0 {
 			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
 		}
@@ -144,7 +147,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	} else {
 		spec.Addresses = u.Addresses
-		if err := writeAttachSpec(specPath, spec); err != nil {
+		if err := hook.WriteAttachSpec(specPath, spec); err != nil {
 			return prepare.Prepared{}, err
 		}
 	}
@@ -177,7 +180,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		Env: []string{prefix + "PARENT=" + dev.NIC.Name, prefix + "INTERFACE=" + spec.PodName, prefix + "MTU=" + strconv.Itoa(mtu),
 			prefix + "MAC=" + podMAC},
 		Hooks: []*cdispec.Hook{{HookName: "createRuntime", Path: p.opts.HookPath,
-			Args: append(append([]string(nil), p.hookArgs()...), "--spec", specPath), Timeout: ptr.To(hookTimeoutSeconds)}},
+			Args: append(append([]string(nil), p.hookArgs()...), "--spec", specPath), Timeout: ptr.To(hook.TimeoutSeconds)}},
 	}
 	if len(u.Addresses) > 0 {
 		edits.Env = append(edits.Env, prefix+"ADDRESSES="+strings.Join(u.Addresses, ","))
@@ -189,7 +192,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 // allocateFromPools gives the share one address from each pool, under the
 // pools' lock, and records them in its attach spec before the lock is let
 // go: the spec is how another agent on the node sees them taken.
-func (p *NICPreparer) allocateFromPools(pools []string, key string, spec AttachSpec, specPath string, u *undoRecord) error {
+func (p *NICPreparer) allocateFromPools(pools []string, key string, spec hook.AttachSpec, specPath string, u *undoRecord) error {
 	unlock, err := p.lockPools()
 	if err != nil {
 		return err
@@ -211,7 +214,7 @@ func (p *NICPreparer) allocateFromPools(pools []string, key string, spec AttachS
 		u.Addresses = append(u.Addresses, addr.String())
 	}
 	spec.Addresses = u.Addresses
-	return writeAttachSpec(specPath, spec)
+	return hook.WriteAttachSpec(specPath, spec)
 }
 
 // enforce holds the share to its egress and ingress rates (bits/s; 0 for

@@ -17,6 +17,7 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare/checkpoint"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // The reaper removes the kernel objects of unprepared shares off the
@@ -345,7 +346,7 @@ func (p *NICPreparer) deleteLinks(items []reapItem, errs []error) error {
 	if len(grouped) == 0 {
 		return nil
 	}
-	err := inNetns(p.opts.HostNS, func() error { return deleteLinkGroup(reapGroup) })
+	err := hook.InNetns(p.opts.HostNS, func() error { return deleteLinkGroup(reapGroup) })
 	if err == nil {
 		return nil
 	}

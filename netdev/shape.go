@@ -8,6 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // shape gives the share a class of rate bits/s and points the classifier
@@ -48,7 +49,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	// Attached (and checked to be first on the hook) once per device
 	// while it is set up, not by every share.
 	if what := "classifier-" + dir.String(); !p.setUp.has(what, dev.Attrs().Index) {
-		if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
+		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
 			return minor, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
 		}
 		p.setUp.add(what, dev.Attrs().Index)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 var rootHandle = netlink.MakeHandle(1, 0)
@@ -188,7 +190,7 @@ func (p *NICPreparer) makeIngressIFB(parent netlink.Link) (netlink.Link, error) 
 	if err := ensureHTB(h, ifb); err != nil {
 		return nil, err
 	}
-	if err := inNetns(p.opts.HostNS, func() error {
+	if err := hook.InNetns(p.opts.HostNS, func() error {
 		return p.opts.Shaper.AttachRedirect(parent.Attrs().Index, ifb.Attrs().Index)
 	}); err != nil {
 		return nil, fmt.Errorf("redirect %s's share traffic to %s: %w", parent.Attrs().Name, name, err)
@@ -239,7 +241,7 @@ func (p *NICPreparer) removeIngressIFBIfIdle(parent netlink.Link) error {
 	}
 	p.setUp.forgetIFB(parent.Attrs().Index)
 	if p.opts.Shaper != nil {
-		if err := inNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
+		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
 			return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)
 		}
 	}

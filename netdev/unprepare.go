@@ -13,6 +13,7 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // Unprepare releases the share at once: its classifier entries go (its
@@ -60,7 +61,7 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 	if u.Parent == "" {
 		// Without a record: the attach spec names the parent, else the
 		// link (if still on the node) does.
-		if spec, err := ReadAttachSpec(p.specPath(u.Link)); err == nil {
+		if spec, err := hook.ReadAttachSpec(p.specPath(u.Link)); err == nil {
 			u.Parent = spec.Parent
 		} else {
 			u.Parent = p.parentOf(u.Link)

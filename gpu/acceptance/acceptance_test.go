@@ -26,6 +26,7 @@ import (
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/gpu/prep"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
@@ -103,7 +104,7 @@ func TestAcceptance(t *testing.T) {
 		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.uid}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.uid}}}})
 	go pol.Run(ctx)
 	mgr := memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(state, "gpushare"), Police: pol, KeepComputeMode: *keepMode,
-		MPSControl: gpu.FindFile("/", []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: dmem.DefaultRoot})
+		MPSControl: gpu.FindFile("/", []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: hook.DefaultCgroupRoot})
 	cfg := nodeconfig.Default()
 	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
 	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
@@ -126,7 +127,7 @@ func TestAcceptance(t *testing.T) {
 		}
 		pd.env, pd.shm, pd.pipe = shareEnv(out)
 		if choice.Tier == memslice.TierDMEM { // what the createRuntime hook does
-			if err := dmem.Apply(dmem.DefaultRoot, pd.dir, dmem.Limit{Region: choice.Region, Max: pd.slice, Min: pd.slice}); err != nil {
+			if err := hook.ApplyDmem(hook.DefaultCgroupRoot, pd.dir, hook.DmemLimit{Region: choice.Region, Max: pd.slice, Min: pd.slice}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -215,7 +216,7 @@ func shareEnv(out prepare.Prepared) (env []string, shm, pipe string) {
 }
 
 func newPod(t *testing.T, uid string, slice uint64) *pod {
-	base := dmem.DefaultRoot
+	base := hook.DefaultCgroupRoot
 	if _, err := os.Stat(filepath.Join(base, "cgroup.controllers")); err != nil {
 		base = filepath.Join(base, "pids") // cgroup v1: any hierarchy names the pod
 	}

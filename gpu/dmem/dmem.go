@@ -7,7 +7,6 @@ package dmem
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,9 +16,6 @@ import (
 
 	"github.com/carve-dra/carve/discovery/nvmlinfo"
 )
-
-// DefaultRoot is where cgroup v2 is mounted.
-const DefaultRoot = "/sys/fs/cgroup"
 
 // Capacity reads <root>/dmem.capacity: each region's name and size in
 // bytes. A missing file (no CONFIG_CGROUP_DMEM, or cgroup v1) is an error
@@ -72,102 +68,4 @@ func RegionFor(capacity map[string]uint64, pciAddress string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// Limit is what a share's pod may hold of one region.
-type Limit struct {
-	Region string
-	// Max is the hard limit (dmem.max); allocations past it fail.
-	Max uint64
-	// Min is the guarantee (dmem.min); 0 leaves dmem.min alone.
-	Min uint64
-}
-
-func (l Limit) validate() error {
-	if l.Region == "" || strings.ContainsAny(l.Region, " \n\t") {
-		return fmt.Errorf("dmem region %q is not a region name", l.Region)
-	}
-	if l.Max == 0 {
-		return errors.New("dmem limit of 0 bytes")
-	}
-	if l.Min > l.Max {
-		return fmt.Errorf("dmem guarantee %d exceeds the limit %d", l.Min, l.Max)
-	}
-	return nil
-}
-
-// Apply writes the limit to the cgroup at dir (a path below root), first
-// enabling the dmem controller in cgroup.subtree_control of every ancestor
-// from root down to dir's parent, which is what makes dir's dmem files
-// exist. Writing the same limit again changes nothing.
-func Apply(root, dir string, l Limit) error {
-	if err := l.validate(); err != nil {
-		return err
-	}
-	rel, err := filepath.Rel(root, dir)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return fmt.Errorf("cgroup %s is not below the cgroup root %s", dir, root)
-	}
-	cur := root
-	for _, part := range strings.Split(rel, string(filepath.Separator)) {
-		if err := enableDmem(cur); err != nil {
-			return err
-		}
-		cur = filepath.Join(cur, part)
-	}
-	if err := writeLine(filepath.Join(dir, "dmem.max"), fmt.Sprintf("%s %d", l.Region, l.Max)); err != nil {
-		return err
-	}
-	if l.Min > 0 {
-		return writeLine(filepath.Join(dir, "dmem.min"), fmt.Sprintf("%s %d", l.Region, l.Min))
-	}
-	return nil
-}
-
-// enableDmem adds dmem to a cgroup's subtree_control unless it is there.
-func enableDmem(dir string) error {
-	ctl := filepath.Join(dir, "cgroup.subtree_control")
-	b, err := os.ReadFile(ctl)
-	if err != nil {
-		return fmt.Errorf("enable dmem below cgroup %s: %w", dir, err)
-	}
-	for _, c := range strings.Fields(string(b)) {
-		if c == "dmem" {
-			return nil
-		}
-	}
-	if err := writeLine(ctl, "+dmem"); err != nil {
-		return fmt.Errorf("enable dmem below cgroup %s: %w", dir, err)
-	}
-	return nil
-}
-
-// writeLine writes one control line, as a single write, to a cgroup file.
-func writeLine(path, line string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return fmt.Errorf("write %q to %s: %w", line, path, err)
-	}
-	_, werr := f.WriteString(line + "\n")
-	cerr := f.Close()
-	if werr != nil {
-		return fmt.Errorf("write %q to %s: %w", line, path, werr)
-	}
-	return cerr
-}
-
-// Read returns a region's value in a dmem.max or dmem.min file: its bytes,
-// or "max".
-func Read(path, region string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == region {
-			return f[1], nil
-		}
-	}
-	return "", fmt.Errorf("%s has no line for region %s", path, region)
 }

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // fakeCgroupfs makes a cgroup v2 tree with a kubelet pod and its container,
@@ -66,11 +68,11 @@ func unwrapAll(err error) error {
 
 func TestHookWritesPodLimits(t *testing.T) {
 	root, proc, pod := fakeCgroupfs(t)
-	l := Limit{Region: "nvidia/0000:19:00.0/vidmem", Max: 10 << 30, Min: 10 << 30}
+	l := hook.DmemLimit{Region: "nvidia/0000:19:00.0/vidmem", Max: 10 << 30, Min: 10 << 30}
 	record := filepath.Join(t.TempDir(), "record")
-	must(t, RunHook(strings.NewReader(`{"ociVersion":"1.2.0","id":"c","pid":4242}`), root, proc, l, record))
+	must(t, hook.RunDmemLimit(strings.NewReader(`{"ociVersion":"1.2.0","id":"c","pid":4242}`), root, proc, l, record))
 	for _, f := range []string{"dmem.max", "dmem.min"} {
-		got, err := Read(filepath.Join(pod, f), l.Region)
+		got, err := hook.ReadDmem(filepath.Join(pod, f), l.Region)
 		must(t, err)
 		if got != "10737418240" {
 			t.Errorf("%s = %q, want 10737418240", f, got)
@@ -95,7 +97,7 @@ func TestHookWritesPodLimits(t *testing.T) {
 	}
 	// The pod is recorded, and the record checks out: held to the slice,
 	// with what the pod holds from dmem.current.
-	pods, err := Recorded(record, root)
+	pods, err := hook.RecordedPodCgroups(record, root)
 	must(t, err)
 	if len(pods) != 1 || pods[0] != pod {
 		t.Fatalf("recorded %v, want [%s]", pods, pod)
@@ -117,14 +119,14 @@ func TestHookWritesPodLimits(t *testing.T) {
 	if _, problems := Held([]string{filepath.Join(root, "gone")}, l.Region, l.Max); len(problems) != 0 {
 		t.Errorf("a gone pod: %v", problems)
 	}
-	if got, err := Recorded(filepath.Join(t.TempDir(), "none"), root); err != nil || len(got) != 0 {
+	if got, err := hook.RecordedPodCgroups(filepath.Join(t.TempDir(), "none"), root); err != nil || len(got) != 0 {
 		t.Errorf("no record directory: %v, %v", got, err)
 	}
 }
 
 func TestHookRefusals(t *testing.T) {
 	root, proc, _ := fakeCgroupfs(t)
-	l := Limit{Region: "nvidia/0000:19:00.0/vidmem", Max: 1 << 30}
+	l := hook.DmemLimit{Region: "nvidia/0000:19:00.0/vidmem", Max: 1 << 30}
 	for name, state := range map[string]string{
 		"no pid":    `{"id":"c"}`,
 		"not json":  `pid=4242`,
@@ -135,21 +137,21 @@ func TestHookRefusals(t *testing.T) {
 			must(t, os.MkdirAll(filepath.Join(proc, "1"), 0o755))
 			must(t, os.WriteFile(filepath.Join(proc, "1", "cgroup"), []byte("0::/init.scope\n"), 0o644))
 		}
-		if err := RunHook(strings.NewReader(state), root, proc, l, ""); err == nil {
+		if err := hook.RunDmemLimit(strings.NewReader(state), root, proc, l, ""); err == nil {
 			t.Errorf("%s: hook succeeded", name)
 		}
 	}
 	must(t, os.MkdirAll(filepath.Join(proc, "7"), 0o755))
 	must(t, os.WriteFile(filepath.Join(proc, "7", "cgroup"), []byte("12:memory:/kubepods/pod1/c\n"), 0o644))
-	if _, err := PodCgroup(root, proc, 7); err == nil || !strings.Contains(err.Error(), "cgroup v1") {
+	if _, err := hook.PodCgroup(root, proc, 7); err == nil || !strings.Contains(err.Error(), "cgroup v1") {
 		t.Errorf("cgroup v1 process: %v", err)
 	}
-	for _, bad := range []Limit{{Region: "", Max: 1}, {Region: "r", Max: 0}, {Region: "r", Max: 1, Min: 2}, {Region: "a b", Max: 1}} {
-		if err := Apply(root, filepath.Join(root, "x"), bad); err == nil {
+	for _, bad := range []hook.DmemLimit{{Region: "", Max: 1}, {Region: "r", Max: 0}, {Region: "r", Max: 1, Min: 2}, {Region: "a b", Max: 1}} {
+		if err := hook.ApplyDmem(root, filepath.Join(root, "x"), bad); err == nil {
 			t.Errorf("limit %+v accepted", bad)
 		}
 	}
-	if err := Apply(root, "/elsewhere", l); err == nil {
+	if err := hook.ApplyDmem(root, "/elsewhere", l); err == nil {
 		t.Error("a cgroup outside the root was written")
 	}
 }

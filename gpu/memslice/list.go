@@ -15,6 +15,7 @@ import (
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/hook"
 	kinds "github.com/carve-dra/carve/slices"
 )
 
@@ -88,7 +89,7 @@ type ListOptions struct {
 	// processes' PIDs); /proc when empty.
 	ProcRoot string
 	// CgroupRoot is the host's cgroup v2 mount (dmem shares' pods);
-	// dmem.DefaultRoot when empty.
+	// hook.DefaultCgroupRoot when empty.
 	CgroupRoot string
 }
 
@@ -100,7 +101,7 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 		o.ProcRoot = "/proc"
 	}
 	if o.CgroupRoot == "" {
-		o.CgroupRoot = dmem.DefaultRoot
+		o.CgroupRoot = hook.DefaultCgroupRoot
 	}
 	cp, err := prepare.OpenCheckpoint(o.StateDir, o.BootID, nil)
 	if err != nil {
@@ -141,7 +142,7 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 				}
 				checkDaemon(&s, o)
 			case TierDMEM:
-				cgroups, err := dmem.Recorded(RecordDir(filepath.Join(o.StateDir, SharesDir), rec.UUID, a.ShareKey()), o.CgroupRoot)
+				cgroups, err := hook.RecordedPodCgroups(RecordDir(filepath.Join(o.StateDir, SharesDir), rec.UUID, a.ShareKey()), o.CgroupRoot)
 				if err != nil {
 					return nil, fmt.Errorf("claim %s: GPU share %s: %w", s.Claim, s.ShareID, err)
 				}

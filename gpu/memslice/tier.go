@@ -30,6 +30,7 @@ import (
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/mps"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // Tier is how a GPU's memory slices are enforced: the values of the
@@ -131,7 +132,7 @@ func EnvBelow(root, driverRoot string) Env {
 	if root == "" {
 		root = "/"
 	}
-	return Env{CgroupRoot: filepath.Join(root, dmem.DefaultRoot), DriverRoot: filepath.Join(root, driverRoot), ProcRoot: filepath.Join(root, "proc")}
+	return Env{CgroupRoot: filepath.Join(root, hook.DefaultCgroupRoot), DriverRoot: filepath.Join(root, driverRoot), ProcRoot: filepath.Join(root, "proc")}
 }
 
 // initPIDNamespace is the kernel's initial PID namespace as readlink of

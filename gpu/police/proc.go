@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/carve-dra/carve/discovery/proccgroup"
 )
 
 // podUID finds a pod's UID in a cgroup path, in the kubelet's cgroupfs
@@ -21,12 +23,12 @@ var podUID = regexp.MustCompile(`pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-
 // <procRoot>/<pid>/cgroup. A process that is gone, or in no pod, is an
 // error.
 func PodOf(procRoot string, pid int) (types.UID, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
+	entries, err := proccgroup.Read(procRoot, pid)
 	if err != nil {
-		return "", fmt.Errorf("process %d: %w", pid, err)
+		return "", err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if m := podUID.FindStringSubmatch(line); m != nil {
+	for _, e := range entries {
+		if m := podUID.FindStringSubmatch(e.Path); m != nil {
 			return types.UID(strings.ReplaceAll(m[1], "_", "-")), nil
 		}
 	}

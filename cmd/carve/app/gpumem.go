@@ -16,10 +16,10 @@ import (
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
+	runtimehook "github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/prepare/hostmount"
 )
 
@@ -55,7 +55,7 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	go g.police.Run(ctx)
 	control := gpu.FindFile(g.env.DriverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
 	mopts := memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, memslice.SharesDir), ShmDir: filepath.Join(opts.StateDir, "mps-shm"), ShmSize: opts.MPSShmSize,
-		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: dmem.DefaultRoot, Police: g.police, Logger: logger}
+		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: runtimehook.DefaultCgroupRoot, Police: g.police, Logger: logger}
 	if root := firstSet(opts.Root); root != "/" {
 		// Containers get the host's view of each claim's tmpfs: check
 		// that it has one, through the root of the runtime's shim (live,

@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare/checkpoint"
+	"github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/slices"
 )
 
@@ -63,7 +63,7 @@ func (s *GPUSource) Shares(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	opts := memslice.ListOptions{StateDir: s.StateDir, BootID: bootID, ProcRoot: filepath.Join(root, "proc"),
-		CgroupRoot: filepath.Join(root, dmem.DefaultRoot)}
+		CgroupRoot: filepath.Join(root, hook.DefaultCgroupRoot)}
 	shares, err := memslice.ListShares(ctx, opts)
 	if err != nil {
 		return nil, err

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 )
@@ -86,14 +85,4 @@ func WithStatus(f FS, err error) error {
 		return fmt.Errorf("%w (resctrl: %s)", err, s)
 	}
 	return err
-}
-
-// AddTask moves a task (and the threads it creates from now on) into a
-// group, "" being the default group. Writing a task that is already there
-// changes nothing.
-func AddTask(f FS, group string, pid int) error {
-	if err := f.WriteFile(filepath.Join(group, "tasks"), []byte(strconv.Itoa(pid))); err != nil {
-		return fmt.Errorf("move pid %d into resctrl group %q: %w", pid, group, WithStatus(f, err))
-	}
-	return nil
 }

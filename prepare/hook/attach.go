@@ -1,10 +1,9 @@
-package netdev
+package hook
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 	"github.com/carve-dra/carve/prepare/atomicfile"
 )
 
@@ -47,17 +45,28 @@ type AttachSpec struct {
 	Mode string `json:"mode,omitempty"`
 	VLAN int    `json:"vlan,omitempty"`
 	// PodName is its name in the pod.
-	PodName   string           `json:"podName"`
-	MTU       int              `json:"mtu"`
-	MAC       string           `json:"mac"`
-	Addresses []string         `json:"addresses,omitempty"`
-	Routes    []v1alpha1.Route `json:"routes,omitempty"`
+	PodName   string   `json:"podName"`
+	MTU       int      `json:"mtu"`
+	MAC       string   `json:"mac"`
+	Addresses []string `json:"addresses,omitempty"`
+	Routes    []Route  `json:"routes,omitempty"`
 	// PodShare, where set, is recorded by the hook once the pod's
 	// network namespace exists (RecordPodNetns).
 	PodShare *PodShareSpec `json:"podShare,omitempty"`
 }
 
-func writeAttachSpec(path string, spec AttachSpec) error {
+// Route is a route the share's interface gets in the pod (the claim
+// config's route, as the attach spec carries it).
+type Route struct {
+	// Destination in CIDR form; "default" for the default route.
+	Destination string `json:"destination"`
+	// Gateway, when set, is the next hop.
+	Gateway string `json:"gateway,omitempty"`
+}
+
+// WriteAttachSpec writes the spec the hook reads; the preparer writes it
+// before it creates anything.
+func WriteAttachSpec(path string, spec AttachSpec) error {
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return err
@@ -76,20 +85,6 @@ func ReadAttachSpec(path string) (AttachSpec, error) {
 		return spec, fmt.Errorf("attach spec %s: %w", path, err)
 	}
 	return spec, nil
-}
-
-// ContainerPID reads the pid from the OCI state a runtime hook gets on stdin.
-func ContainerPID(stdin io.Reader) (int, error) {
-	var state struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.NewDecoder(stdin).Decode(&state); err != nil {
-		return 0, fmt.Errorf("OCI state on stdin: %w", err)
-	}
-	if state.Pid <= 0 {
-		return 0, errors.New("OCI state on stdin has no pid")
-	}
-	return state.Pid, nil
 }
 
 // PodNetnsOf opens the network namespace of a container's process, under a

@@ -1,4 +1,4 @@
-package netdev
+package hook
 
 import (
 	"errors"
@@ -13,11 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// RunAttachHook is the whole createRuntime hook: it reads the attach spec
+// RunAttach is the whole createRuntime hook: it reads the attach spec
 // and the container's pid (from the OCI state on stdin), and attaches the
 // share to the container's pod, giving up after the hook's time bound so
 // that a stuck netlink call never holds a pod's start forever.
-func RunAttachHook(specFile, root string, ociState io.Reader) error {
+func RunAttach(specFile, root string, ociState io.Reader) error {
 	spec, err := ReadAttachSpec(specFile)
 	if err != nil {
 		return err
@@ -31,8 +31,8 @@ func RunAttachHook(specFile, root string, ociState io.Reader) error {
 	select {
 	case err := <-done:
 		return err
-	case <-time.After((hookTimeoutSeconds - 2) * time.Second):
-		return fmt.Errorf("attaching %s to the pod of pid %d took longer than %ds", spec.HostName, pid, hookTimeoutSeconds-2)
+	case <-time.After((TimeoutSeconds - 2) * time.Second):
+		return fmt.Errorf("attaching %s to the pod of pid %d took longer than %ds", spec.HostName, pid, TimeoutSeconds-2)
 	}
 }
 
@@ -70,7 +70,7 @@ func sameNetns(a, b netns.NsHandle) (bool, error) {
 // share's: carve's alias, or (an interface made before aliases) a macvlan
 // with the share's MAC.
 func checkIdentity(link netlink.Link, spec AttachSpec) error {
-	if link.Attrs().Alias == aliasOf(spec.HostName) {
+	if link.Attrs().Alias == AliasOf(spec.HostName) {
 		return nil
 	}
 	if mac, err := net.ParseMAC(spec.MAC); err == nil && link.Attrs().Alias == "" && link.Type() == "macvlan" &&
@@ -130,7 +130,7 @@ func recreateOnHost(host *netlink.Handle, spec AttachSpec) (netlink.Link, error)
 	// is gone its MAC is still taken on the parent.
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		err = addChild(host, lower, spec.Mode, spec.HostName, mac, spec.MTU)
+		err = AddChild(host, lower, spec.Mode, spec.HostName, mac, spec.MTU)
 		if err == nil || errors.Is(err, unix.EEXIST) {
 			return host.LinkByName(spec.HostName)
 		}

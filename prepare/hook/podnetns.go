@@ -1,4 +1,4 @@
-package netdev
+package hook
 
 import (
 	"fmt"
@@ -34,10 +34,10 @@ func RecordPodNetns(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 		return nil
 	}
 	var host, pod uint64
-	if err := inNetns(hostNS, func() (err error) { host, err = bpf.NetnsCookie(); return err }); err != nil {
+	if err := InNetns(hostNS, func() (err error) { host, err = bpf.NetnsCookie(); return err }); err != nil {
 		return fmt.Errorf("the node's netns cookie: %w", err)
 	}
-	if err := inNetns(podNS, func() (err error) { pod, err = bpf.NetnsCookie(); return err }); err != nil {
+	if err := InNetns(podNS, func() (err error) { pod, err = bpf.NetnsCookie(); return err }); err != nil {
 		return fmt.Errorf("the pod's netns cookie: %w", err)
 	}
 	if pod == host {

@@ -1,4 +1,4 @@
-package netdev
+package hook
 
 import (
 	"fmt"
@@ -7,10 +7,10 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// inNetns runs fn with the calling goroutine's thread in ns, for the calls
+// InNetns runs fn with the calling goroutine's thread in ns, for the calls
 // that act on the thread's namespace (BPF attachment, moving links by
 // name). The thread is restored and unlocked afterwards.
-func inNetns(ns netns.NsHandle, fn func() error) error {
+func InNetns(ns netns.NsHandle, fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()

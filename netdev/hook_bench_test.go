@@ -1,0 +1,152 @@
+package netdev_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/bpf/nettest"
+	"github.com/carve-dra/carve/netdev"
+)
+
+// hookBinEnv names a carve-hook binary to measure instead of one built from
+// this tree (to compare with an older build).
+const hookBinEnv = "CARVE_HOOK_BIN"
+
+// BenchmarkHookExec measures what containerd pays per container start of a
+// pod with a NIC share: exec of carve-hook netns-attach, as the runtime runs
+// it (in the node's namespace, the OCI state on stdin), to exit. "first"
+// moves the share's interface into a new pod (the first container);
+// "steady" finds it there and only checks it (every later container). The
+// binary's size (stripped, as the Makefile builds it) and its package count
+// are reported beside.
+func BenchmarkHookExec(b *testing.B) {
+	bin := hookBinary(b)
+	for _, first := range []bool{true, false} {
+		b.Run(map[bool]string{true: "first", false: "steady"}[first], func(b *testing.B) {
+			env := newBench(b)
+			var steady *share
+			var steadyPID int
+			if !first {
+				steady = env.add("steady", "", "", nil)
+				steadyPID = podProcess(b, env, "steady")
+			}
+			var took []time.Duration
+			i := 0
+			round := func() {
+				spec, pid := steady.specFile(env), steadyPID
+				if first {
+					b.StopTimer()
+					name := fmt.Sprintf("f%d", i)
+					a := env.alloc(name, "", "")
+					env.prepareSpec(a, nil)
+					spec = filepath.Join(env.state, "netdev", netdev.LinkName(a.ShareKey())+".json")
+					podNS := env.tp.NewPod(name)
+					_ = podNS.Close()
+					pid = podProcess(b, env, name)
+					b.StartTimer()
+				}
+				i++
+				d, err := execHook(env.tp.Node, bin, spec, pid)
+				if err != nil {
+					b.Fatal(err)
+				}
+				took = append(took, d)
+			}
+			for b.Loop() {
+				round()
+			}
+			for len(took) < 50 {
+				round()
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "exec-p50-ms")
+			b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "exec-p99-ms")
+			b.ReportMetric(float64(len(took)), "samples")
+		})
+	}
+	b.Run("binary", func(b *testing.B) {
+		for b.Loop() {
+		}
+		st, err := os.Stat(bin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(st.Size())/(1<<20), "stripped-MiB")
+		if os.Getenv(hookBinEnv) == "" {
+			out, err := exec.Command("go", "list", "-deps", "../cmd/carve-hook").Output()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(strings.Count(string(out), "\n")), "packages")
+		}
+	})
+}
+
+func (s *share) specFile(env *bench) string {
+	if s == nil {
+		return ""
+	}
+	return filepath.Join(env.state, "netdev", netdev.LinkName(s.alloc.ShareKey())+".json")
+}
+
+// hookBinary builds carve-hook as the Makefile does, or takes $CARVE_HOOK_BIN.
+func hookBinary(b *testing.B) string {
+	if bin := os.Getenv(hookBinEnv); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(b.TempDir(), "carve-hook")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "../cmd/carve-hook")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("build carve-hook: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// podProcess starts a process in the test pod's namespace, for the hook to
+// find by pid, and stops it when the benchmark ends.
+func podProcess(b *testing.B, env *bench, pod string) int {
+	cmd := env.tp.Exec(pod, "sleep", "3600")
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// ip netns exec enters the namespace, then execs sleep in place.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if exe, _ := os.Readlink("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/exe"); strings.HasSuffix(exe, "/sleep") {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the pod's process did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return cmd.Process.Pid
+}
+
+// execHook runs the hook from a thread in the node's namespace, as the
+// runtime does, and times it from exec to exit.
+func execHook(node netns.NsHandle, bin, spec string, pid int) (time.Duration, error) {
+	var took time.Duration
+	err := nettest.In(node, func() error {
+		cmd := exec.Command(bin, "netns-attach", "--spec", spec)
+		cmd.Stdin = strings.NewReader(fmt.Sprintf(`{"ociVersion":"1.2.0","id":"c","status":"created","pid":%d}`, pid))
+		t0 := time.Now()
+		out, err := cmd.CombinedOutput()
+		took = time.Since(t0)
+		if err != nil {
+			return fmt.Errorf("%s netns-attach: %v\n%s", bin, err, out)
+		}
+		return nil
+	})
+	return took, err
+}

@@ -1,0 +1,19 @@
+// Package hook is what the container runtime runs, from carve's CDI specs,
+// when a container of a pod with a share starts (a createRuntime hook, with
+// the OCI state on stdin):
+//
+//   - netns-attach moves a NIC share's interface into the pod's network
+//     namespace, configures it, and ties the pod's namespace to the share in
+//     the classifier's pinned map;
+//   - resctrl-attach puts the container's process in its LLC share's
+//     resctrl group;
+//   - dmem-limit holds the pod's cgroup to a GPU memory slice (dmem.max).
+//
+// It runs on the host once per container start, outside carve's image, so
+// it is small and static: it imports the standard library, netlink/netns,
+// the BPF map it updates (package bpf) and stdlib-only leaves, and nothing
+// of Kubernetes, gRPC, metrics, ghw or CDI. cmd/carve-hook builds from it
+// alone, and `carve hook` runs the same Main. The attach spec (AttachSpec)
+// is the file format between the NIC preparer, which writes it, and this
+// hook.
+package hook

@@ -1,0 +1,84 @@
+package hook_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/carve-dra/carve/prepare/hook"
+)
+
+func TestContainerPID(t *testing.T) {
+	pid, err := hook.ContainerPID(strings.NewReader(`{"ociVersion":"1.2.0","id":"c1","status":"created","pid":4242,"bundle":"/b"}`))
+	if err != nil || pid != 4242 {
+		t.Errorf("ContainerPID = %d, %v", pid, err)
+	}
+	for in, want := range map[string]string{
+		`{"ociVersion":"1.2.0","id":"c1","status":"creating"}`: `no pid (container "c1", status "creating")`,
+		`not json`: "OCI state on stdin",
+		``:         "OCI state on stdin",
+	} {
+		if _, err := hook.ContainerPID(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ContainerPID(%q) = %v; want an error with %q", in, err, want)
+		}
+	}
+}
+
+// The resctrl hook writes the pid to the group's tasks; a refused write
+// quotes the kernel's reason, and a group that is gone is never created.
+func TestAddResctrlTask(t *testing.T) {
+	dir := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(dir, "carve-a"), 0o755))
+	must(t, os.MkdirAll(filepath.Join(dir, "info"), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, "carve-a", "tasks"), nil, 0o644))
+	must(t, hook.AddResctrlTask(dir, "carve-a", 77))
+	if b, _ := os.ReadFile(filepath.Join(dir, "carve-a", "tasks")); string(b) != "77" {
+		t.Errorf("tasks = %q", b)
+	}
+	must(t, os.WriteFile(filepath.Join(dir, "info", "last_cmd_status"), []byte("Task not found\n"), 0o644))
+	err := hook.AddResctrlTask(dir, "carve-gone", 77)
+	if err == nil || !strings.Contains(err.Error(), "resctrl: Task not found") || !strings.Contains(err.Error(), `"carve-gone"`) {
+		t.Errorf("a group that is gone: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "carve-gone")); !os.IsNotExist(err) {
+		t.Errorf("the missing group was created: %v", err)
+	}
+	for _, bad := range []string{"", "..", "a/b"} {
+		if err := hook.AddResctrlTask(dir, bad, 1); err == nil {
+			t.Errorf("group %q accepted", bad)
+		}
+	}
+}
+
+// Main's exit codes, which the runtime and carve's CLI rely on: 2 for a
+// command line that lacks what the hook needs, 1 for a hook that failed.
+func TestMainExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, hook.Usage},
+		{[]string{"bogus"}, 2, `no hook "bogus"`},
+		{[]string{"netns-attach"}, 2, "--spec FILE is required"},
+		{[]string{"netns-attach", "--spec", "x", "extra"}, 2, "unexpected arguments"},
+		{[]string{"resctrl-attach"}, 2, "--group NAME is required"},
+		{[]string{"dmem-limit", "--region", "r"}, 2, "--region and --max are required"},
+		{[]string{"dmem-limit", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"netns-attach", "--spec", "/nonexistent.json"}, 1, "attach spec"},
+	} {
+		var stderr bytes.Buffer
+		if code := hook.Main(tc.args, strings.NewReader(""), &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("Main(%v) = %d, %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
