@@ -3,10 +3,11 @@ package bpf
 import (
 	"path/filepath"
 
-	"github.com/vishvananda/netns"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"

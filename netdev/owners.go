@@ -15,6 +15,8 @@ import (
 
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/hook"
+
+	"github.com/carve-dra/carve/slices/names"
 )
 
 var _ prepare.ClaimCleaner = (*NICPreparer)(nil)
@@ -31,7 +33,7 @@ func (p *NICPreparer) ownerOf(a prepare.Allocation) hook.AttachSpec {
 // allocationOf rebuilds, from an attach spec, the allocation its share was
 // made for: enough for Unprepare, which derives every name from the key.
 func allocationOf(spec hook.AttachSpec) prepare.Allocation {
-	a := prepare.Allocation{ClaimUID: types.UID(spec.ClaimUID), Request: spec.Request, Device: spec.Device, Kind: "nic"}
+	a := prepare.Allocation{ClaimUID: types.UID(spec.ClaimUID), Request: spec.Request, Device: spec.Device, Kind: names.KindNIC}
 	if spec.ShareID != "" {
 		id := types.UID(spec.ShareID)
 		a.ShareID = &id

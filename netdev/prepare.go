@@ -21,6 +21,8 @@ import (
 	"github.com/carve-dra/carve/prepare/crash"
 	"github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/slices"
+
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Prepare creates the share's interface on the parent (left down, in the
@@ -78,7 +80,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 		mtu = cfg.MTU
 	}
-	egress, ingress := bandwidth(a, resourceapiEgress), bandwidth(a, resourceapiIngress)
+	egress, ingress := bandwidth(a, names.CapEgressBandwidth), bandwidth(a, names.CapIngressBandwidth)
 	if (egress > 0 || ingress > 0) && p.opts.Shaper == nil {
 		return prepare.Prepared{}, errors.New("this agent has no BPF classifier, so it cannot hold a bandwidth share")
 	}
@@ -261,11 +263,6 @@ func (p *NICPreparer) lockedVLAN(parent netlink.Link, id int) (netlink.Link, err
 	defer unlock()
 	return p.ensureVLAN(parent, id)
 }
-
-const (
-	resourceapiEgress  resourceapi.QualifiedName = "egressBandwidth"
-	resourceapiIngress resourceapi.QualifiedName = "ingressBandwidth"
-)
 
 // bandwidth is the share's consumed capacity in bits/s (0: none).
 func bandwidth(a prepare.Allocation, name resourceapi.QualifiedName) uint64 {

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // EffectiveConfig is the configuration of one allocation after precedence:
@@ -38,7 +40,7 @@ func (c EffectiveConfig) DeviceEnv() []string {
 // all.
 var configKinds = map[string][]string{
 	v1alpha1.DeviceConfigKind:  nil,
-	v1alpha1.NetworkConfigKind: {"nic"},
+	v1alpha1.NetworkConfigKind: {names.KindNIC},
 }
 
 // decodeConfig decodes one opaque parameter through the API's scheme and

@@ -14,40 +14,8 @@ import (
 
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/cbm"
+	"github.com/carve-dra/carve/slices/names"
 	"github.com/carve-dra/carve/slices/nodeconfig"
-)
-
-// Kinds, the values of the "kind" attribute.
-const (
-	KindNIC  = "nic"
-	KindLLC  = "llc"
-	KindFPGA = "fpga"
-	KindGPU  = "gpu"
-)
-
-// Attribute and capacity names of the contract.
-const (
-	AttrKind       resourceapi.QualifiedName = "kind"
-	AttrPCIAddress resourceapi.QualifiedName = "pciAddress"
-	AttrNUMANode   resourceapi.QualifiedName = "numaNode"
-	AttrIfName     resourceapi.QualifiedName = "ifName"
-	AttrMAC        resourceapi.QualifiedName = "mac"
-	AttrCacheID    resourceapi.QualifiedName = "cacheId"
-	AttrCPUs       resourceapi.QualifiedName = "cpus"
-	AttrVendorID   resourceapi.QualifiedName = "vendorID"
-	AttrDeviceID   resourceapi.QualifiedName = "deviceID"
-	// AttrCompatID is the compat_id of an FPGA's reconfigurable region,
-	// AttrAFUID the afu_id of the function loaded behind its port.
-	AttrCompatID resourceapi.QualifiedName = "compatID"
-	AttrAFUID    resourceapi.QualifiedName = "afuID"
-
-	CapEgressBandwidth  resourceapi.QualifiedName = "egressBandwidth"
-	CapIngressBandwidth resourceapi.QualifiedName = "ingressBandwidth"
-	CapWays             resourceapi.QualifiedName = "ways"
-	CapSize             resourceapi.QualifiedName = "size"
-	// CapMemoryBandwidth is an LLC share's memory bandwidth cap, in the
-	// unit of resctrl's MB schema (percent on Intel).
-	CapMemoryBandwidth resourceapi.QualifiedName = "memoryBandwidth"
 )
 
 // Result is a node's pool and what an operator should know about it.
@@ -80,14 +48,14 @@ func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string
 	b := builder{cfg: cfg, kernel: inv.Kernel}
 	var entries []Entry
 	for i := range inv.NICs {
-		entries = append(entries, Entry{Kind: KindNIC, Device: b.nic(inv.NICs[i]), NIC: &inv.NICs[i]})
+		entries = append(entries, Entry{Kind: names.KindNIC, Device: b.nic(inv.NICs[i]), NIC: &inv.NICs[i]})
 	}
 	dedupeNames(entries)
 	for i := range inv.LLCs {
-		entries = append(entries, Entry{Kind: KindLLC, Device: b.llc(inv.LLCs[i]), LLC: &inv.LLCs[i]})
+		entries = append(entries, Entry{Kind: names.KindLLC, Device: b.llc(inv.LLCs[i]), LLC: &inv.LLCs[i]})
 	}
 	for i := range inv.FPGAs {
-		entries = append(entries, Entry{Kind: KindFPGA, Device: b.fpga(inv.FPGAs[i]), FPGA: &inv.FPGAs[i]})
+		entries = append(entries, Entry{Kind: names.KindFPGA, Device: b.fpga(inv.FPGAs[i]), FPGA: &inv.FPGAs[i]})
 	}
 	gpus, counterSets := b.gpus(inv)
 	entries = append(entries, gpus...)
@@ -118,9 +86,9 @@ func (b *builder) notef(format string, args ...any) {
 }
 
 func (b *builder) nic(n discovery.NIC) resourceapi.Device {
-	d := newDevice(KindNIC, nicName(n))
-	setString(d, AttrIfName, n.Name)
-	setString(d, AttrMAC, n.MAC)
+	d := newDevice(names.KindNIC, nicName(n))
+	setString(d, names.AttrIfName, n.Name)
+	setString(d, names.AttrMAC, n.MAC)
 	if n.MTU > 0 {
 		setInt(d, "mtu", int64(n.MTU))
 	}
@@ -142,8 +110,8 @@ func (b *builder) nic(n discovery.NIC) resourceapi.Device {
 	}
 	shareable := b.nicShareable(n)
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		CapEgressBandwidth:  b.capacity(KindNIC, CapEgressBandwidth, egress, shareable, defaultBandwidthPolicy(egress)),
-		CapIngressBandwidth: b.capacity(KindNIC, CapIngressBandwidth, ingress, shareable, defaultBandwidthPolicy(ingress)),
+		names.CapEgressBandwidth:  b.capacity(names.KindNIC, names.CapEgressBandwidth, egress, shareable, defaultBandwidthPolicy(egress)),
+		names.CapIngressBandwidth: b.capacity(names.KindNIC, names.CapIngressBandwidth, ingress, shareable, defaultBandwidthPolicy(ingress)),
 	}
 	if shareable {
 		d.AllowMultipleAllocations = ptr.To(true)
@@ -179,10 +147,10 @@ func (b *builder) nicShareable(n discovery.NIC) bool {
 }
 
 func (b *builder) llc(l discovery.LLC) resourceapi.Device {
-	d := newDevice(KindLLC, fmt.Sprintf("llc-%d", l.ID))
-	setInt(d, AttrCacheID, int64(l.ID))
+	d := newDevice(names.KindLLC, fmt.Sprintf("llc-%d", l.ID))
+	setInt(d, names.AttrCacheID, int64(l.ID))
 	if len(l.CPUs) <= resourceapi.DeviceAttributeMaxValueLength {
-		setString(d, AttrCPUs, l.CPUs)
+		setString(d, names.AttrCPUs, l.CPUs)
 	} else {
 		b.notef("LLC %d: CPU list is longer than an attribute may be (%d characters); cpus omitted", l.ID, resourceapi.DeviceAttributeMaxValueLength)
 	}
@@ -208,16 +176,16 @@ func (b *builder) llc(l discovery.LLC) resourceapi.Device {
 		size = int64(ways) * wayBytes
 	}
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		CapWays: b.capacity(KindLLC, CapWays, *resource.NewQuantity(int64(ways), resource.DecimalSI), shareable,
+		names.CapWays: b.capacity(names.KindLLC, names.CapWays, *resource.NewQuantity(int64(ways), resource.DecimalSI), shareable,
 			policy(minWays, minWays, 1)),
-		CapSize: b.capacity(KindLLC, CapSize, *resource.NewQuantity(size, resource.BinarySI), shareable,
+		names.CapSize: b.capacity(names.KindLLC, names.CapSize, *resource.NewQuantity(size, resource.BinarySI), shareable,
 			policy(minWays*wayBytes, wayBytes, wayBytes)),
 	}
 	if shareable {
 		if m := l.Resctrl.MBA; m != nil {
 			// A cap per share, 0 (no cap) unless asked: the scheduler
 			// keeps the caps of a domain's shares within its maximum.
-			d.Capacity[CapMemoryBandwidth] = b.capacity(KindLLC, CapMemoryBandwidth, *resource.NewQuantity(int64(m.Max), resource.DecimalSI), true,
+			d.Capacity[names.CapMemoryBandwidth] = b.capacity(names.KindLLC, names.CapMemoryBandwidth, *resource.NewQuantity(int64(m.Max), resource.DecimalSI), true,
 				policy(0, 0, int64(m.Gran)))
 		}
 		d.AllowMultipleAllocations = ptr.To(true)
@@ -244,13 +212,13 @@ func (b *builder) llcShareable(l discovery.LLC) bool {
 }
 
 func (b *builder) fpga(f discovery.FPGA) resourceapi.Device {
-	d := newDevice(KindFPGA, pciName(KindFPGA, f.Address))
+	d := newDevice(names.KindFPGA, pciName(names.KindFPGA, f.Address))
 	setPCI(d, f.PCIFunction)
-	setString(d, AttrVendorID, f.VendorID)
-	setString(d, AttrDeviceID, f.DeviceID)
+	setString(d, names.AttrVendorID, f.VendorID)
+	setString(d, names.AttrDeviceID, f.DeviceID)
 	setString(d, "driver", f.Driver)
-	setString(d, AttrCompatID, f.CompatID)
-	setString(d, AttrAFUID, f.AFUID)
+	setString(d, names.AttrCompatID, f.CompatID)
+	setString(d, names.AttrAFUID, f.AFUID)
 	return *d
 }
 
@@ -311,21 +279,21 @@ func policy(def, min, step int64) nodeconfig.Policy {
 func newDevice(kind, name string) *resourceapi.Device {
 	// Sized for a NIC's (up to 14): growing it was a fifth of Build's bytes.
 	d := &resourceapi.Device{Name: name, Attributes: make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 14)}
-	setString(d, AttrKind, kind)
+	setString(d, names.AttrKind, kind)
 	return d
 }
 
 func setPCI(d *resourceapi.Device, f discovery.PCIFunction) {
-	setString(d, AttrPCIAddress, f.Address)
+	setString(d, names.AttrPCIAddress, f.Address)
 	if f.PCIeRoot != "" {
 		setString(d, deviceattribute.StandardDeviceAttributePCIeRoot, f.PCIeRoot)
 	}
 	if f.NUMANode >= 0 {
-		setInt(d, AttrNUMANode, int64(f.NUMANode))
+		setInt(d, names.AttrNUMANode, int64(f.NUMANode))
 		setInt(d, deviceattribute.StandardDeviceAttributeNUMANode, int64(f.NUMANode))
 	}
 	setString(d, "vendorName", f.VendorName)
-	setString(d, "productName", f.ProductName)
+	setString(d, names.AttrProductName, f.ProductName)
 }
 
 // setString sets a string attribute, cut to the API's value limit; empty
@@ -361,7 +329,7 @@ func pciName(kind, addr string) string {
 // carries several netdevs; virtual NICs by their interface name.
 func nicName(n discovery.NIC) string {
 	if n.PCI != nil {
-		name := pciName(KindNIC, n.PCI.Address)
+		name := pciName(names.KindNIC, n.PCI.Address)
 		if n.DevPort > 0 {
 			name += fmt.Sprintf("-p%d", n.DevPort)
 		}

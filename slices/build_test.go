@@ -10,6 +10,7 @@ import (
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/sysfstest"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -72,20 +73,20 @@ requestPolicies:
 func TestContractOnTypicalNode(t *testing.T) {
 	res := build(t, sysfstest.Typical(t.TempDir()), withEth0Bandwidth(t))
 	devs := devices(res)
-	var names []string
+	var devNames []string
 	for n := range devs {
-		names = append(names, n)
+		devNames = append(devNames, n)
 	}
 	want := []string{"fpga-0000-3b-00-0", "fpga-0000-5e-00-0", "llc-0", "llc-1", "nic-0000-00-03-0", "nic-0000-17-00-0", "nic-0000-17-00-1"}
 	if len(devs) != len(want) {
-		t.Fatalf("devices %v, want %v (GPUs unpublished until NVML confirms them)", names, want)
+		t.Fatalf("devices %v, want %v (GPUs unpublished until NVML confirms them)", devNames, want)
 	}
 	for _, n := range want {
 		d, ok := devs[n]
 		if !ok {
-			t.Fatalf("device %s missing from %v", n, names)
+			t.Fatalf("device %s missing from %v", n, devNames)
 		}
-		if str(d, slices.AttrKind) == "" {
+		if str(d, names.AttrKind) == "" {
 			t.Errorf("%s has no kind", n)
 		}
 	}
@@ -101,14 +102,14 @@ func TestContractOnTypicalNode(t *testing.T) {
 	if v, _ := intAttr(pf, "sriovTotalVFs"); v != 8 {
 		t.Errorf("PF sriovTotalVFs = %d", v)
 	}
-	eg := pf.Capacity[slices.CapEgressBandwidth]
+	eg := pf.Capacity[names.CapEgressBandwidth]
 	if eg.Value.Value() != 25_000_000_000 || pf.AllowMultipleAllocations == nil || !*pf.AllowMultipleAllocations {
 		t.Errorf("PF egress = %v, allowMultiple %v; want 25G, shareable", eg.Value.String(), pf.AllowMultipleAllocations)
 	}
 	if rp := eg.RequestPolicy; rp == nil || rp.Default.String() != "100M" || rp.ValidRange == nil || rp.ValidRange.Step.String() != "10M" {
 		t.Errorf("PF egress policy = %+v, want the configured 100M default, 10M step", rp)
 	}
-	if rp := pf.Capacity[slices.CapIngressBandwidth].RequestPolicy; rp == nil || rp.Default.Value() != 250_000_000 {
+	if rp := pf.Capacity[names.CapIngressBandwidth].RequestPolicy; rp == nil || rp.Default.Value() != 250_000_000 {
 		t.Errorf("PF ingress policy = %+v, want the built-in default of 1%% of the link", rp)
 	}
 
@@ -117,7 +118,7 @@ func TestContractOnTypicalNode(t *testing.T) {
 		t.Errorf("down port of unknown speed = %+v, want no capacity and not shareable", down)
 	}
 	virtio := devs["nic-0000-00-03-0"]
-	veg, vin := virtio.Capacity[slices.CapEgressBandwidth], virtio.Capacity[slices.CapIngressBandwidth]
+	veg, vin := virtio.Capacity[names.CapEgressBandwidth], virtio.Capacity[names.CapIngressBandwidth]
 	if veg.Value.String() != "10G" || vin.Value.String() != "8G" || virtio.AllowMultipleAllocations == nil {
 		t.Errorf("eth0 with configured bandwidth = %+v", virtio.Capacity)
 	}
@@ -134,13 +135,13 @@ func TestContractOnTypicalNode(t *testing.T) {
 	if llc.AllowMultipleAllocations == nil || !*llc.AllowMultipleAllocations {
 		t.Errorf("llc-1 not offered for sharing on a node with resctrl")
 	}
-	if w := llc.Capacity[slices.CapWays]; w.Value.Value() != 15 || w.RequestPolicy == nil || w.RequestPolicy.Default.Value() != 1 {
+	if w := llc.Capacity[names.CapWays]; w.Value.Value() != 15 || w.RequestPolicy == nil || w.RequestPolicy.Default.Value() != 1 {
 		t.Errorf("llc-1 ways = %+v, want 15 (one kept by the default group), 1 by default", w)
 	}
-	if s := llc.Capacity[slices.CapSize]; s.Value.Value() != 30<<20 || s.RequestPolicy.ValidRange.Step.Value() != 2<<20 {
+	if s := llc.Capacity[names.CapSize]; s.Value.Value() != 30<<20 || s.RequestPolicy.ValidRange.Step.Value() != 2<<20 {
 		t.Errorf("llc-1 size = %+v, want 30Mi in steps of one way (2Mi)", s)
 	}
-	if mb := llc.Capacity[slices.CapMemoryBandwidth]; mb.Value.Value() != 100 || mb.RequestPolicy == nil || mb.RequestPolicy.Default.Value() != 0 ||
+	if mb := llc.Capacity[names.CapMemoryBandwidth]; mb.Value.Value() != 100 || mb.RequestPolicy == nil || mb.RequestPolicy.Default.Value() != 0 ||
 		mb.RequestPolicy.ValidRange.Step.Value() != 10 {
 		t.Errorf("llc-1 memoryBandwidth = %+v, want 100 (percent), no cap by default, steps of 10", mb)
 	}
@@ -179,7 +180,7 @@ func TestNotShareableWhereNotEnforceable(t *testing.T) {
 			}
 		}
 	}
-	ways := devs["llc-0"].Capacity[slices.CapWays]
+	ways := devs["llc-0"].Capacity[names.CapWays]
 	if w := ways.Value.Value(); w != 16 {
 		t.Errorf("llc-0 ways without resctrl = %d, want associativity 16", w)
 	}
@@ -256,7 +257,7 @@ func TestLLCSharingNeedsRoom(t *testing.T) {
 		if shareable := d.AllowMultipleAllocations != nil; shareable != (tc.wantWay > 0) {
 			t.Errorf("%s: shareable %t", tc.name, shareable)
 		}
-		w := d.Capacity[slices.CapWays]
+		w := d.Capacity[names.CapWays]
 		if tc.wantWay > 0 && w.Value.Value() != int64(tc.wantWay) {
 			t.Errorf("%s: ways %s, want %d", tc.name, w.Value.String(), tc.wantWay)
 		}

@@ -9,31 +9,8 @@ import (
 
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/slices/names"
 	"github.com/carve-dra/carve/slices/nodeconfig"
-)
-
-// KindMIG is the kind of a MIG partition of a GPU.
-const KindMIG = "mig"
-
-// GPU attribute and capacity names of the contract.
-const (
-	AttrUUID                  resourceapi.QualifiedName = "uuid"
-	AttrProductName           resourceapi.QualifiedName = "productName"
-	AttrArchitecture          resourceapi.QualifiedName = "architecture"
-	AttrCUDAComputeCapability resourceapi.QualifiedName = "cudaComputeCapability"
-	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
-	AttrCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
-	AttrMIGCapable            resourceapi.QualifiedName = "migCapable"
-	AttrProfile               resourceapi.QualifiedName = "profile"
-	AttrPlacementStart        resourceapi.QualifiedName = "placementStart"
-	AttrPlacementSize         resourceapi.QualifiedName = "placementSize"
-	AttrParentUUID            resourceapi.QualifiedName = "parentUUID"
-	// AttrMemoryEnforcement says how memory slices of a GPU are held:
-	// "dmem", "mps-policed" or "none" (whole-device only).
-	AttrMemoryEnforcement resourceapi.QualifiedName = "memoryEnforcement"
-
-	CapMemory          resourceapi.QualifiedName = "memory"
-	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
 )
 
 // GPU is what a published GPU or MIG device came from.
@@ -91,7 +68,7 @@ func (b *builder) gpus(inv *discovery.Inventory) ([]Entry, []resourceapi.Counter
 		}
 		name := gpuName(d, addr, err)
 		if !d.MIGEnabled {
-			entries = append(entries, Entry{Kind: KindGPU, Device: b.wholeGPU(name, g, inv.NVML), GPU: &g})
+			entries = append(entries, Entry{Kind: names.KindGPU, Device: b.wholeGPU(name, g, inv.NVML), GPU: &g})
 			continue
 		}
 		migs, set := b.migs(name, g, inv.NVML)
@@ -111,20 +88,20 @@ func (b *builder) gpus(inv *discovery.Inventory) ([]Entry, []resourceapi.Counter
 // gpuName names a GPU by its PCI address, as other PCI devices are.
 func gpuName(d nvmlinfo.Device, addr string, addrErr error) string {
 	if addrErr != nil {
-		return fmt.Sprintf("%s-minor-%d", KindGPU, d.Minor)
+		return fmt.Sprintf("%s-minor-%d", names.KindGPU, d.Minor)
 	}
-	return pciName(KindGPU, addr)
+	return pciName(names.KindGPU, addr)
 }
 
 func (b *builder) wholeGPU(name string, g GPU, inv *nvmlinfo.Inventory) resourceapi.Device {
-	d := newDevice(KindGPU, name)
+	d := newDevice(names.KindGPU, name)
 	setGPUAttributes(d, g, inv)
-	setString(d, AttrUUID, g.Device.UUID)
-	setBool(d, AttrMIGCapable, g.Device.MIGCapable)
-	setString(d, AttrMemoryEnforcement, g.Memory.Enforcement)
+	setString(d, names.AttrUUID, g.Device.UUID)
+	setBool(d, names.AttrMIGCapable, g.Device.MIGCapable)
+	setString(d, names.AttrMemoryEnforcement, g.Memory.Enforcement)
 	shareable := b.gpuShareable(name, g)
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		CapMemory: b.capacity(KindGPU, CapMemory, *resource.NewQuantity(int64(g.Device.MemoryTotalBytes), resource.BinarySI), shareable, nodeconfig.Policy{}),
+		names.CapMemory: b.capacity(names.KindGPU, names.CapMemory, *resource.NewQuantity(int64(g.Device.MemoryTotalBytes), resource.BinarySI), shareable, nodeconfig.Policy{}),
 	}
 	if shareable {
 		d.AllowMultipleAllocations = ptr.To(true)
@@ -141,7 +118,7 @@ func (b *builder) gpuShareable(name string, g GPU) bool {
 		b.notef("GPU %s (%s): memory slices cannot be enforced (%s); whole-device only", name, g.Device.UUID, g.Memory.Reason)
 		return false
 	}
-	if _, ok := b.cfg.Policy(KindGPU, string(CapMemory)); !ok {
+	if _, ok := b.cfg.Policy(names.KindGPU, names.CapMemory); !ok {
 		b.notef("GPU %s (%s) could be shared in memory slices (%s) but the node config has no requestPolicies.gpu.memory; whole-device only", name, g.Device.UUID, g.Memory.Enforcement)
 		return false
 	}
@@ -155,16 +132,16 @@ func setGPUAttributes(d *resourceapi.Device, g GPU, inv *nvmlinfo.Inventory) {
 	if g.PCI != nil {
 		setPCI(d, *g.PCI)
 	} else if addr, err := nvmlinfo.NormalizeBusID(g.Device.PCIBusID); err == nil {
-		setString(d, AttrPCIAddress, addr)
+		setString(d, names.AttrPCIAddress, addr)
 	}
-	setString(d, AttrProductName, g.Device.Name)
-	setString(d, AttrArchitecture, g.Device.Architecture)
+	setString(d, names.AttrProductName, g.Device.Name)
+	setString(d, names.AttrArchitecture, g.Device.Architecture)
 	if g.Device.ComputeCapability != "" {
-		setVersion(d, AttrCUDAComputeCapability, g.Device.ComputeCapability+".0")
+		setVersion(d, names.AttrCUDAComputeCapability, g.Device.ComputeCapability+".0")
 	}
-	setString(d, AttrDriverVersion, inv.DriverVersion)
+	setString(d, names.AttrDriverVersion, inv.DriverVersion)
 	if v := inv.CUDADriverVersion; v > 0 {
-		setVersion(d, AttrCUDADriverVersion, fmt.Sprintf("%d.%d.0", v/1000, v%1000/10))
+		setVersion(d, names.AttrCUDADriverVersion, fmt.Sprintf("%d.%d.0", v/1000, v%1000/10))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/carve-dra/carve/discovery/nvmlinfo"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // SliceCounter names the counter of one memory slice of a GPU's placement
@@ -51,8 +52,8 @@ func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry,
 	memory := func(p nvmlinfo.MIGProfile) uint64 { return p.MemorySizeMB << 20 }
 	mps := func(p nvmlinfo.MIGProfile) uint64 { return uint64(p.MultiprocessorCount) }
 	set := &resourceapi.CounterSet{Name: gpuName, Counters: map[string]resourceapi.Counter{
-		string(CapMemory):          {Value: bytesQuantity(max(d.MemoryTotalBytes, d.MaxDisjoint(memory)))},
-		string(CapMultiprocessors): {Value: *resource.NewQuantity(int64(max(maxOf(d, mps), d.MaxDisjoint(mps))), resource.DecimalSI)},
+		names.CapMemory:          {Value: bytesQuantity(max(d.MemoryTotalBytes, d.MaxDisjoint(memory)))},
+		names.CapMultiprocessors: {Value: *resource.NewQuantity(int64(max(maxOf(d, mps), d.MaxDisjoint(mps))), resource.DecimalSI)},
 	}}
 	for i := 0; i < n; i++ {
 		set.Counters[SliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
@@ -61,18 +62,18 @@ func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry,
 		set.Counters[CounterMediaExtensions] = resourceapi.Counter{Value: *resource.NewQuantity(int64(me), resource.DecimalSI)}
 	}
 	var entries []Entry
-	names := map[string]bool{}
+	seen := map[string]bool{}
 	for _, p := range d.MIGProfiles {
 		for _, pl := range p.Placements {
-			name := fmt.Sprintf("%s-%s-%d", strings.Replace(gpuName, KindGPU+"-", KindMIG+"-", 1), sanitize(p.Name), pl.Start)
-			if names[name] {
+			name := fmt.Sprintf("%s-%s-%d", strings.Replace(gpuName, names.KindGPU+"-", names.KindMIG+"-", 1), sanitize(p.Name), pl.Start)
+			if seen[name] {
 				name = fmt.Sprintf("%s-p%d", name, p.ProfileID)
 			}
-			names[name] = true
+			seen[name] = true
 			mg := g
 			mg.MIG = &MIG{Profile: p, Placement: pl}
 			mg.CounterSet = set.Name
-			entries = append(entries, Entry{Kind: KindMIG, Device: migDevice(name, mg, inv), GPU: &mg})
+			entries = append(entries, Entry{Kind: names.KindMIG, Device: migDevice(name, mg, inv), GPU: &mg})
 		}
 	}
 	return entries, set
@@ -80,16 +81,16 @@ func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry,
 
 func migDevice(name string, g GPU, inv *nvmlinfo.Inventory) resourceapi.Device {
 	p, pl := g.MIG.Profile, g.MIG.Placement
-	d := newDevice(KindMIG, name)
+	d := newDevice(names.KindMIG, name)
 	setGPUAttributes(d, g, inv)
-	setString(d, AttrProfile, p.Name)
-	setInt(d, AttrPlacementStart, int64(pl.Start))
-	setInt(d, AttrPlacementSize, int64(pl.Size))
-	setString(d, AttrParentUUID, g.Device.UUID)
+	setString(d, names.AttrProfile, p.Name)
+	setInt(d, names.AttrPlacementStart, int64(pl.Start))
+	setInt(d, names.AttrPlacementSize, int64(pl.Size))
+	setString(d, names.AttrParentUUID, g.Device.UUID)
 	mem := bytesQuantity(p.MemorySizeMB << 20)
 	mps := *resource.NewQuantity(int64(p.MultiprocessorCount), resource.DecimalSI)
-	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: {Value: mem}, CapMultiprocessors: {Value: mps}}
-	consumed := map[string]resourceapi.Counter{string(CapMemory): {Value: mem}, string(CapMultiprocessors): {Value: mps}}
+	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{names.CapMemory: {Value: mem}, names.CapMultiprocessors: {Value: mps}}
+	consumed := map[string]resourceapi.Counter{names.CapMemory: {Value: mem}, names.CapMultiprocessors: {Value: mps}}
 	for i := pl.Start; i < pl.End(); i++ {
 		consumed[SliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // fits reports whether the devices can all be allocated together as the
@@ -118,7 +119,7 @@ func TestMIGCountersExclusive(t *testing.T) {
 	place := map[string]nvmlinfo.Placement{}
 	ofas := map[string]int{}
 	for _, e := range res.Index {
-		if e.Kind == slices.KindMIG {
+		if e.Kind == names.KindMIG {
 			migs = append(migs, e.Device)
 			place[e.Device.Name] = e.GPU.MIG.Placement
 			ofas[e.Device.Name] = e.GPU.MIG.Profile.Engines.OFAs

@@ -20,7 +20,6 @@ import (
 
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/gpu"
-	"github.com/carve-dra/carve/gpu/dmem"
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
@@ -28,6 +27,7 @@ import (
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -192,7 +192,7 @@ func TestAcceptance(t *testing.T) {
 func share(e slices.Entry, name, size string) prepare.Allocation {
 	sid := types.UID("share-" + name)
 	return prepare.Allocation{ClaimUID: types.UID("acc-" + name), ClaimNamespace: "acc", ClaimName: name, Request: "gpu", Pool: "acceptance",
-		Device: e.Device.Name, Kind: slices.KindGPU, ShareID: &sid, Consumed: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(size)}}
+		Device: e.Device.Name, Kind: names.KindGPU, ShareID: &sid, Consumed: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(size)}}
 }
 
 // shareEnv is the share's MPS environment as a process on the host sees

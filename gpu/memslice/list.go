@@ -16,7 +16,7 @@ import (
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/hook"
-	kinds "github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // SharesDir is the manager's Dir below the agent's state directory.
@@ -119,7 +119,7 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 	seen := map[int]police.ShareUsage{} // by index in out: what the policing loop recorded
 	for _, c := range claims {
 		for i, a := range c.Allocations {
-			if a.Kind != kinds.KindGPU || a.ShareID == nil {
+			if a.Kind != names.KindGPU || a.ShareID == nil {
 				continue
 			}
 			if c.State != prepare.ClaimCompleted || i >= len(c.Undo) || len(c.Undo[i]) == 0 {

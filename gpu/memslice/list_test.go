@@ -15,7 +15,7 @@ import (
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare"
-	kinds "github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 type oneProc struct{ pid uint32 }
@@ -40,7 +40,7 @@ func newListFixture(t *testing.T) *listFixture {
 
 func (f *listFixture) alloc(claim, share string) prepare.Allocation {
 	sid := types.UID(share)
-	return prepare.Allocation{ClaimUID: types.UID(claim), ClaimNamespace: "ns", ClaimName: claim, Request: "gpu", Device: "gpu-0000-19-00-0", Kind: kinds.KindGPU, ShareID: &sid}
+	return prepare.Allocation{ClaimUID: types.UID(claim), ClaimNamespace: "ns", ClaimName: claim, Request: "gpu", Device: "gpu-0000-19-00-0", Kind: names.KindGPU, ShareID: &sid}
 }
 
 func (f *listFixture) write(t *testing.T, claims map[types.UID]prepare.ClaimRecord, usage police.Usage) {
@@ -86,7 +86,7 @@ func record(tier Tier, slice uint64, region string) json.RawMessage {
 func TestListMPSPolicedShares(t *testing.T) {
 	f := newListFixture(t)
 	small, fresh := f.alloc("c1", "share-1"), f.alloc("c3", "share-3")
-	nic := prepare.Allocation{ClaimUID: "c1", Request: "net", Device: "nic-x", Kind: kinds.KindNIC, ShareID: small.ShareID}
+	nic := prepare.Allocation{ClaimUID: "c1", Request: "net", Device: "nic-x", Kind: names.KindNIC, ShareID: small.ShareID}
 	f.write(t, map[types.UID]prepare.ClaimRecord{
 		"c1": {UID: "c1", Namespace: "ns", Name: "c1", State: prepare.ClaimCompleted, Allocations: []prepare.Allocation{nic, small},
 			Undo: []json.RawMessage{json.RawMessage(`{}`), record(TierMPSPoliced, 10*gib, "")}},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/carve-dra/carve/prepare/hostmount"
 	"io"
 	"net"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/carve-dra/carve/prepare/hostmount"
 
 	"github.com/carve-dra/carve/gpu/gputest"
 )

@@ -3,12 +3,13 @@ package mps
 import (
 	"errors"
 	"fmt"
-	"github.com/carve-dra/carve/prepare/hostmount"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/carve-dra/carve/prepare/hostmount"
 
 	"golang.org/x/sys/unix"
 )

@@ -24,6 +24,7 @@ import (
 	"github.com/carve-dra/carve/gpu/prep"
 	"github.com/carve-dra/carve/prepare"
 	cslices "github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -121,7 +122,7 @@ func TestWholeGPUEdits(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	driverVersion := nvmltest.H100Node().DriverVersion
 	name := "gpu-0000-3b-00-0"
-	out, err := f.prep.Prepare(ctx, alloc("c1", name, cslices.KindGPU), f.res.Index[name])
+	out, err := f.prep.Prepare(ctx, alloc("c1", name, names.KindGPU), f.res.Index[name])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestMIGPrepareUnprepare(t *testing.T) {
 	f := newFixture(t, nvmltest.A100Node())
 	_, ctx := ktesting.NewTestContext(t)
 	name := migDevice(t, f, "3g.20gb", 4)
-	a := alloc("c1", name, cslices.KindMIG)
+	a := alloc("c1", name, names.KindMIG)
 	out, err := f.prep.Prepare(ctx, a, f.res.Index[name])
 	if err != nil {
 		t.Fatal(err)
@@ -230,11 +231,11 @@ func TestMIGPrepareUnprepare(t *testing.T) {
 		t.Errorf("undo %s", out.Undo)
 	}
 	over := migDevice(t, f, "7g.40gb", 0)
-	if _, err := f.prep.Prepare(ctx, alloc("c2", over, cslices.KindMIG), f.res.Index[over]); err == nil {
+	if _, err := f.prep.Prepare(ctx, alloc("c2", over, names.KindMIG), f.res.Index[over]); err == nil {
 		t.Error("an overlapping placement was created")
 	}
 	disjoint := migDevice(t, f, "2g.10gb", 0)
-	if _, err := f.prep.Prepare(ctx, alloc("c3", disjoint, cslices.KindMIG), f.res.Index[disjoint]); err != nil {
+	if _, err := f.prep.Prepare(ctx, alloc("c3", disjoint, names.KindMIG), f.res.Index[disjoint]); err != nil {
 		t.Errorf("disjoint placement: %v", err)
 	}
 	for i := 0; i < 2; i++ {
@@ -254,7 +255,7 @@ func TestMIGCrashRecovery(t *testing.T) {
 	f := newFixture(t, nvmltest.A100Node())
 	_, ctx := ktesting.NewTestContext(t)
 	name := migDevice(t, f, "1g.5gb", 3)
-	a := alloc("c1", name, cslices.KindMIG)
+	a := alloc("c1", name, names.KindMIG)
 	if _, err := f.prep.Prepare(ctx, a, f.res.Index[name]); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +280,7 @@ func TestMIGCrashRecovery(t *testing.T) {
 	// A placement held by an instance the claim did not make is refused,
 	// and that instance is left alone.
 	held := migDevice(t, f, "2g.10gb", 4)
-	if _, err := restarted.Prepare(ctx, alloc("c2", held, cslices.KindMIG), f.res.Index[held]); err == nil || !strings.Contains(err.Error(), "not made for this claim") {
+	if _, err := restarted.Prepare(ctx, alloc("c2", held, names.KindMIG), f.res.Index[held]); err == nil || !strings.Contains(err.Error(), "not made for this claim") {
 		t.Fatalf("error %v", err)
 	}
 	if got := instances(t, f); !slices.Equal(got, []string{"1@4"}) {
@@ -292,7 +293,7 @@ func TestNoNVML(t *testing.T) {
 	res := cslices.Build(&discovery.Inventory{NVML: inv}, nodeconfig.Default(), "node-a")
 	p := prep.New(prep.Options{Root: t.TempDir()})
 	name := "gpu-0000-19-00-0"
-	if _, err := p.Prepare(context.Background(), alloc("c", name, cslices.KindGPU), res.Index[name]); err == nil || !strings.Contains(err.Error(), "no working NVML") {
+	if _, err := p.Prepare(context.Background(), alloc("c", name, names.KindGPU), res.Index[name]); err == nil || !strings.Contains(err.Error(), "no working NVML") {
 		t.Fatalf("error %v", err)
 	}
 }
@@ -307,7 +308,7 @@ func TestMIGPrepareWithoutCapsMajor(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := migDevice(t, f, "3g.20gb", 4)
-	a := alloc("c1", name, cslices.KindMIG)
+	a := alloc("c1", name, names.KindMIG)
 	out, err := f.prep.Prepare(ctx, a, f.res.Index[name])
 	if err == nil || !strings.Contains(err.Error(), "proc/devices: no nvidia-caps character device") {
 		t.Fatalf("error %v", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Options is where the GPU preparer finds the host's driver.
@@ -94,10 +95,10 @@ func (p *Preparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices
 // Unprepare destroys the MIG partition an allocation made, or takes a
 // memory share back; a whole GPU has nothing on the host to undo.
 func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo json.RawMessage) error {
-	if a.Kind == slices.KindGPU && a.ShareID != nil {
+	if a.Kind == names.KindGPU && a.ShareID != nil {
 		return p.unprepareShare(ctx, a, undo)
 	}
-	if a.Kind != slices.KindMIG {
+	if a.Kind != names.KindMIG {
 		return nil
 	}
 	var rec migRecord

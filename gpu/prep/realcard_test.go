@@ -16,7 +16,7 @@ import (
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
 	"github.com/carve-dra/carve/prepare"
-	cslices "github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // realH100 is the real H100's NVML answers with MIG on. The card was
@@ -125,30 +125,30 @@ func TestRealH100EveryPlacementPreparesAndUnprepares(t *testing.T) {
 			placements[p.Name+"@"+strconv.Itoa(pl.Start)] = p
 		}
 	}
-	var names []string
+	var published []string
 	for name, e := range f.res.Index {
-		if e.Kind != cslices.KindMIG {
+		if e.Kind != names.KindMIG {
 			continue
 		}
-		names = append(names, name)
+		published = append(published, name)
 		key := e.GPU.MIG.Profile.Name + "@" + strconv.Itoa(e.GPU.MIG.Placement.Start)
 		if _, ok := placements[key]; !ok {
 			t.Errorf("published %s (%s) is not a placement of the card", name, key)
 		}
 		delete(placements, key)
-		if got := e.Device.Attributes[cslices.AttrProfile].StringValue; got == nil || *got != e.GPU.MIG.Profile.Name {
+		if got := e.Device.Attributes[names.AttrProfile].StringValue; got == nil || *got != e.GPU.MIG.Profile.Name {
 			t.Errorf("%s: profile attribute %v, want %s", name, got, e.GPU.MIG.Profile.Name)
 		}
 	}
-	if len(names) != total || len(placements) != 0 {
-		t.Fatalf("%d MIG devices published, want the card's %d placements; unpublished: %v", len(names), total, placements)
+	if len(published) != total || len(placements) != 0 {
+		t.Fatalf("%d MIG devices published, want the card's %d placements; unpublished: %v", len(published), total, placements)
 	}
-	t.Logf("%d placements published", len(names))
-	sort.Strings(names)
-	for i, name := range names {
+	t.Logf("%d placements published", len(published))
+	sort.Strings(published)
+	for i, name := range published {
 		e := f.res.Index[name]
 		p, pl := e.GPU.MIG.Profile, e.GPU.MIG.Placement
-		a := alloc("c"+strconv.Itoa(i), name, cslices.KindMIG)
+		a := alloc("c"+strconv.Itoa(i), name, names.KindMIG)
 		out, err := f.prep.Prepare(ctx, a, e)
 		if err != nil {
 			t.Errorf("prepare %s: %v", name, err)
@@ -186,12 +186,12 @@ func TestRealH100MediaExtensionAndRecords(t *testing.T) {
 	f := newFixture(t, inv)
 	_, ctx := ktesting.NewTestContext(t)
 	first, second := migDevice(t, f, "1g.10gb+me", 0), migDevice(t, f, "1g.10gb+me", 3)
-	a := alloc("c1", first, cslices.KindMIG)
+	a := alloc("c1", first, names.KindMIG)
 	out, err := f.prep.Prepare(ctx, a, f.res.Index[first])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.prep.Prepare(ctx, alloc("c2", second, cslices.KindMIG), f.res.Index[second]); err == nil {
+	if _, err := f.prep.Prepare(ctx, alloc("c2", second, names.KindMIG), f.res.Index[second]); err == nil {
 		t.Error("a second 1g.10gb+me was made beside the first")
 	}
 	// Someone makes a 1g.20gb (index 9) by hand at 4.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/prepare"
-	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Restore runs at start with every checkpointed allocation: GPU memory
@@ -26,7 +26,7 @@ func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) 
 	cancelShares()
 	owned := map[string]bool{}
 	for i, a := range allocs {
-		if a.Kind != slices.KindMIG {
+		if a.Kind != names.KindMIG {
 			continue
 		}
 		var rec migRecord

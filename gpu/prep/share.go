@@ -8,6 +8,7 @@ import (
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // prepareShare gives the container the whole GPU's nodes and libraries,
@@ -44,7 +45,7 @@ func (p *Preparer) prepareShare(ctx context.Context, a prepare.Allocation, dev s
 
 // shareRequest is the share the allocation asks for on the published GPU.
 func shareRequest(a prepare.Allocation, dev slices.Entry) (memslice.Request, error) {
-	q, ok := a.Consumed[slices.CapMemory]
+	q, ok := a.Consumed[names.CapMemory]
 	if !ok || q.Sign() <= 0 {
 		return memslice.Request{}, fmt.Errorf("GPU %s: share %s consumes no memory", a.Device, *a.ShareID)
 	}
@@ -81,7 +82,7 @@ func (p *Preparer) restoreShares(ctx context.Context, allocs []prepare.Allocatio
 	}
 	var shares []memslice.Request
 	for i, a := range allocs {
-		if a.Kind != slices.KindGPU || a.ShareID == nil || i >= len(undo) || len(undo[i]) == 0 {
+		if a.Kind != names.KindGPU || a.ShareID == nil || i >= len(undo) || len(undo[i]) == 0 {
 			continue
 		}
 		var rec memslice.Record

@@ -24,6 +24,7 @@ import (
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/gpu/prep"
 	cslices "github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 type cardNVML struct{ mode gpu.ComputeMode }
@@ -67,7 +68,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	})
 
 	sid := types.UID("s1")
-	a := alloc("c1", name, cslices.KindGPU)
+	a := alloc("c1", name, names.KindGPU)
 	a.ShareID = &sid
 	a.Consumed = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}
 	out, err := p.Prepare(ctx, a, e)

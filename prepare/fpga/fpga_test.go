@@ -14,14 +14,15 @@ import (
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/fpga"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 func entry(nodes ...string) slices.Entry {
-	return slices.Entry{Kind: slices.KindFPGA, FPGA: &discovery.FPGA{
+	return slices.Entry{Kind: names.KindFPGA, FPGA: &discovery.FPGA{
 		PCIFunction: discovery.PCIFunction{Address: "0000:3b:00.0", Driver: "xclmgmt"}, DevNodes: nodes}}
 }
 
-var alloc = prepare.Allocation{ClaimUID: "uid", Request: "fpga", Device: "fpga-0000-3b-00-0", Kind: slices.KindFPGA}
+var alloc = prepare.Allocation{ClaimUID: "uid", Request: "fpga", Device: "fpga-0000-3b-00-0", Kind: names.KindFPGA}
 
 // The agent runs with --root=/host: nodes are looked up under the root, and
 // the CDI spec names them as the host sees them, without it.
@@ -88,7 +89,7 @@ func TestRefused(t *testing.T) {
 	}{
 		"no nodes":    {entry(), "no device nodes"},
 		"escape":      {entry("/dev/../etc/passwd"), "not a clean path"},
-		"not an FPGA": {slices.Entry{Kind: slices.KindLLC}, "not an FPGA"},
+		"not an FPGA": {slices.Entry{Kind: names.KindLLC}, "not an FPGA"},
 	} {
 		if _, err := p.Prepare(context.Background(), alloc, tc.dev); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", name, err, tc.want)

@@ -14,7 +14,7 @@ import (
 	"github.com/carve-dra/carve/discovery/sysfstest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/llc"
-	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // A share that does not fit is refused saying why, and leaves nothing.
@@ -76,9 +76,9 @@ func TestBandwidthAndSize(t *testing.T) {
 		mb       string
 		ways     int
 	}{
-		{"capped", map[resourceapi.QualifiedName]resource.Quantity{slices.CapWays: resource.MustParse("1"), slices.CapMemoryBandwidth: resource.MustParse("30")}, "MB:0=30", 1},
-		{"below min", map[resourceapi.QualifiedName]resource.Quantity{slices.CapWays: resource.MustParse("1"), slices.CapMemoryBandwidth: resource.MustParse("5")}, "MB:0=10", 1},
-		{"by size", map[resourceapi.QualifiedName]resource.Quantity{slices.CapWays: resource.MustParse("1"), slices.CapSize: resource.MustParse("5Mi")}, "", 3},
+		{"capped", map[resourceapi.QualifiedName]resource.Quantity{names.CapWays: resource.MustParse("1"), names.CapMemoryBandwidth: resource.MustParse("30")}, "MB:0=30", 1},
+		{"below min", map[resourceapi.QualifiedName]resource.Quantity{names.CapWays: resource.MustParse("1"), names.CapMemoryBandwidth: resource.MustParse("5")}, "MB:0=10", 1},
+		{"by size", map[resourceapi.QualifiedName]resource.Quantity{names.CapWays: resource.MustParse("1"), names.CapSize: resource.MustParse("5Mi")}, "", 3},
 	} {
 		a := share(tc.name, 0, tc.consumed)
 		got, err := p.Prepare(ctx, a, devs[0])

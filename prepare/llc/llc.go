@@ -26,6 +26,7 @@ import (
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Options configure the LLC preparer.
@@ -92,7 +93,7 @@ func (p *Preparer) Prepare(ctx context.Context, a prepare.Allocation, dev slices
 	if err != nil {
 		return prepare.Prepared{}, fmt.Errorf("LLC %s: %w", a.Device, err)
 	}
-	mb, err := quantityInt(a.Consumed, slices.CapMemoryBandwidth)
+	mb, err := quantityInt(a.Consumed, names.CapMemoryBandwidth)
 	if err != nil {
 		return prepare.Prepared{}, fmt.Errorf("LLC %s: %w", a.Device, err)
 	}
@@ -209,11 +210,11 @@ func (p *Preparer) remove(key string, s share) error {
 // shareWays is the ways a share consumes: its ways capacity, or enough
 // ways for its size where that asks for more.
 func shareWays(a prepare.Allocation, l discovery.LLC) (int, error) {
-	n, err := quantityInt(a.Consumed, slices.CapWays)
+	n, err := quantityInt(a.Consumed, names.CapWays)
 	if err != nil {
 		return 0, err
 	}
-	if size, ok := a.Consumed[slices.CapSize]; ok && l.Resctrl != nil && l.SizeBytes > 0 {
+	if size, ok := a.Consumed[names.CapSize]; ok && l.Resctrl != nil && l.SizeBytes > 0 {
 		total := discovery.MaskWays(l.Resctrl.CBMMask)
 		wayBytes := l.SizeBytes / int64(max(total, 1))
 		if need := int((size.Value() + wayBytes - 1) / wayBytes); need > n {

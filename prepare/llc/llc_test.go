@@ -23,6 +23,7 @@ import (
 	"github.com/carve-dra/carve/prepare/llc"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // fixture is a node with two 16-way caches and resctrl (min_cbm_bits 1,
@@ -46,18 +47,18 @@ func entries(t *testing.T, root string) map[int]slices.Entry {
 	out := map[int]slices.Entry{}
 	for i := range inv.LLCs {
 		l := &inv.LLCs[i]
-		out[l.ID] = slices.Entry{Kind: slices.KindLLC, LLC: l}
+		out[l.ID] = slices.Entry{Kind: names.KindLLC, LLC: l}
 	}
 	return out
 }
 
 func share(claim string, domain int, consumed map[resourceapi.QualifiedName]resource.Quantity) prepare.Allocation {
-	return prepare.Allocation{ClaimUID: types.UID(claim), Request: "cache", Device: fmt.Sprintf("llc-%d", domain), Kind: slices.KindLLC,
+	return prepare.Allocation{ClaimUID: types.UID(claim), Request: "cache", Device: fmt.Sprintf("llc-%d", domain), Kind: names.KindLLC,
 		ShareID: ptr.To(types.UID("share-" + claim)), Consumed: consumed}
 }
 
 func waysQ(n int) map[resourceapi.QualifiedName]resource.Quantity {
-	return map[resourceapi.QualifiedName]resource.Quantity{slices.CapWays: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+	return map[resourceapi.QualifiedName]resource.Quantity{names.CapWays: *resource.NewQuantity(int64(n), resource.DecimalSI)}
 }
 
 func mask(t *testing.T, f resctrl.FS, group string, domain int) uint64 {

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/carve-dra/carve/slices/names"
 )
 
 const (
@@ -163,10 +165,10 @@ func Decode(data []byte) (*NodeConfig, error) {
 
 // Kinds whose capacities may carry a request policy, and those capacities.
 var policyCapacities = map[string][]string{
-	"nic": {"egressBandwidth", "ingressBandwidth"},
-	"llc": {"ways", "size"},
+	names.KindNIC: {names.CapEgressBandwidth, names.CapIngressBandwidth},
+	names.KindLLC: {names.CapWays, names.CapSize},
 	// gpu memory slices, where the GPU's memoryEnforcement is not none.
-	"gpu": {"memory"},
+	names.KindGPU: {names.CapMemory},
 }
 
 // Validate checks every field and returns all that are wrong, by path.
@@ -208,15 +210,15 @@ func (c *NodeConfig) Validate() field.ErrorList {
 			errs = append(errs, positiveQuantity(p.Child("ingress"), string(bw.Ingress))...)
 		}
 	}
-	names := map[string]bool{}
+	poolNames := map[string]bool{}
 	for i, p := range c.Netdev.Pools {
 		pp := nd.Child("pools").Index(i)
 		if p.Name == "" {
 			errs = append(errs, field.Required(pp.Child("name"), "a name claims refer to"))
-		} else if names[p.Name] {
+		} else if poolNames[p.Name] {
 			errs = append(errs, field.Duplicate(pp.Child("name"), p.Name))
 		}
-		names[p.Name] = true
+		poolNames[p.Name] = true
 		prefix, err := netip.ParsePrefix(p.CIDR)
 		if err != nil {
 			errs = append(errs, field.Invalid(pp.Child("cidr"), p.CIDR, "not a CIDR, e.g. 10.20.0.0/24"))
@@ -232,7 +234,7 @@ func (c *NodeConfig) Validate() field.ErrorList {
 	for kind, byCap := range c.RequestPolicies {
 		caps, ok := policyCapacities[kind]
 		if !ok {
-			errs = append(errs, field.NotSupported(rp.Key(kind), kind, []string{"nic", "llc", "gpu"}))
+			errs = append(errs, field.NotSupported(rp.Key(kind), kind, []string{names.KindNIC, names.KindLLC, names.KindGPU}))
 			continue
 		}
 		for capName, pol := range byCap {

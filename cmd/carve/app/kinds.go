@@ -18,7 +18,7 @@ import (
 	"github.com/carve-dra/carve/prepare/fpga"
 	"github.com/carve-dra/carve/prepare/llc"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
-	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // kinds is every device kind's preparer, with what the NIC kind needs
@@ -80,11 +80,11 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 		k.collectors = append(k.collectors, k.gpus.memory.police)
 	}
 	k.preparers = map[string]prepare.Preparer{
-		slices.KindNIC:  nics,
-		slices.KindFPGA: fpga.Preparer{Root: firstSet(opts.FPGARoot, opts.Root)},
-		slices.KindLLC:  llcPreparer(ctx, opts, hook),
-		slices.KindGPU:  k.gpus.prep,
-		slices.KindMIG:  k.gpus.prep,
+		names.KindNIC:  nics,
+		names.KindFPGA: fpga.Preparer{Root: firstSet(opts.FPGARoot, opts.Root)},
+		names.KindLLC:  llcPreparer(ctx, opts, hook),
+		names.KindGPU:  k.gpus.prep,
+		names.KindMIG:  k.gpus.prep,
 	}
 	return k, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/carve-dra/carve/prepare"
 	carvecdi "github.com/carve-dra/carve/prepare/cdi"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // The state directory is private to the agent whatever mode it had: a
@@ -55,7 +56,7 @@ func TestUnknownClaimIsCleanedFromPreparerState(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := prepare.NewDriver(prepare.Options{DriverName: driverName, StateDir: e.state, Checkpoint: e.cp, CDI: cdiWriter,
-		Preparers: map[string]prepare.Preparer{slices.KindNIC: c}, Devices: func() map[string]slices.Entry { return e.devices }})
+		Preparers: map[string]prepare.Preparer{names.KindNIC: c}, Devices: func() map[string]slices.Entry { return e.devices }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestClaimNetworkConfigOverlaysTheClass(t *testing.T) {
 	rec := &configRecorder{}
 	cdiWriter, _ := carvecdi.NewWriter(e.cdiDir, driverName)
 	d, err := prepare.NewDriver(prepare.Options{DriverName: driverName, StateDir: e.state, Checkpoint: e.cp, CDI: cdiWriter,
-		Preparers: map[string]prepare.Preparer{slices.KindNIC: rec}, Devices: func() map[string]slices.Entry { return e.devices }})
+		Preparers: map[string]prepare.Preparer{names.KindNIC: rec}, Devices: func() map[string]slices.Entry { return e.devices }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/carve-dra/carve/prepare/fpga"
 	"github.com/carve-dra/carve/prepare/llc"
 	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -100,13 +101,13 @@ func (e *env) newDriver(nic *recorder) *prepare.Driver {
 		e.t.Fatal(err)
 	}
 	preparers := map[string]prepare.Preparer{
-		slices.KindFPGA: fpga.Preparer{Root: e.root},
-		slices.KindLLC:  llc.New(llc.Options{FS: sysfstest.ResctrlAt(e.root), HookPath: "/opt/carve/bin/carve"}),
-		slices.KindNIC:  fakeNIC{},
+		names.KindFPGA: fpga.Preparer{Root: e.root},
+		names.KindLLC:  llc.New(llc.Options{FS: sysfstest.ResctrlAt(e.root), HookPath: "/opt/carve/bin/carve"}),
+		names.KindNIC:  fakeNIC{},
 	}
 	if nic != nil {
 		nic.delegated = fakeNIC{}
-		preparers[slices.KindNIC] = nic
+		preparers[names.KindNIC] = nic
 	}
 	d, err := prepare.NewDriver(prepare.Options{DriverName: driverName, StateDir: e.state, Checkpoint: e.cp, CDI: cdiWriter,
 		Preparers: preparers, Devices: func() map[string]slices.Entry { return e.devices }})

@@ -12,7 +12,7 @@ import (
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare/checkpoint"
 	"github.com/carve-dra/carve/prepare/hook"
-	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // GPU is a GPU memory share's own part of its row.
@@ -82,7 +82,7 @@ func (s *GPUSource) Shares(ctx context.Context) ([]Row, error) {
 	}
 	rows := []Row{}
 	for _, sh := range shares {
-		rows = append(rows, Row{Claim: sh.Claim, ClaimUID: sh.ClaimUID, Kind: slices.KindGPU, Device: sh.Device, ShareID: sh.ShareID,
+		rows = append(rows, Row{Claim: sh.Claim, ClaimUID: sh.ClaimUID, Kind: names.KindGPU, Device: sh.Device, ShareID: sh.ShareID,
 			Parent: sh.UUID, Enforced: sh.Enforced, Problems: sh.Problems,
 			GPU: &GPU{UUID: sh.UUID, Tier: string(sh.Tier), SliceBytes: sh.Slice, UsedBytes: sh.Used, UsedFrom: sh.UsedFrom,
 				UsedUnknown: sh.UsedUnknown, Processes: sh.Processes, Kills: sh.Kills, MPSDaemon: sh.Daemon}})

@@ -18,7 +18,7 @@ import (
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 	"github.com/carve-dra/carve/prepare"
-	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 type gpuProcs []gpu.Process
@@ -45,7 +45,7 @@ func gpuNode(t *testing.T) (root, state string) {
 		t.Fatal(err)
 	}
 	sid := types.UID("share-1")
-	a := prepare.Allocation{ClaimUID: "c1", ClaimNamespace: "ns", ClaimName: "train", Request: "gpu", Device: "gpu-0000-19-00-0", Kind: slices.KindGPU, ShareID: &sid}
+	a := prepare.Allocation{ClaimUID: "c1", ClaimNamespace: "ns", ClaimName: "train", Request: "gpu", Device: "gpu-0000-19-00-0", Kind: names.KindGPU, ShareID: &sid}
 	rec, _ := json.Marshal(memslice.Record{Tier: memslice.TierMPSPoliced, UUID: "GPU-1", Slice: 10 << 30})
 	if err := cp.Update(func(c map[types.UID]prepare.ClaimRecord) error {
 		c["c1"] = prepare.ClaimRecord{UID: "c1", Namespace: "ns", Name: "train", State: prepare.ClaimCompleted,

@@ -13,7 +13,7 @@ import (
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/checkpoint"
-	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // NICSource lists NIC shares from the checkpoint in StateDir and checks
@@ -57,11 +57,11 @@ func (s *NICSource) Shares(ctx context.Context) ([]Row, error) {
 	rows := []Row{}
 	for _, rec := range records {
 		for i, a := range rec.Allocations {
-			if a.Kind != slices.KindNIC {
+			if a.Kind != names.KindNIC {
 				continue
 			}
 			r := Row{Claim: rec.Namespace + "/" + rec.Name, ClaimUID: string(rec.UID), Kind: a.Kind, Device: a.Device,
-				EgressBandwidth: consumed(a, "egressBandwidth"), IngressBandwidth: consumed(a, "ingressBandwidth")}
+				EgressBandwidth: consumed(a, names.CapEgressBandwidth), IngressBandwidth: consumed(a, names.CapIngressBandwidth)}
 			if a.ShareID != nil {
 				r.ShareID = string(*a.ShareID)
 			}
