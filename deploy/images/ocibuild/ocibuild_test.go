@@ -27,6 +27,12 @@ func TestBuild(t *testing.T) {
 	if err := os.Symlink("a.yaml", filepath.Join(src, "tree/conf/current")); err != nil {
 		t.Fatal(err)
 	}
+	// --dir keeps the tree's modes; whatever the umask, they are these.
+	for _, d := range []string{"tree", "tree/conf"} {
+		if err := os.Chmod(filepath.Join(src, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	args := []string{"--name", "carve-test:dev",
 		"--file", filepath.Join(src, "tool") + ":/usr/bin/tool",
 		"--dir", filepath.Join(src, "tree") + ":/etc/carve",
