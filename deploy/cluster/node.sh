@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154,SC2153 # here, client_ext, CDI_DIR...: set by up.sh
+# shellcheck shell=bash disable=SC2154,SC2153 # here, CDI_DIR...: set by up.sh
 # The real node of the local test cluster: containerd 2.x (with CDI), a
 # kubelet, bridge CNI. Sourced by up.sh (not run on its own): it uses up.sh's
 # variables (STATE_DIR, PKI, LOGS, BIN_DIR, ...) and helpers (log; fail,
@@ -250,11 +250,8 @@ node_images() {
 # system:nodes, what the Node authorizer and NodeRestriction expect) and its
 # serving cert (for the node IP), both from the cluster CA.
 node_certs() {
-  issue ca kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$client_ext"
-  issue ca kubelet-server "/CN=$NODE_NAME" "basicConstraints=CA:FALSE
-keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth
-subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
+  issue ca kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" client
+  issue ca kubelet-server "/CN=$NODE_NAME" server "IP:$NODE_IP,DNS:$NODE_NAME"
   write_kubeconfig "$STATE_DIR/kubelet.kubeconfig" "system:node:$NODE_NAME" "$PKI/kubelet.crt" "$PKI/kubelet.key"
 }
 

@@ -168,16 +168,8 @@ if [ -e "$STATE_DIR" ]; then
 fi
 
 # --- prerequisites ----------------------------------------------------------
-if ! command -v openssl >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing openssl"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl >&2 ||
-      { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl >&2; }
-  else
-    log "ERROR: openssl is required (apt-get install openssl)"
-    exit 1
-  fi
-fi
+# The certificate tool (Go, built once into the cache).
+pki_prepare || exit 1
 
 # Port conflicts give confusing errors deep in component logs; catch them here.
 # A few seconds of grace: right after stop_all (or down.sh) a killed Go
