@@ -1,12 +1,3 @@
-// Package bpf holds carve's per-share classifier: a TCX program that looks a
-// frame's MAC up in a pinned map and sets skb->priority to the HTB class of
-// the bandwidth share that MAC belongs to, so HTB on the parent NIC's egress
-// shaper (egress; the program redirects the share's frames there) or on its
-// IFB (ingress) holds each share to its rate.
-//
-// Maps and links are pinned in bpffs so that the agent can restart without
-// dropping limits: a new process reopens the same maps with their entries and
-// swaps its programs into the existing links.
 package bpf
 
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return shaper shaper.c

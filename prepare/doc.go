@@ -1,7 +1,9 @@
 // Package prepare is carve's kubelet plugin core: the Driver answers the
 // kubelet's NodePrepareResources and NodeUnprepareResources through the
 // k8s.io/dynamic-resource-allocation kubeletplugin helper, and dispatches
-// each allocated device to the Preparer of its kind.
+// each allocated device to the Preparer of its kind. Prepare begins in
+// Driver.PrepareResourceClaims (prepare_claims.go), unprepare in
+// unprepare_claims.go.
 //
 // # The contract of a device kind
 //
@@ -11,17 +13,85 @@
 // effective carve.dev/v1alpha1 configuration) and the published device, it
 // makes the device usable on the host and returns Prepared: the container
 // edits, an undo record, and network data for the claim's status. The kinds
-// are netdev.NICPreparer, fpga.Preparer and llc.Preparer.
+// are netdev.NICPreparer, the GPU and MIG preparer in gpu/prep, fpga.Preparer
+// (prepare/fpga) and llc.Preparer (prepare/llc); cmd/carve/app wires them
+// (kinds.go) and runs the plugin on a node.
 //
 // # What the driver does around a preparer
 //
 // Before anything is applied the driver decodes and validates the claim's
-// opaque configuration (package api/v1alpha1), checks that no device is
-// prepared twice and that shares fit the device's capacity, and records the
-// claim as started in the checkpoint (package checkpoint). After the
-// preparers it writes the claim's CDI spec (package cdi) and info file,
-// records the claim as completed, and reports network data in the claim's
-// status (package status). A claim found started after a crash is rolled
-// back through the preparers' Unprepare and prepared again. The agent
-// (package agent) wires every kind and runs the plugin on a node.
+// opaque configuration (package api/v1alpha1), checks that every device is
+// its own, that an unshared device is not prepared for another claim and
+// that shares fit the device's capacity, and records the claim as started
+// in the checkpoint (package checkpoint). After the preparers it writes the
+// claim's CDI spec (package cdi) and info file, records the claim as
+// completed, and reports network data in the claim's status (package
+// status), after the answer to the kubelet rather than inside prepare. A
+// claim found started after a crash is rolled back through the preparers'
+// Unprepare and prepared again. Calls for different claims never wait on
+// each other (one lock per claim).
+//
+// # What a container gets
+//
+// One CDI spec per claim, its devices named
+// carve.dev/claim=<claim uid>-<request>-<device>[-<share>]. Each container
+// using the claim gets:
+//
+//   - CARVE_<REQUEST>_DEVICE, _KIND, _CLAIM, _SHARE_ID and one variable per
+//     consumed capacity (CARVE_NET_EGRESSBANDWIDTH=100M), plus the preparer's
+//     own (CARVE_NET_PARENT, CARVE_FPGA_PCI_ADDRESS, CARVE_CACHE_CPUS, ...);
+//   - what its kind needs: the device nodes of FPGAs and GPUs,
+//     linux.intelRdt and a hook for LLC shares, a hook that moves a NIC share
+//     into the pod (the runtime hooks are package prepare/hook);
+//   - /run/carve/claims/<claim uid>.json, read-only: the claim's devices,
+//     shares and capacities.
+//
+// # Opaque configuration
+//
+// carve.dev/v1alpha1 (package api/v1alpha1), from the DeviceClass or the
+// claim; for each kind the last one that applies to the request wins, so a
+// claim overrides its class. Decoding is strict, and an invalid config fails
+// the claim with the field named, applying nothing:
+//
+//	apiVersion: carve.dev/v1alpha1
+//	kind: DeviceConfig        # any device
+//	env: {MY_VAR: value}
+//	---
+//	apiVersion: carve.dev/v1alpha1
+//	kind: NetworkConfig       # NICs (package netdev has every field)
+//	interfaceName: net1
+//	mtu: 1500
+//
+// # Crash safety
+//
+// Prepare and unprepare are idempotent and crash-safe. Each claim is recorded
+// in <state-dir>/checkpoint.json (versioned, sha256-checksummed, written by
+// temp file + fsync + rename under an flock, concurrent updates committed in
+// groups) as started before anything is applied and completed after its CDI
+// spec is written; a claim found started is rolled back and redone, a
+// completed one is answered from the record, records from another boot are
+// dropped (with their claim files), and an unreadable checkpoint is kept
+// aside as checkpoint.json.corrupt-<time> and counted
+// (carve_checkpoint_corrupt_total), never crash-looped on. A checkpoint
+// written by a newer carve stops the agent with a clear error instead. The
+// state directory is 0700; the claim files inside stay 0644.
+//
+// The crash matrix (deploy/e2e) SIGKILLs the agent at every step of prepare
+// and unprepare: package crash holds the fault points, chosen with
+// CARVE_CRASH_AT (the GPU share's points, gpushare-*, are listed in
+// gpu/memslice).
+//
+// # Health
+//
+// Health is reported to the kubelet for NICs (a link that is down is
+// unhealthy); other kinds say nothing yet.
+//
+// # Packages below
+//
+// api/v1alpha1 (the claim config users write: DeviceConfig, NetworkConfig;
+// scheme, defaults, validation, deepcopy), checkpoint, cdi, status,
+// atomicfile (atomic files), crash (fault points), hostmount (the host's side
+// of the chart's mounts, `carve host-mounts`, and entering the runtime's
+// mount namespace) and hook (the container-runtime hooks netns-attach,
+// resctrl-attach and dmem-limit, which cmd/carve-hook builds from alone).
 package prepare

@@ -1,17 +1,96 @@
-// Package slices turns a discovery.Inventory and a NodeConfig into the
-// resource.k8s.io/v1 ResourceSlices of one node's pool. It is pure: no I/O,
-// so every rule of the contract can be tested exhaustively.
+// Package slices turns a discovery.Inventory (and the GPUs' nvmlinfo
+// inventory) and a NodeConfig into the resource.k8s.io/v1 ResourceSlices of
+// one node's pool. It is pure: no I/O, so every rule of the contract can be
+// tested exhaustively. `carve discover` prints the pool exactly as the agent
+// publishes it. Attributes are in the driver's domain (carve.dev by default,
+// the NodeConfig's driverName).
 //
-// The contract, which checks outside this repository rely on:
-//   - every device has the string attribute "kind": nic, llc, fpga, gpu;
+// # Pool and names
+//
+// One pool per node, named after the node, split into slices of at most 128
+// devices. Device names derive from what is stable across reboots: the PCI
+// address (nic-0000-17-00-0, fpga-0000-3b-00-0), the cache id (llc-0), or
+// the interface name for virtual NICs (nic-veth0); GPUs are gpu-<pci
+// address>, MIG placements mig-<pci address>-<profile>-<start>
+// (mig-0000-19-00-0-3g-40gb-4). What cannot be offered in full (a link of
+// unknown speed, a kernel that cannot shape, no resctrl, no NVML) is logged
+// on stderr, never silently dropped.
+//
+// # The contract
+//
+// Checks outside this repository rely on these names:
+//
+//   - Every device has the string attribute "kind": nic, llc, fpga, gpu or
+//     mig.
 //   - PCI-backed devices have "pciAddress", the standard
-//     resource.kubernetes.io/pcieRoot and, where known, "numaNode";
-//   - NICs have "ifName" and "mac", and capacities "egressBandwidth" and
-//     "ingressBandwidth" in bits per second; they allow multiple allocations
-//     with a request policy only where this node can enforce the share;
-//   - LLCs have "cacheId" and "cpus", and capacities "ways" and "size";
-//     they are shareable only where resctrl offers L3 allocation, with
-//     "memoryBandwidth" too where it offers MBA;
-//   - FPGAs have "vendorID" and "deviceID", and "compatID" and "afuID"
-//     (32 lowercase hex digits) where sysfs shows what is loaded.
+//     resource.kubernetes.io/pcieRoot, "numaNode" and
+//     resource.kubernetes.io/numaNode where known, and
+//     "vendorName"/"productName" where pci.ids knows them.
+//   - NICs have "ifName", "mac", "mtu", "driver", "virtual",
+//     "sriovTotalVFs"/"sriovNumVFs" on PFs and "sriovPhysFn" on VFs, and
+//     capacities "egressBandwidth" and "ingressBandwidth" in bits per second,
+//     from the link speed or the node config. They allow multiple
+//     allocations with a request policy only where the kernel can enforce
+//     shares and the link is up.
+//   - LLCs have "cacheId", "cpus" and "resctrl", and capacities "ways" and
+//     "size", with "memoryBandwidth" too where resctrl offers MBA. They are
+//     shareable only where resctrl has L3 allocation (package prepare/llc).
+//   - FPGAs have "vendorID", "deviceID" and "driver", and "compatID" and
+//     "afuID" (32 lowercase hex digits) where sysfs shows what is loaded.
+//   - GPUs with MIG off (kind gpu) have "uuid", "productName" (NVML's),
+//     "architecture" (hopper, ampere, ...), "cudaComputeCapability"
+//     (a version, 9.0.0), "driverVersion" (a string, 580.159.04),
+//     "cudaDriverVersion" (a version, 13.0.0), "migCapable" and
+//     "memoryEnforcement" (dmem, mps-policed or none), and capacity "memory"
+//     in bytes. They are shared in memory slices only where
+//     memoryEnforcement is not none and the node config has
+//     requestPolicies.gpu.memory (package gpu/memslice).
+//   - MIG placements (kind mig) have "profile" (NVML's name, 3g.40gb),
+//     "placementStart", "placementSize" (NVML's units), "parentUUID", and the
+//     parent's "productName", "architecture", versions and PCI topology, and
+//     capacities "memory" and "multiprocessors"; they consume counters of the
+//     parent's counter set.
+//
+// # GPUs
+//
+// GPUs are found by PCI (class 0x03, vendor 0x10de) and published as NVML
+// reports them, joined to their PCI function by bus ID (NVML's 8-digit domain
+// 00000000:19:00.0 is discovery's 0000:19:00.0), so they get pciAddress,
+// resource.kubernetes.io/pcieRoot and numaNode (none where sysfs says -1) and
+// a claim can ask for a GPU and a NIC on one PCIe root. A GPU NVML reports
+// that PCI discovery did not find is published without topology; a PCI GPU
+// NVML does not know is not published; both are noted.
+//
+// A GPU with MIG off is one device (a MIG-capable one says migCapable:
+// true). A GPU with MIG on publishes every GPU-instance placement NVML
+// reports (GetGpuInstancePossiblePlacements for each profile
+// GetGpuInstanceProfileInfo knows) as a partitionable device (KEP-4815).
+// Nothing comes from a built-in table: a real H100 on driver 580 spans 8
+// memory slices (7g.80gb spans 8, 3g.40gb 4, 1g.20gb 2 with 4 placements),
+// which is not go-nvml's mock table.
+//
+// # MIG counters
+//
+// Each MIG-enabled GPU has one counter set, named as the GPU
+// (gpu-0000-19-00-0), holding one counter per memory slice of its placement
+// space (memory-slice-0 ... memory-slice-7, capacity 1 each), plus memory
+// (bytes), multiprocessors and, where a profile holds any, media-extensions
+// (NVML's optical-flow accelerator count: an H100 has one, held by its
+// 1g.10gb+me and its 7g.80gb). A MIG device consumes 1 of every slice its
+// placement spans, its own memory and multiprocessors, and its media
+// extensions. Two placements that overlap can therefore never be allocated
+// together, nor two 1g.10gb+me (the driver refuses the second), and any other
+// two can; memory and multiprocessors hold at least what any set of disjoint
+// placements needs, so they never refuse a combination the slices allow. In
+// resource.k8s.io/v1 a slice holds either counter sets (at most 8) or
+// devices, so the counter sets go in their own slice of the pool, and a slice
+// of devices that consume counters holds at most 64: an 8 x H100 node with
+// MIG on publishes 1 counter slice and 4 device slices (200 devices).
+//
+// # Request policies
+//
+// Without a policy in the node config (package nodeconfig), a NIC share
+// defaults to 1% of the link in 1 Mbit/s steps, and an LLC share to
+// resctrl's minimum number of ways; a GPU without requestPolicies.gpu.memory
+// is published whole-device only.
 package slices

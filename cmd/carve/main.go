@@ -1,6 +1,3 @@
-// Command carve is carve's command line: it parses the flags of `carve
-// discover`, `carve agent` and `carve hook` and wires them to the packages
-// that do the work.
 package main
 
 import (

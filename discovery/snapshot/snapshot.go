@@ -1,7 +1,3 @@
-// Package snapshot captures what carve's discovery reads on a node (the
-// sysfs subset, the kernel config, pci.ids, the NVML inventory in the replay
-// format and the node config) into a tar.gz, and unpacks one so that
-// discovery reproduces that node on another machine.
 package snapshot
 
 import (

@@ -1,19 +1,3 @@
-// Package memslice hands out and takes back memory slices of shared GPUs:
-// it chooses each GPU's enforcement tier at start (dmem, mps-policed or
-// none), prepares a share on that tier (its claim's own MPS control daemon
-// and /dev/shm tmpfs, the GPU's compute mode, the dmem hook, the pinned
-// memory ceiling, policing), undoes it, recovers after a crash, and lists
-// the node's GPU shares.
-//
-// Each claim's shares of a GPU get a daemon of their own (see DaemonDir):
-// one daemon serves one user at a time, and a daemon's pipe directory and
-// /dev/shm, shared between tenants, would let one tenant read, fill or
-// break what another's clients use. Several daemons on a GPU need compute
-// mode Default (EXCLUSIVE_PROCESS admits one MPS server), so a shared GPU is
-// in Default from its first share to its last, never switched per claim; a
-// process that skips MPS is then held by policing (mps-policed) or its
-// pod's dmem.max (dmem). Options.KeepComputeMode leaves the mode as found,
-// for machines whose mode may not be changed.
 package memslice
 
 import (

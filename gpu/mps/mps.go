@@ -1,8 +1,3 @@
-// Package mps runs NVIDIA MPS control daemons, one per claim and shared
-// GPU, with their pipe and log directories under carve's state directory,
-// through the nvidia-cuda-mps-control binary: starting or adopting one,
-// setting the pinned device memory ceiling of its servers, and stopping
-// it. Tests put a fake binary on PATH.
 package mps
 
 import (

@@ -1,18 +1,3 @@
-// Package police holds each MPS share of a GPU to its memory slice for the
-// whole pod: a loop reads NVML's per-process memory, maps each PID to its
-// pod through /proc/<pid>/cgroup and to its shares through the claims'
-// reserved pods, and when a pod's processes on a GPU hold more than the sum
-// of its shares' slices there, kills its newest processes until they fit,
-// records an event on the pod and counts the kill.
-//
-// The bound: a pod is over its slices for at most one interval (50 ms by
-// default) plus one NVML process query per GPU (about 0.6 ms) plus the time
-// the driver takes to free a killed process's memory. Nothing else is in a
-// tick: the process query goes through an NVML lane of its own (a prepare's
-// long NVML calls never hold it), and the API server is asked for a claim's
-// pods beside the loop, never in it. In that window a pod can hold up to its
-// processes times the GPU's MPS ceiling (the largest slice on the GPU),
-// since each process is held to the ceiling by MPS itself.
 package police
 
 import (

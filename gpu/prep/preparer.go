@@ -1,6 +1,3 @@
-// Package prep prepares GPUs for containers: a whole GPU's device nodes,
-// libraries and binaries through nvidia-container-toolkit's nvcdi, and a MIG
-// partition created through NVML at its allocated placement.
 package prep
 
 import (

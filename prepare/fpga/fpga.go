@@ -1,5 +1,3 @@
-// Package fpga prepares whole FPGA cards for containers: their device nodes,
-// through CDI.
 package fpga
 
 import (

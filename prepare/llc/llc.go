@@ -1,9 +1,3 @@
-// Package llc prepares last-level caches for containers. A whole cache is
-// described to the container (its id and CPUs). A share is a slice of the
-// cache's ways, enforced by resctrl: a group (CLOSID) per share holding a
-// contiguous capacity bitmask no other share overlaps, which the runtime
-// applies from the CDI spec's linux.intelRdt or, where it ignores that,
-// carve's resctrl-attach hook.
 package llc
 
 import (

@@ -1,5 +1,3 @@
-// Package nodeconfig holds the node agent's configuration file, a
-// carve.dev/v1alpha1 NodeConfig, and its strict decoder.
 package nodeconfig
 
 import (

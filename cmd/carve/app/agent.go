@@ -1,6 +1,3 @@
-// Package app is carve's composition root on a node: it wires every device
-// kind's preparer into the kubelet plugin, runs the rediscovery loop that
-// republishes ResourceSlices, and serves metrics and health.
 package app
 
 import (

@@ -1,8 +1,3 @@
-// Package sharelist lists the shares prepared on this node and checks that
-// each is enforced, for `carve shares`: it reads the agent's checkpoint, the
-// classifier's pinned maps and links, and the HTB classes, so it needs no API
-// server and changes nothing. Rows are kind-neutral: NIC shares come from
-// NICSource, and other kinds (GPU shares) add a Source of their own.
 package sharelist
 
 import (

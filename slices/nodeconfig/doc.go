@@ -1,0 +1,33 @@
+// Package nodeconfig holds the node agent's configuration file, a
+// carve.dev/v1alpha1 NodeConfig, and its strict decoder: an unknown field or
+// a bad quantity is an error naming its path. `carve agent --config` and
+// `carve discover --config` take it; the chart's nodeConfig value is one, as
+// YAML.
+//
+//	apiVersion: carve.dev/v1alpha1
+//	kind: NodeConfig
+//	driverName: carve.dev          # default; the chart's driverName must match
+//	netdev:
+//	  include: ["ens*"]            # globs; empty means every PCI-backed netdev
+//	  exclude: ["ens9*"]
+//	  includeVirtual: false        # veth, bridges, lo
+//	  bandwidth:                   # for links whose speed the kernel does not know
+//	  - interface: eth0
+//	    egress: 10G                # bits per second
+//	    ingress: 10G               # defaults to egress
+//	  pools:                       # addresses for NetworkConfig.pools
+//	  - {name: v4, cidr: 10.0.0.0/24, gateway: 10.0.0.1}
+//	requestPolicies:               # how shares may be requested
+//	  nic:
+//	    egressBandwidth: {default: 100M, min: 10M, step: 10M}
+//	    ingressBandwidth: {default: 100M, min: 10M, step: 10M}
+//	  llc:
+//	    ways: {default: 1, min: 1, step: 1}
+//	  gpu:
+//	    memory: {default: 10Gi, min: 5Gi, step: 5Gi, max: 40Gi}
+//
+// Without a policy, a NIC share defaults to 1% of the link in 1 Mbit/s
+// steps, and an LLC share to resctrl's minimum number of ways; a GPU is
+// shared in memory slices only with requestPolicies.gpu.memory (and a tier
+// that can enforce them, package gpu/memslice).
+package nodeconfig
