@@ -105,14 +105,7 @@ func (s *Shaper) SetShareAddr(parent int, addr netip.Addr, mac net.HardwareAddr)
 // its pod's netns, and a frame's MAC never names it. mac only names the
 // share (its entries and counters); with ipvlan no interface carries it.
 func (s *Shaper) SetShareByAddress(dir Direction, mac net.HardwareAddr, classid uint32) error {
-	k, err := makeKey(dir, mac)
-	if err != nil {
-		return err
-	}
-	if classid == 0 {
-		return errors.New("classid 0 names no class")
-	}
-	return s.objs.Shares.Put(&k, &shaperShareVal{Classid: classid, Flags: shareByAddr})
+	return s.putShare(dir, mac, classid, shareByAddr)
 }
 
 // AddressKeyed lists the share entries set with SetShareByAddress.

@@ -136,6 +136,12 @@ func (k shaperShareKey) key() Key {
 // SetShare sends frames of mac in dir to HTB class classid (major<<16|minor,
 // e.g. netlink.MakeHandle(1, 0x10)). It takes effect on the next packet.
 func (s *Shaper) SetShare(dir Direction, mac net.HardwareAddr, classid uint32) error {
+	return s.putShare(dir, mac, classid, 0)
+}
+
+// putShare writes a share's entry: its class, and flags such as
+// shareByAddr.
+func (s *Shaper) putShare(dir Direction, mac net.HardwareAddr, classid uint32, flags uint32) error {
 	k, err := makeKey(dir, mac)
 	if err != nil {
 		return err
@@ -143,7 +149,7 @@ func (s *Shaper) SetShare(dir Direction, mac net.HardwareAddr, classid uint32) e
 	if classid == 0 {
 		return errors.New("classid 0 names no class")
 	}
-	return s.objs.Shares.Put(&k, &shaperShareVal{Classid: classid})
+	return s.objs.Shares.Put(&k, &shaperShareVal{Classid: classid, Flags: flags})
 }
 
 // ShareCapacity is how many share entries (one per share and direction)
@@ -196,30 +202,7 @@ func (s *Shaper) SetRate(mac net.HardwareAddr, bitsPerSec uint64) error {
 }
 
 // Shares returns every share's class handle.
-func (s *Shaper) Shares() (map[Key]uint32, error) {
-	out := make(map[Key]uint32)
-	var k shaperShareKey
-	var v shaperShareVal
-	it := s.objs.Shares.Iterate()
-	for it.Next(&k, &v) {
-		out[k.key()] = v.Classid
-	}
-	return out, it.Err()
-}
+func (s *Shaper) Shares() (map[Key]uint32, error) { return readShares(s.objs.Shares) }
 
 // Stats returns each share's counters, summed over CPUs.
-func (s *Shaper) Stats() (map[Key]Counters, error) {
-	out := make(map[Key]Counters)
-	var k shaperShareKey
-	var per []shaperShareCounters
-	it := s.objs.ShareStats.Iterate()
-	for it.Next(&k, &per) {
-		var c Counters
-		for _, p := range per {
-			c.Bytes += p.Bytes
-			c.Packets += p.Packets
-		}
-		out[k.key()] = c
-	}
-	return out, it.Err()
-}
+func (s *Shaper) Stats() (map[Key]Counters, error) { return readStats(s.objs.ShareStats) }

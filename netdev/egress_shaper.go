@@ -47,12 +47,12 @@ const in6AddrGenModeNone = 1
 // does no ARP; what the node sends from it anyway is dropped on its way
 // back (return_shaped).
 func (p *NICPreparer) ensureEgressShaper(parent netlink.Link) (netlink.Link, error) {
-	if shaper, ok := p.setUp.shaper(parent.Attrs().Index); ok {
+	if shaper, ok := p.setUp.companion(companionEgressShaper, parent.Attrs().Index); ok {
 		return shaper, nil
 	}
 	shaper, err := p.makeEgressShaper(parent)
 	if err == nil {
-		p.setUp.setShaper(parent.Attrs().Index, shaper)
+		p.setUp.setCompanion(companionEgressShaper, parent.Attrs().Index, shaper)
 	}
 	return shaper, err
 }
@@ -159,14 +159,14 @@ func (p *NICPreparer) removeEgressShaperIfIdle(parent netlink.Link) error {
 	}
 	shaper, err := h.LinkByName(egressShaperName(parent.Attrs().Index))
 	if err != nil {
-		p.setUp.forgetShaper(parent.Attrs().Index)
+		p.setUp.forgetCompanion(companionEgressShaper, parent.Attrs().Index)
 		return nil
 	}
 	left, err := shareClasses(h, shaper)
 	if err != nil || len(left) > 0 {
 		return err
 	}
-	p.setUp.forgetShaper(parent.Attrs().Index)
+	p.setUp.forgetCompanion(companionEgressShaper, parent.Attrs().Index)
 	if err := p.forgetEgressShaper(parent.Attrs().Index); err != nil {
 		return err
 	}

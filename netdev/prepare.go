@@ -232,7 +232,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 			// The next prepare looks at the parent's HTB and IFB
 			// again, whatever happened to them.
 			p.setUp.forgetDevice(parent.Attrs().Index)
-			p.setUp.forgetIFB(parent.Attrs().Index)
+			p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
 		}
 	}()
 	mac := ShareMAC(key)

@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/bpf"
@@ -363,8 +364,7 @@ func (p *NICPreparer) deleteLinks(items []reapItem, errs []error) error {
 
 // waitForNoPrepare returns once no prepare is in flight, or after max.
 func (p *NICPreparer) waitForNoPrepare(max time.Duration) {
-	deadline := time.Now().Add(max)
-	for p.preparing.Load() > 0 && time.Now().Before(deadline) {
-		time.Sleep(2 * time.Millisecond)
-	}
+	_ = wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, max, true, func(context.Context) (bool, error) {
+		return p.preparing.Load() == 0, nil
+	})
 }

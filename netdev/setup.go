@@ -17,9 +17,9 @@ import (
 type setUpCache struct {
 	mu   sync.Mutex
 	done map[string]time.Time
-	ifbs map[int]netlink.Link
-	// shapers are the parents' egress shapers, by the parent's ifindex.
-	shapers map[int]netlink.Link
+	// companions are the parents' IFBs and egress shapers, by role and
+	// the parent's ifindex.
+	companions map[string]map[int]netlink.Link
 }
 
 // setUpRecheck bounds how long a device's set-up is taken on trust: an
@@ -64,69 +64,51 @@ func (c *setUpCache) forgetDevice(ifindex int) {
 	}
 }
 
-// ifb is the parent's IFB, set up with its HTB and redirect.
-func (c *setUpCache) ifb(parent int) (netlink.Link, bool) {
+// A parent's companion devices, set up with their HTB and redirect: the
+// ingress IFB and the egress shaper.
+const (
+	companionIFB          = "ifb"
+	companionEgressShaper = "egress-shaper"
+)
+
+// companion is a parent's companion device of a role, while its set-up is
+// taken on trust.
+func (c *setUpCache) companion(role string, parent int) (netlink.Link, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l, ok := c.ifbs[parent]
-	at, checked := c.done[setUpKey("ifb", parent)]
+	l, ok := c.companions[role][parent]
+	at, checked := c.done[setUpKey(role, parent)]
 	return l, ok && checked && time.Since(at) < setUpRecheck
 }
 
-func (c *setUpCache) setIFB(parent int, ifb netlink.Link) {
+func (c *setUpCache) setCompanion(role string, parent int, l netlink.Link) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ifbs == nil {
-		c.ifbs = map[int]netlink.Link{}
+	if c.companions == nil {
+		c.companions = map[string]map[int]netlink.Link{}
+	}
+	if c.companions[role] == nil {
+		c.companions[role] = map[int]netlink.Link{}
 	}
 	if c.done == nil {
 		c.done = map[string]time.Time{}
 	}
-	c.ifbs[parent] = ifb
-	c.done[setUpKey("ifb", parent)] = time.Now()
+	c.companions[role][parent] = l
+	c.done[setUpKey(role, parent)] = time.Now()
 }
 
-func (c *setUpCache) forgetIFB(parent int) {
+// forgetCompanion forgets a parent's companion and what was set up on it.
+func (c *setUpCache) forgetCompanion(role string, parent int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if l, ok := c.ifbs[parent]; ok {
+	if l, ok := c.companions[role][parent]; ok {
 		suffix := "/" + strconv.Itoa(l.Attrs().Index)
 		for k := range c.done {
 			if strings.HasSuffix(k, suffix) {
 				delete(c.done, k)
 			}
 		}
-		delete(c.ifbs, parent)
+		delete(c.companions[role], parent)
 	}
-	delete(c.done, setUpKey("ifb", parent))
-}
-
-// shaper is the parent's egress shaper, set up with its HTB and the
-// classifier's redirect.
-func (c *setUpCache) shaper(parent int) (netlink.Link, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	l, ok := c.shapers[parent]
-	at, checked := c.done[setUpKey("egress-shaper", parent)]
-	return l, ok && checked && time.Since(at) < setUpRecheck
-}
-
-func (c *setUpCache) setShaper(parent int, shaper netlink.Link) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.shapers == nil {
-		c.shapers = map[int]netlink.Link{}
-	}
-	if c.done == nil {
-		c.done = map[string]time.Time{}
-	}
-	c.shapers[parent] = shaper
-	c.done[setUpKey("egress-shaper", parent)] = time.Now()
-}
-
-func (c *setUpCache) forgetShaper(parent int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.shapers, parent)
-	delete(c.done, setUpKey("egress-shaper", parent))
+	delete(c.done, setUpKey(role, parent))
 }

@@ -34,7 +34,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	minor, err := p.addClass(classDev, key, rate)
 	if err != nil {
 		if dir == bpf.Egress {
-			p.setUp.forgetShaper(dev.Attrs().Index)
+			p.setUp.forgetCompanion(companionEgressShaper, dev.Attrs().Index)
 		} else {
 			p.setUp.forget("htb", dev.Attrs().Index)
 		}

@@ -159,12 +159,12 @@ func ifbName(parent netlink.Link) string { return "cvifb" + strconv.Itoa(parent.
 // IFB (the classifier's redirect_ingress on the parent picks it by
 // destination MAC); the node's own traffic stays off its single queue.
 func (p *NICPreparer) ensureIngressIFB(parent netlink.Link) (netlink.Link, error) {
-	if ifb, ok := p.setUp.ifb(parent.Attrs().Index); ok {
+	if ifb, ok := p.setUp.companion(companionIFB, parent.Attrs().Index); ok {
 		return ifb, nil
 	}
 	ifb, err := p.makeIngressIFB(parent)
 	if err == nil {
-		p.setUp.setIFB(parent.Attrs().Index, ifb)
+		p.setUp.setCompanion(companionIFB, parent.Attrs().Index, ifb)
 	}
 	return ifb, err
 }
@@ -232,14 +232,14 @@ func (p *NICPreparer) removeIngressIFBIfIdle(parent netlink.Link) error {
 	h := p.h
 	ifb, err := h.LinkByName(ifbName(parent))
 	if err != nil {
-		p.setUp.forgetIFB(parent.Attrs().Index)
+		p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
 		return nil
 	}
 	left, err := shareClasses(h, ifb)
 	if err != nil || len(left) > 0 {
 		return err
 	}
-	p.setUp.forgetIFB(parent.Attrs().Index)
+	p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
 	if p.opts.Shaper != nil {
 		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
 			return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Binary is the control daemon's executable name.
@@ -170,22 +172,17 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("start MPS daemon of %s: %w%s", d.UUID, err, d.logTail())
 	}
 	// -d returns once it has forked; wait for the daemon to answer.
-	deadline := time.Now().Add(d.timeout())
-	for {
-		if _, alive := d.PID(); alive {
-			if _, err := d.Command(ctx, "get_server_list"); err == nil {
-				return true, nil
-			}
+	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, d.timeout(), true, func(ctx context.Context) (bool, error) {
+		if _, alive := d.PID(); !alive {
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			return true, fmt.Errorf("MPS daemon of %s started but did not answer within %s (log: %s)", d.UUID, d.timeout(), d.LogDir())
-		}
-		select {
-		case <-ctx.Done():
-			return true, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
+		_, err := d.Command(ctx, "get_server_list")
+		return err == nil, nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return true, fmt.Errorf("MPS daemon of %s started but did not answer within %s (log: %s)", d.UUID, d.timeout(), d.LogDir())
 	}
+	return true, err
 }
 
 // logTail is the end of the daemon's control log, for an error message; ""
@@ -291,19 +288,15 @@ func (d Daemon) Stop(ctx context.Context) error {
 			// A daemon that cannot be asked is killed.
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		deadline := time.Now().Add(d.timeout())
-		for {
-			if _, alive = d.PID(); !alive {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("MPS daemon of %s (pid %d) still running %s after quit", d.UUID, pid, d.timeout())
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
-			}
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, d.timeout(), true, func(context.Context) (bool, error) {
+			_, alive := d.PID()
+			return !alive, nil
+		})
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return fmt.Errorf("MPS daemon of %s (pid %d) still running %s after quit", d.UUID, pid, d.timeout())
 		}
 	}
 	if err := os.RemoveAll(d.Dir); err != nil {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // flaky fails the first n writes of every claim, and blocks while held.
@@ -55,8 +56,7 @@ func TestAsyncReturnsAtOnceAndRetriesUntilItLands(t *testing.T) {
 	f := &flaky{fails: 2, calls: map[string]int{}, written: map[string]int{}, hold: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := NewAsync(ctx, f)
-	a.backoff = []time.Duration{time.Millisecond, time.Millisecond, time.Millisecond}
+	a := newAsync(ctx, f, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, time.Millisecond), 3)
 	start := time.Now()
 	if err := a.ReportDevices(ctx, "carve.dev", claim("c"), entries()); err != nil {
 		t.Fatal(err)
@@ -87,8 +87,7 @@ func TestAsyncDropsAGoneClaim(t *testing.T) {
 		err: apierrors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, "c")}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := NewAsync(ctx, f)
-	a.backoff = []time.Duration{time.Millisecond}
+	a := newAsync(ctx, f, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, time.Millisecond), 1)
 	_ = a.ReportDevices(ctx, "carve.dev", claim("c"), entries())
 	time.Sleep(100 * time.Millisecond)
 	f.mu.Lock()
@@ -96,4 +95,31 @@ func TestAsyncDropsAGoneClaim(t *testing.T) {
 	if f.calls["c"] != 1 || a.Pending() != 0 {
 		t.Errorf("a gone claim was written %d times, %d pending; want once, none", f.calls["c"], a.Pending())
 	}
+}
+
+// A claim whose writes keep failing is given up after the retries, and
+// nothing stays pending.
+func TestAsyncGivesUp(t *testing.T) {
+	f := &flaky{fails: 1000, calls: map[string]int{}, written: map[string]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := newAsync(ctx, f, workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](time.Millisecond, time.Millisecond), 3)
+	_ = a.ReportDevices(ctx, "carve.dev", claim("c"), entries())
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		f.mu.Lock()
+		calls := f.calls["c"]
+		f.mu.Unlock()
+		if calls >= 4 && a.Pending() == 0 {
+			time.Sleep(50 * time.Millisecond)
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.calls["c"] != 4 {
+				t.Errorf("%d writes; want the first and 3 retries", f.calls["c"])
+			}
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("%d writes, %d pending", f.calls["c"], a.Pending())
 }
