@@ -22,73 +22,94 @@ import (
 const hookBinEnv = "CARVE_HOOK_BIN"
 
 // BenchmarkHookExec measures what containerd pays per container start of a
-// pod with a NIC share: exec of carve-hook netns-attach, as the runtime runs
+// pod with a NIC share: exec of the netns-attach hook, as the runtime runs
 // it (in the node's namespace, the OCI state on stdin), to exit. "first"
 // moves the share's interface into a new pod (the first container);
 // "steady" finds it there and only checks it (every later container). The
-// binary's size (stripped, as the Makefile builds it) and its package count
-// are reported beside.
+// small static carve-hook is measured beside the same hook run from the
+// agent's binary (`carve hook netns-attach`, bin/carve from make build), the
+// reference: what the hook cost when it was linked with the agent. Each
+// binary's size and package count are reported too.
 func BenchmarkHookExec(b *testing.B) {
-	bin := hookBinary(b)
-	for _, first := range []bool{true, false} {
-		b.Run(map[bool]string{true: "first", false: "steady"}[first], func(b *testing.B) {
-			env := newBench(b)
-			var steady *share
-			var steadyPID int
-			if !first {
-				steady = env.add("steady", "", "", nil)
-				steadyPID = podProcess(b, env, "steady")
+	hooks := []struct {
+		name string
+		bin  string
+		args []string
+		pkg  string
+	}{
+		{"carve-hook", hookBinary(b), nil, "../cmd/carve-hook"},
+		{"carve", "../bin/carve", []string{"hook"}, "../cmd/carve"},
+	}
+	for _, h := range hooks {
+		b.Run(h.name, func(b *testing.B) {
+			if _, err := os.Stat(h.bin); err != nil {
+				b.Skipf("no %s (make build makes it): %v", h.bin, err)
 			}
-			var took []time.Duration
-			i := 0
-			round := func() {
-				spec, pid := steady.specFile(env), steadyPID
-				if first {
-					b.StopTimer()
-					name := fmt.Sprintf("f%d", i)
-					a := env.alloc(name, "", "")
-					env.prepareSpec(a, nil)
-					spec = filepath.Join(env.state, "netdev", netdev.LinkName(a.ShareKey())+".json")
-					podNS := env.tp.NewPod(name)
-					_ = podNS.Close()
-					pid = podProcess(b, env, name)
-					b.StartTimer()
+			for _, first := range []bool{true, false} {
+				b.Run(map[bool]string{true: "first", false: "steady"}[first], func(b *testing.B) {
+					benchHookExec(b, first, h.bin, h.args)
+				})
+			}
+			b.Run("binary", func(b *testing.B) {
+				for b.Loop() {
 				}
-				i++
-				d, err := execHook(env.tp.Node, bin, spec, pid)
+				st, err := os.Stat(h.bin)
 				if err != nil {
 					b.Fatal(err)
 				}
-				took = append(took, d)
-			}
-			for b.Loop() {
-				round()
-			}
-			for len(took) < 50 {
-				round()
-			}
-			slices.Sort(took)
-			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "exec-p50-ms")
-			b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "exec-p99-ms")
-			b.ReportMetric(float64(len(took)), "samples")
+				b.ReportMetric(float64(st.Size())/(1<<20), "MiB")
+				if os.Getenv(hookBinEnv) == "" || h.name != "carve-hook" {
+					out, err := exec.Command("go", "list", "-deps", h.pkg).Output()
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(float64(strings.Count(string(out), "\n")), "packages")
+				}
+			})
 		})
 	}
-	b.Run("binary", func(b *testing.B) {
-		for b.Loop() {
+}
+
+func benchHookExec(b *testing.B, first bool, bin string, args []string) {
+	env := newBench(b)
+	var steady *share
+	var steadyPID int
+	if !first {
+		steady = env.add("steady", "", "", nil)
+		steadyPID = podProcess(b, env, "steady")
+	}
+	var took []time.Duration
+	i := 0
+	round := func() {
+		spec, pid := steady.specFile(env), steadyPID
+		if first {
+			b.StopTimer()
+			name := fmt.Sprintf("f%d", i)
+			a := env.alloc(name, "", "")
+			env.prepareSpec(a, nil)
+			spec = filepath.Join(env.state, "netdev", netdev.LinkName(a.ShareKey())+".json")
+			podNS := env.tp.NewPod(name)
+			_ = podNS.Close()
+			pid = podProcess(b, env, name)
+			b.StartTimer()
 		}
-		st, err := os.Stat(bin)
+		i++
+		d, err := execHook(env.tp.Node, bin, args, spec, pid)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(float64(st.Size())/(1<<20), "stripped-MiB")
-		if os.Getenv(hookBinEnv) == "" {
-			out, err := exec.Command("go", "list", "-deps", "../cmd/carve-hook").Output()
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(strings.Count(string(out), "\n")), "packages")
-		}
-	})
+		took = append(took, d)
+	}
+	for b.Loop() {
+		round()
+	}
+	for len(took) < 50 {
+		round()
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "exec-p50-ms")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "exec-p99-ms")
+	b.ReportMetric(float64(len(took)), "samples")
 }
 
 func (s *share) specFile(env *bench) string {
@@ -135,10 +156,10 @@ func podProcess(b *testing.B, env *bench, pod string) int {
 
 // execHook runs the hook from a thread in the node's namespace, as the
 // runtime does, and times it from exec to exit.
-func execHook(node netns.NsHandle, bin, spec string, pid int) (time.Duration, error) {
+func execHook(node netns.NsHandle, bin string, args []string, spec string, pid int) (time.Duration, error) {
 	var took time.Duration
 	err := nettest.In(node, func() error {
-		cmd := exec.Command(bin, "netns-attach", "--spec", spec)
+		cmd := exec.Command(bin, append(args, "netns-attach", "--spec", spec)...)
 		cmd.Stdin = strings.NewReader(fmt.Sprintf(`{"ociVersion":"1.2.0","id":"c","status":"created","pid":%d}`, pid))
 		t0 := time.Now()
 		out, err := cmd.CombinedOutput()
