@@ -22,7 +22,7 @@ type nvmlFlags struct {
 
 func (n *nvmlFlags) add(fs *pflag.FlagSet, replay bool) {
 	if replay {
-		fs.StringVar(&n.replay, "nvml-replay", "", "answer NVML from this JSON inventory (see the README) instead of the library")
+		fs.StringVar(&n.replay, "nvml-replay", "", "answer NVML from this JSON inventory (format: go doc ./discovery/nvmlinfo) instead of the library")
 	}
 	fs.StringVar(&n.driverRoot, "nvidia-driver-root", "/", "where the NVIDIA driver is installed (libnvidia-ml.so.1 is looked for below it), below --root")
 	fs.DurationVar(&n.timeout, "nvml-timeout", gpu.DefaultTimeout, "bound on every NVML call")
