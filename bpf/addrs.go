@@ -143,7 +143,12 @@ func readAddrs(m *ebpf.Map) ([]AddrShare, error) {
 // mac, on whatever parent: unprepare needs nothing but the share's MAC,
 // even after a crash. Deleting none is not an error.
 func (s *Shaper) DeleteShareAddrs(mac net.HardwareAddr) error {
-	all, err := s.ShareAddrs()
+	return deleteAddrsOf(s.objs.ShareAddrs, mac)
+}
+
+// deleteAddrsOf removes the entries of an address map owned by mac.
+func deleteAddrsOf(m *ebpf.Map, mac net.HardwareAddr) error {
+	all, err := readAddrs(m)
 	if err != nil {
 		return err
 	}
@@ -152,7 +157,7 @@ func (s *Shaper) DeleteShareAddrs(mac net.HardwareAddr) error {
 			continue
 		}
 		k, _ := addrKey(a.Parent, a.Addr)
-		if err := s.objs.ShareAddrs.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete address %s of share %s: %w", a.Addr, mac, err)
 		}
 	}

@@ -152,6 +152,9 @@ func TestAddressKeyedShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := s.SetLocalMAC(parent, nodeMAC); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: mac2.String(), ClassID: 0x10030}); err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,8 @@ int classify_egress(struct __sk_buff *skb)
 		return CARVE_TCX_NEXT;
 	__u32 own = skb->priority;
 	skb->priority = 0;
-	classify(skb, DIR_EGRESS);
+	if (classify(skb, DIR_EGRESS) == TC_ACT_SHOT)
+		return TC_ACT_SHOT; // a pod's forged frame
 	if (!skb->priority) {
 		skb->priority = own;
 		return CARVE_TCX_NEXT;

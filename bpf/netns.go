@@ -22,7 +22,38 @@ type PodShare struct {
 	// ClassID is the share's HTB class; 0 for a share with no egress
 	// limit, whose frames are then never charged to another share.
 	ClassID uint32
+	// VLAN is the share's VLAN on its parent (0: none): the only tag its
+	// frames may carry.
+	VLAN int
+	// AllowMACChange lets the pod send from other MACs (learned for its
+	// ingress); otherwise a frame from another MAC is dropped.
+	AllowMACChange bool
+	// CheckAddrs drops IPv4/IPv6 sources, ARP senders and ND targets
+	// outside the share's addresses (AllowAddr).
+	CheckAddrs bool
 }
+
+// vlanFlags packs VLAN and the flags as netns_val.vlan_flags has them.
+func (p PodShare) vlanFlags() (uint16, error) {
+	if p.VLAN < 0 || p.VLAN > 4094 {
+		return 0, fmt.Errorf("VLAN %d is not 0-4094", p.VLAN)
+	}
+	v := uint16(p.VLAN)
+	if p.AllowMACChange {
+		v |= netnsAllowMACChange << netnsFlagsShift
+	}
+	if p.CheckAddrs {
+		v |= netnsCheckAddrs << netnsFlagsShift
+	}
+	return v, nil
+}
+
+// NETNS_* in shaper.c.
+const (
+	netnsAllowMACChange = 1
+	netnsCheckAddrs     = 2
+	netnsFlagsShift     = 12
+)
 
 // NetnsMap is the pinned pod-netns map alone, for the runtime hook, which
 // records a pod's namespace once the pod exists without loading programs.
@@ -64,7 +95,11 @@ func setPodShare(m *ebpf.Map, s PodShare) error {
 	if err != nil || len(mac) != 6 {
 		return fmt.Errorf("pod share MAC %q: %v", s.MAC, err)
 	}
-	v := shaperNetnsVal{Classid: s.ClassID}
+	vf, err := s.vlanFlags()
+	if err != nil {
+		return err
+	}
+	v := shaperNetnsVal{Classid: s.ClassID, VlanFlags: vf}
 	copy(v.Mac[:], mac)
 	var old shaperNetnsVal
 	if err := m.Lookup(&k, &old); err == nil && old.Mac != v.Mac {
@@ -88,7 +123,9 @@ func (s *Shaper) PodShares() ([]PodShare, error) {
 	var v shaperNetnsVal
 	it := s.objs.ShareNetns.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, PodShare{NetnsCookie: k.Cookie, Parent: int(k.Ifindex), MAC: net.HardwareAddr(v.Mac[:]).String(), ClassID: v.Classid})
+		flags := v.VlanFlags >> netnsFlagsShift
+		out = append(out, PodShare{NetnsCookie: k.Cookie, Parent: int(k.Ifindex), MAC: net.HardwareAddr(v.Mac[:]).String(), ClassID: v.Classid,
+			VLAN: int(v.VlanFlags & 0x0fff), AllowMACChange: flags&netnsAllowMACChange != 0, CheckAddrs: flags&netnsCheckAddrs != 0})
 	}
 	return out, it.Err()
 }
@@ -113,7 +150,9 @@ func (s *Shaper) DeletePodShares(mac net.HardwareAddr) error {
 			return fmt.Errorf("delete the pod entry of share %s: %w", mac, err)
 		}
 	}
-	return nil
+	// What the pod side of the share holds besides: the addresses it may
+	// send from and its drop counts.
+	return errors.Join(deleteAddrsOf(s.objs.AllowedAddrs, mac), s.forgetSpoofDrops(mac))
 }
 
 // NetnsCookie returns the cookie of the network namespace the calling

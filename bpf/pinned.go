@@ -24,6 +24,8 @@ type Pinned struct {
 	// egressShapers is nil where an agent from before egress shapers
 	// pinned the others.
 	egressShapers *ebpf.Map
+	// spoofDrops is nil where the agent predates anti-spoofing.
+	spoofDrops *ebpf.Map
 }
 
 // OpenPinned opens the maps pinned under pinDir; an error wrapping
@@ -46,7 +48,7 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
-	}{{shaperMapShareAddrs, &p.addrs}, {shaperMapEgressShapers, &p.egressShapers}} {
+	}{{shaperMapShareAddrs, &p.addrs}, {shaperMapEgressShapers, &p.egressShapers}, {shaperMapSpoofDrops, &p.spoofDrops}} {
 		path := filepath.Join(pinDir, m.name)
 		mp, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -61,7 +63,7 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 // Close releases the maps; the pins stay.
 func (p *Pinned) Close() error {
 	var err error
-	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates, p.addrs, p.egressShapers} {
+	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates, p.addrs, p.egressShapers, p.spoofDrops} {
 		if m != nil {
 			err = errors.Join(err, m.Close())
 		}
@@ -71,6 +73,15 @@ func (p *Pinned) Close() error {
 
 // Shares returns every share's class handle, as Shaper.Shares.
 func (p *Pinned) Shares() (map[Key]uint32, error) { return readShares(p.shares) }
+
+// SpoofDrops returns the frames dropped for spoofing, by share MAC and
+// reason, as Shaper.SpoofDrops; none where the maps predate them.
+func (p *Pinned) SpoofDrops() (map[string]SpoofDrops, error) {
+	if p.spoofDrops == nil {
+		return map[string]SpoofDrops{}, nil
+	}
+	return readSpoofDrops(p.spoofDrops)
+}
 
 // Stats returns each share's counters summed over CPUs, as Shaper.Stats.
 func (p *Pinned) Stats() (map[Key]Counters, error) { return readStats(p.stats) }

@@ -83,8 +83,21 @@ struct netns_key {
 struct netns_val {
 	__u32 classid;      // 0: the pod's share has no egress limit
 	__u8 mac[ETH_ALEN]; // the share's, naming its counters
-	__u8 pad[2];
+	// Bits 0-11: the share's VLAN on its parent (0: none), which the
+	// share's VLAN device tags its frames with; bits 12-15: NETNS_*
+	// flags. Packed into what was padding, so that pins made by an older
+	// carve (zero here: no VLAN, strict MAC) stay compatible.
+	__u16 vlan_flags;
 };
+
+// The pod may send from MACs other than its share's (the class's
+// allowMACChange); they are learned for ingress (see learned_on_parent).
+#define NETNS_ALLOW_MAC_CHANGE 1
+// The share has a known address set (allowed_addrs): IPv4 and IPv6 sources,
+// ARP senders and ND targets outside it are dropped.
+#define NETNS_CHECK_ADDRS 2
+#define NETNS_VLAN_MASK 0x0fff
+#define NETNS_FLAGS_SHIFT 12
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -94,14 +107,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } share_netns SEC(".maps");
 
-// A pod with CAP_NET_ADMIN may change its interface's MAC; traffic towards
-// the new MAC would miss `shares` and arrive unshaped. Such a pod still
-// sends from its own namespace (it must, if only to answer ARP for the new
-// MAC), so the egress classifier learns: a source MAC seen on a frame of a
-// pod's share, and not its own, is mapped to the share's MAC here, and
-// ingress classification follows it. A MAC that is already a share's is
-// never learned (a forged neighbour's MAC cannot move the neighbour's
-// ingress), and an LRU bounds what a pod forging many MACs can fill.
+// A pod whose class allows MAC changes (NETNS_ALLOW_MAC_CHANGE) may send
+// from another MAC than its share's; traffic towards that MAC would miss
+// `shares` and arrive unshaped. Such a pod still sends from its own
+// namespace (it must, if only to answer ARP for the new MAC), so the egress
+// classifier learns: a source MAC seen on a frame of the pod's share, and
+// not its own, is mapped to the share's MAC here, on that parent, and
+// ingress classification follows it. Nothing is learned for any other
+// share (its frames from a foreign MAC are dropped), nor a MAC that is
+// already a share's or a local interface's (local_macs), and at most
+// LEARN_CAP MACs per share (learned_count), so a pod forging MACs cannot
+// move a neighbour's ingress nor fill the map.
+struct learned_on_parent_key {
+	__u32 ifindex; // the parent's
+	__u8 mac[ETH_ALEN];
+	__u8 pad[2]; // always zero
+};
+
 struct learned_key {
 	__u8 mac[ETH_ALEN];
 	__u8 pad[2]; // always zero
@@ -110,10 +132,31 @@ struct learned_key {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
-	__type(key, struct learned_key);
+	__type(key, struct learned_on_parent_key);
 	__type(value, struct learned_key); // the share's own MAC
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} learned_macs SEC(".maps");
+} learned_on_parent SEC(".maps");
+
+#define LEARN_CAP 4
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct learned_key); // the share's MAC
+	__type(value, __u32);            // MACs learned for it
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} learned_count SEC(".maps");
+
+// The MACs of the node's interfaces that carry shares (the parents), each
+// with its ifindex, written by the agent: never learned for a pod, and the
+// one MAC an address-keyed (ipvlan) share's frames carry besides its own.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct learned_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} local_macs SEC(".maps");
 
 // The IFB that shapes each parent's ingress: parent ifindex -> IFB ifindex.
 struct {
@@ -163,6 +206,43 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } addrs_used SEC(".maps");
+
+// The addresses each share may send from (its claim's static and pool
+// addresses, written by the agent), for the shares flagged
+// NETNS_CHECK_ADDRS: SR-IOV spoofchk, extended to IP. Separate from
+// share_addrs, which classifies by address and holds address-keyed shares
+// only.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct addr_key);
+	__type(value, struct addr_owner);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} allowed_addrs SEC(".maps");
+
+// Why a pod's frame was dropped (spoof_drops' reason).
+enum {
+	SPOOF_OK = 0,
+	SPOOF_SRC_MAC = 1, // a source MAC not the share's
+	SPOOF_VLAN = 2,    // an 802.1Q/802.1ad tag the pod put in the frame
+	SPOOF_SRC_IP = 3,  // an IPv4 or IPv6 source outside the share's addresses
+	SPOOF_ARP = 4,     // an ARP sender (MAC or IPv4) not the share's
+	SPOOF_ND = 5,      // an IPv6 neighbour advertisement for an address not the share's
+};
+
+struct drop_key {
+	__u8 mac[ETH_ALEN]; // the share's
+	__u8 reason;        // SPOOF_*
+	__u8 pad;           // always zero
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct drop_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} spoof_drops SEC(".maps");
 
 // EDT pacing, an alternative to HTB for kernels with sch_fq: the program
 // stamps each frame with the earliest time it may leave and fq on the
@@ -349,28 +429,176 @@ static __always_inline int by_addr(const __u8 *mac)
 	return v && (v->flags & SHARE_BY_ADDR);
 }
 
-// learn maps the source MAC of a pod's frame to the pod's share, where it
-// is not the share's own MAC nor another share's (see learned_macs), and
-// the share is not one found by address.
-static __always_inline void learn(struct __sk_buff *skb, struct netns_val *n)
+// learn maps a source MAC of a pod whose class allows MAC changes to the
+// pod's share on parent (see learned_on_parent).
+static __always_inline void learn(const __u8 *src, __u32 parent, struct netns_val *n)
 {
-	struct learned_key src = {};
-	if (bpf_skb_load_bytes(skb, ETH_ALEN, src.mac, ETH_ALEN) < 0)
-		return;
-	if (mac_eq(src.mac, n->mac))
-		return;
-	if (by_addr(n->mac))
+	if (mac_eq(src, n->mac) || by_addr(n->mac))
 		return;
 	struct share_key k = { .dir = DIR_INGRESS };
-	__builtin_memcpy(k.mac, src.mac, ETH_ALEN);
+	__builtin_memcpy(k.mac, src, ETH_ALEN);
 	if (bpf_map_lookup_elem(&shares, &k))
 		return;
-	struct learned_key *known = bpf_map_lookup_elem(&learned_macs, &src);
+	struct learned_key lk = {};
+	__builtin_memcpy(lk.mac, src, ETH_ALEN);
+	if (bpf_map_lookup_elem(&local_macs, &lk))
+		return;
+	struct learned_on_parent_key pk = { .ifindex = parent };
+	__builtin_memcpy(pk.mac, src, ETH_ALEN);
+	struct learned_key *known = bpf_map_lookup_elem(&learned_on_parent, &pk);
 	if (known && mac_eq(known->mac, n->mac))
 		return;
+	if (known)
+		return; // another share's learned MAC stays that share's
 	struct learned_key owner = {};
 	__builtin_memcpy(owner.mac, n->mac, ETH_ALEN);
-	bpf_map_update_elem(&learned_macs, &src, &owner, BPF_ANY);
+	__u32 *cnt = bpf_map_lookup_elem(&learned_count, &owner);
+	if (cnt && *cnt >= LEARN_CAP)
+		return;
+	if (bpf_map_update_elem(&learned_on_parent, &pk, &owner, BPF_NOEXIST) != 0)
+		return;
+	if (cnt) {
+		__sync_fetch_and_add(cnt, 1);
+	} else {
+		__u32 one = 1;
+		if (bpf_map_update_elem(&learned_count, &owner, &one, BPF_NOEXIST) != 0) {
+			cnt = bpf_map_lookup_elem(&learned_count, &owner);
+			if (cnt)
+				__sync_fetch_and_add(cnt, 1);
+		}
+	}
+}
+
+// allowed reports whether the share named by mac may use addr (family 4 or
+// 6, 4 or 16 bytes) on parent.
+static __always_inline int allowed(__u32 parent, __u8 family, const __u8 *addr, const __u8 *mac)
+{
+	struct addr_key k = { .ifindex = parent, .family = family };
+	if (family == 4)
+		__builtin_memcpy(k.addr, addr, 4);
+	else
+		__builtin_memcpy(k.addr, addr, 16);
+	struct addr_owner *o = bpf_map_lookup_elem(&allowed_addrs, &k);
+	return o && mac_eq(o->mac, mac);
+}
+
+// ip6_own is an IPv6 address a share may use without it being one of its
+// addresses: the unspecified address (duplicate address detection) and
+// link-local ones (fe80::/10), which the pod's kernel makes itself.
+static __always_inline int ip6_own(const __u8 *a)
+{
+	if (a[0] == 0xfe && (a[1] & 0xc0) == 0x80)
+		return 1;
+	for (int i = 0; i < 16; i++)
+		if (a[i])
+			return 0;
+	return 1;
+}
+
+// spoof_reason checks a frame a pod sent through its share on parent, as
+// SR-IOV's spoofchk does and further: its source MAC is the share's (unless
+// the class allows changes), it carries no VLAN tag but the one the share's
+// own VLAN device adds, and, for a share with known addresses, its IPv4 or
+// IPv6 source, ARP sender and ND target are the share's. SPOOF_OK, or why
+// it must be dropped.
+static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, struct netns_val *n)
+{
+	__u8 eth[ETH_HLEN];
+	__u16 vlan = n->vlan_flags & NETNS_VLAN_MASK;
+	__u16 flags = n->vlan_flags >> NETNS_FLAGS_SHIFT;
+
+	if (bpf_skb_load_bytes(skb, 0, eth, ETH_HLEN) < 0)
+		return SPOOF_OK; // nothing a runt can claim
+	if (!mac_eq(eth + ETH_ALEN, n->mac)) {
+		struct learned_key lk = {};
+		__builtin_memcpy(lk.mac, eth + ETH_ALEN, ETH_ALEN);
+		__u32 *local = bpf_map_lookup_elem(&local_macs, &lk);
+		if (local && *local == parent && by_addr(n->mac)) {
+			// An ipvlan child sends with its parent's MAC.
+		} else if (flags & NETNS_ALLOW_MAC_CHANGE) {
+			learn(eth + ETH_ALEN, parent, n);
+		} else {
+			return SPOOF_SRC_MAC;
+		}
+	}
+	__u16 proto = *(__u16 *)(eth + 2 * ETH_ALEN);
+	__u32 off = ETH_HLEN;
+	if (skb->vlan_present) {
+		// The tag the share's VLAN device put in the skb's metadata.
+		if (!vlan || (skb->vlan_tci & 0x0fff) != vlan)
+			return SPOOF_VLAN;
+	} else if (vlan) {
+		// ... or in the frame, where the parent cannot offload it.
+		__u16 tci;
+		if (proto != bpf_htons(ETH_P_8021Q) || bpf_skb_load_bytes(skb, ETH_HLEN, &tci, 2) < 0 ||
+		    (bpf_ntohs(tci) & 0x0fff) != vlan || bpf_skb_load_bytes(skb, ETH_HLEN + 2, &proto, 2) < 0)
+			return SPOOF_VLAN;
+		off += 4;
+	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return SPOOF_VLAN;
+	if (!(flags & NETNS_CHECK_ADDRS))
+		return SPOOF_OK;
+
+	if (proto == bpf_htons(ETH_P_IP)) {
+		__u8 src[4];
+		if (bpf_skb_load_bytes(skb, off + 12, src, 4) < 0)
+			return SPOOF_SRC_IP;
+		if ((src[0] | src[1] | src[2] | src[3]) == 0) // DHCP's 0.0.0.0
+			return SPOOF_OK;
+		return allowed(parent, 4, src, n->mac) ? SPOOF_OK : SPOOF_SRC_IP;
+	}
+	if (proto == bpf_htons(ETH_P_ARP)) {
+		// htype, ptype, hlen, plen, oper, sha[6], spa[4]
+		__u8 arp[18];
+		if (bpf_skb_load_bytes(skb, off, arp, sizeof(arp)) < 0)
+			return SPOOF_ARP;
+		if (arp[2] != 0x08 || arp[3] != 0x00 || arp[4] != ETH_ALEN || arp[5] != 4)
+			return SPOOF_ARP; // not Ethernet/IPv4: nothing a share sends
+		if (!mac_eq(arp + 8, eth + ETH_ALEN))
+			return SPOOF_ARP; // the sender MAC is the frame's own, checked above
+		if ((arp[14] | arp[15] | arp[16] | arp[17]) == 0) // an ARP probe
+			return SPOOF_OK;
+		return allowed(parent, 4, arp + 14, n->mac) ? SPOOF_OK : SPOOF_ARP;
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		__u8 ip6[40];
+		if (bpf_skb_load_bytes(skb, off, ip6, sizeof(ip6)) < 0)
+			return SPOOF_SRC_IP;
+		if (!ip6_own(ip6 + 8) && !allowed(parent, 6, ip6 + 8, n->mac))
+			return SPOOF_SRC_IP;
+		if (ip6[6] != 58) // ICMPv6 right after the header
+			return SPOOF_OK;
+		__u8 icmp[24]; // type, code, checksum, flags, target
+		if (bpf_skb_load_bytes(skb, off + 40, icmp, sizeof(icmp)) < 0)
+			return SPOOF_OK;
+		// A solicitation asks about another's address; an
+		// advertisement claims its target.
+		if (icmp[0] != 136)
+			return SPOOF_OK;
+		if (ip6_own(icmp + 8) || allowed(parent, 6, icmp + 8, n->mac))
+			return SPOOF_OK;
+		return SPOOF_ND;
+	}
+	return SPOOF_OK;
+}
+
+// count_drop counts a dropped frame of the share named by mac.
+static __always_inline void count_drop(const __u8 *mac, __u8 reason)
+{
+	struct drop_key k = { .reason = reason };
+	__builtin_memcpy(k.mac, mac, ETH_ALEN);
+	__u64 *c = bpf_map_lookup_elem(&spoof_drops, &k);
+	if (c) {
+		*c += 1; // per CPU, preemption off
+		return;
+	}
+	__u64 one = 1;
+	if (bpf_map_update_elem(&spoof_drops, &k, &one, BPF_NOEXIST) != 0) {
+		c = bpf_map_lookup_elem(&spoof_drops, &k);
+		if (c)
+			*c += 1;
+	}
 }
 
 // ingress_share finds the ingress entry of the share a frame that arrived
@@ -395,7 +623,9 @@ static __always_inline struct share_val *ingress_share(struct __sk_buff *skb, st
 	v = addr_share(skb, parent, key);
 	if (v || !by_mac)
 		return v;
-	struct learned_key *owner = bpf_map_lookup_elem(&learned_macs, &dst);
+	struct learned_on_parent_key pk = { .ifindex = parent };
+	__builtin_memcpy(pk.mac, dst.mac, ETH_ALEN);
+	struct learned_key *owner = bpf_map_lookup_elem(&learned_on_parent, &pk);
 	if (!owner)
 		return NULL;
 	__builtin_memcpy(key->mac, owner->mac, ETH_ALEN);
@@ -410,8 +640,13 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 	if (dir == DIR_EGRESS) {
 		struct netns_val *n = netns_share(skb);
 		if (n) {
-			// A pod's frame: its own share, whatever its MAC says.
-			learn(skb, n);
+			// A pod's frame: its own share's, and dropped where it
+			// claims to be someone else's.
+			int reason = spoof_reason(skb, skb->ifindex, n);
+			if (reason != SPOOF_OK) {
+				count_drop(n->mac, reason);
+				return TC_ACT_SHOT;
+			}
 			__builtin_memcpy(key.mac, n->mac, ETH_ALEN);
 			skb->priority = n->classid;
 			if (n->classid)

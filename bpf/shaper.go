@@ -1,6 +1,6 @@
 package bpf
 
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return shaper shaper.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return shaper shaper.c
 
 import (
 	"errors"

@@ -27,6 +27,13 @@ type shaperAddrOwner struct {
 	Pad [2]uint8
 }
 
+type shaperDropKey struct {
+	_      structs.HostLayout
+	Mac    [6]uint8
+	Reason uint8
+	Pad    uint8
+}
+
 type shaperEgressShaper struct {
 	_             structs.HostLayout
 	ShaperIfindex uint32
@@ -39,6 +46,13 @@ type shaperLearnedKey struct {
 	Pad [2]uint8
 }
 
+type shaperLearnedOnParentKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Mac     [6]uint8
+	Pad     [2]uint8
+}
+
 type shaperNetnsKey struct {
 	_       structs.HostLayout
 	Cookie  uint64
@@ -47,10 +61,10 @@ type shaperNetnsKey struct {
 }
 
 type shaperNetnsVal struct {
-	_       structs.HostLayout
-	Classid uint32
-	Mac     [6]uint8
-	Pad     [2]uint8
+	_         structs.HostLayout
+	Classid   uint32
+	Mac       [6]uint8
+	VlanFlags uint16
 }
 
 type shaperShaperReturn struct {
@@ -90,15 +104,19 @@ type shaperShareVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	shaperMapAddrsUsed        = "addrs_used"
+	shaperMapAllowedAddrs     = "allowed_addrs"
 	shaperMapEgressShapers    = "egress_shapers"
 	shaperMapIfbOf            = "ifb_of"
-	shaperMapLearnedMacs      = "learned_macs"
+	shaperMapLearnedCount     = "learned_count"
+	shaperMapLearnedOnParent  = "learned_on_parent"
+	shaperMapLocalMacs        = "local_macs"
 	shaperMapShaperReturns    = "shaper_returns"
 	shaperMapShareAddrs       = "share_addrs"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareRates       = "share_rates"
 	shaperMapShareStats       = "share_stats"
 	shaperMapShares           = "shares"
+	shaperMapSpoofDrops       = "spoof_drops"
 	shaperProgClassifyEgress  = "classify_egress"
 	shaperProgClassifyIngress = "classify_ingress"
 	shaperProgEdtEgress       = "edt_egress"
@@ -159,16 +177,20 @@ type shaperProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperMapSpecs struct {
-	AddrsUsed     *ebpf.MapSpec `ebpf:"addrs_used"`
-	EgressShapers *ebpf.MapSpec `ebpf:"egress_shapers"`
-	IfbOf         *ebpf.MapSpec `ebpf:"ifb_of"`
-	LearnedMacs   *ebpf.MapSpec `ebpf:"learned_macs"`
-	ShaperReturns *ebpf.MapSpec `ebpf:"shaper_returns"`
-	ShareAddrs    *ebpf.MapSpec `ebpf:"share_addrs"`
-	ShareNetns    *ebpf.MapSpec `ebpf:"share_netns"`
-	ShareRates    *ebpf.MapSpec `ebpf:"share_rates"`
-	ShareStats    *ebpf.MapSpec `ebpf:"share_stats"`
-	Shares        *ebpf.MapSpec `ebpf:"shares"`
+	AddrsUsed       *ebpf.MapSpec `ebpf:"addrs_used"`
+	AllowedAddrs    *ebpf.MapSpec `ebpf:"allowed_addrs"`
+	EgressShapers   *ebpf.MapSpec `ebpf:"egress_shapers"`
+	IfbOf           *ebpf.MapSpec `ebpf:"ifb_of"`
+	LearnedCount    *ebpf.MapSpec `ebpf:"learned_count"`
+	LearnedOnParent *ebpf.MapSpec `ebpf:"learned_on_parent"`
+	LocalMacs       *ebpf.MapSpec `ebpf:"local_macs"`
+	ShaperReturns   *ebpf.MapSpec `ebpf:"shaper_returns"`
+	ShareAddrs      *ebpf.MapSpec `ebpf:"share_addrs"`
+	ShareNetns      *ebpf.MapSpec `ebpf:"share_netns"`
+	ShareRates      *ebpf.MapSpec `ebpf:"share_rates"`
+	ShareStats      *ebpf.MapSpec `ebpf:"share_stats"`
+	Shares          *ebpf.MapSpec `ebpf:"shares"`
+	SpoofDrops      *ebpf.MapSpec `ebpf:"spoof_drops"`
 }
 
 // shaperVariableSpecs contains global variables before they are loaded into the kernel.
@@ -197,30 +219,38 @@ func (o *shaperObjects) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperMaps struct {
-	AddrsUsed     *ebpf.Map `ebpf:"addrs_used"`
-	EgressShapers *ebpf.Map `ebpf:"egress_shapers"`
-	IfbOf         *ebpf.Map `ebpf:"ifb_of"`
-	LearnedMacs   *ebpf.Map `ebpf:"learned_macs"`
-	ShaperReturns *ebpf.Map `ebpf:"shaper_returns"`
-	ShareAddrs    *ebpf.Map `ebpf:"share_addrs"`
-	ShareNetns    *ebpf.Map `ebpf:"share_netns"`
-	ShareRates    *ebpf.Map `ebpf:"share_rates"`
-	ShareStats    *ebpf.Map `ebpf:"share_stats"`
-	Shares        *ebpf.Map `ebpf:"shares"`
+	AddrsUsed       *ebpf.Map `ebpf:"addrs_used"`
+	AllowedAddrs    *ebpf.Map `ebpf:"allowed_addrs"`
+	EgressShapers   *ebpf.Map `ebpf:"egress_shapers"`
+	IfbOf           *ebpf.Map `ebpf:"ifb_of"`
+	LearnedCount    *ebpf.Map `ebpf:"learned_count"`
+	LearnedOnParent *ebpf.Map `ebpf:"learned_on_parent"`
+	LocalMacs       *ebpf.Map `ebpf:"local_macs"`
+	ShaperReturns   *ebpf.Map `ebpf:"shaper_returns"`
+	ShareAddrs      *ebpf.Map `ebpf:"share_addrs"`
+	ShareNetns      *ebpf.Map `ebpf:"share_netns"`
+	ShareRates      *ebpf.Map `ebpf:"share_rates"`
+	ShareStats      *ebpf.Map `ebpf:"share_stats"`
+	Shares          *ebpf.Map `ebpf:"shares"`
+	SpoofDrops      *ebpf.Map `ebpf:"spoof_drops"`
 }
 
 func (m *shaperMaps) Close() error {
 	return _ShaperClose(
 		m.AddrsUsed,
+		m.AllowedAddrs,
 		m.EgressShapers,
 		m.IfbOf,
-		m.LearnedMacs,
+		m.LearnedCount,
+		m.LearnedOnParent,
+		m.LocalMacs,
 		m.ShaperReturns,
 		m.ShareAddrs,
 		m.ShareNetns,
 		m.ShareRates,
 		m.ShareStats,
 		m.Shares,
+		m.SpoofDrops,
 	)
 }
 

@@ -19,6 +19,9 @@ var (
 		"Packets (GSO super-packets count once) of a NIC share seen by the classifier, by direction.", []string{"claim", "share_id", "direction"}, nil)
 	shareDrops = prometheus.NewDesc("carve_share_drops_total",
 		"Packets the share's HTB class dropped, by direction.", []string{"claim", "share_id", "direction"}, nil)
+	shareSpoofDrops = prometheus.NewDesc("carve_share_spoofed_frames_dropped_total",
+		"Frames a pod sent through its NIC share that the classifier dropped for claiming another's identity, by reason "+
+			"(source-mac, vlan-tag, source-ip, arp-sender, nd-target).", []string{"claim", "share_id", "reason"}, nil)
 )
 
 // shareLabels name a share in metrics.
@@ -41,6 +44,7 @@ func (p *NICPreparer) Describe(ch chan<- *prometheus.Desc) {
 	ch <- shareBytes
 	ch <- sharePackets
 	ch <- shareDrops
+	ch <- shareSpoofDrops
 }
 
 // Collect reports every prepared share's counters, read from the BPF maps
@@ -68,6 +72,19 @@ func (p *NICPreparer) Collect(ch chan<- prometheus.Metric) {
 	for key, drops := range p.classDrops() {
 		if l, ok := labels[key.MAC]; ok {
 			ch <- prometheus.MustNewConstMetric(shareDrops, prometheus.CounterValue, float64(drops), l.claim, l.shareID, key.Dir.String())
+		}
+	}
+	spoofed, err := p.opts.Shaper.SpoofDrops()
+	if err != nil {
+		return
+	}
+	for mac, byReason := range spoofed {
+		l, ok := labels[mac]
+		if !ok {
+			continue
+		}
+		for reason, n := range byReason {
+			ch <- prometheus.MustNewConstMetric(shareSpoofDrops, prometheus.CounterValue, float64(n), l.claim, l.shareID, reason.String())
 		}
 	}
 }

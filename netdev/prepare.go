@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 
@@ -137,7 +138,11 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	if p.opts.Shaper != nil && p.opts.PinDir != "" {
 		// Every share of a shaped parent, limited or not: a share
 		// without an egress class is then never charged to another.
-		spec.PodShare = &hook.PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index}
+		// Its frames are checked as SR-IOV's spoofchk would: the
+		// share's MAC (unless the class allows changes), its VLAN only,
+		// and its addresses where it has some.
+		spec.PodShare = &hook.PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index,
+			VLAN: cfg.VLAN, AllowMACChange: cfg.AllowMACChange, CheckAddrs: len(cfg.Addresses)+len(cfg.Pools) > 0}
 		if u.EgressMinor != 0 {
 			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
 		}
@@ -154,6 +159,11 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 	spec.Addresses = u.Addresses
+	if spec.PodShare != nil {
+		if err := p.guardSources(parent, mac, u.Addresses); err != nil {
+			return prepare.Prepared{}, err
+		}
+	}
 	// Where the share is told apart by address (ipvlan), its classifier
 	// entries are keyed on the addresses it now has.
 	if byAddress {
@@ -189,6 +199,28 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	return prepare.Prepared{Edits: edits, Undo: raw, Network: &resourceapi.NetworkDeviceData{
 		InterfaceName: spec.PodName, IPs: u.Addresses, HardwareAddress: podMAC}}, nil
+}
+
+// guardSources records what the share's pod may send from: its addresses,
+// and the parent's MAC as the node's own (never learned for a pod; the
+// MAC an ipvlan child's frames carry). The entries go with the share's pod
+// entries at unprepare (bpf.Shaper.DeletePodShares).
+func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, addresses []string) error {
+	if hw := parent.Attrs().HardwareAddr; len(hw) == 6 {
+		if err := p.opts.Shaper.SetLocalMAC(parent.Attrs().Index, hw); err != nil {
+			return fmt.Errorf("record the MAC of parent %s: %w", parent.Attrs().Name, err)
+		}
+	}
+	for _, s := range addresses {
+		addr, err := addressOf(s)
+		if err != nil {
+			return err
+		}
+		if err := p.opts.Shaper.AllowAddr(parent.Attrs().Index, addr, mac); err != nil {
+			return fmt.Errorf("address %s of the share on %s: %w", s, parent.Attrs().Name, err)
+		}
+	}
+	return nil
 }
 
 // allocateFromPools gives the share one address from each pool, under the

@@ -17,6 +17,7 @@ type node interface {
 	mapsErr() error
 	shares() (map[bpf.Key]uint32, error)
 	stats() (map[bpf.Key]bpf.Counters, error)
+	spoofDrops() (map[string]bpf.SpoofDrops, error)
 	rates() (map[string]uint64, error)
 	// shareAddrs lists the addresses of shares told apart by address
 	// (ipvlan).
@@ -41,6 +42,12 @@ type node interface {
 func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
 	r.Parent, r.Link = u.Parent, u.Link
 	r.EgressRate, r.IngressRate = st.rate(u.MAC, bpf.Egress), st.rate(u.MAC, bpf.Ingress)
+	for reason, n := range st.spoofed[u.MAC] {
+		if r.Spoofed == nil {
+			r.Spoofed = map[string]uint64{}
+		}
+		r.Spoofed[reason.String()] = n
+	}
 	if r.EgressBandwidth == 0 && r.IngressBandwidth == 0 {
 		return // nothing to hold
 	}

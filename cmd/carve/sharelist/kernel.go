@@ -61,8 +61,11 @@ func (n *kernelNode) mapsErr() error                           { return n.pinErr
 func (n *kernelNode) shares() (map[bpf.Key]uint32, error)      { return n.pinned.Shares() }
 func (n *kernelNode) stats() (map[bpf.Key]bpf.Counters, error) { return n.pinned.Stats() }
 func (n *kernelNode) rates() (map[string]uint64, error)        { return n.pinned.Rates() }
-func (n *kernelNode) links() ([]bpf.PinnedLink, error)         { return n.pinned.PinnedLinks() }
-func (n *kernelNode) shareAddrs() ([]bpf.AddrShare, error)     { return n.pinned.ShareAddrs() }
+func (n *kernelNode) spoofDrops() (map[string]bpf.SpoofDrops, error) {
+	return n.pinned.SpoofDrops()
+}
+func (n *kernelNode) links() ([]bpf.PinnedLink, error)     { return n.pinned.PinnedLinks() }
+func (n *kernelNode) shareAddrs() ([]bpf.AddrShare, error) { return n.pinned.ShareAddrs() }
 func (n *kernelNode) egressShapers() (map[int]bpf.EgressShaperLinks, error) {
 	return n.pinned.EgressShapers()
 }

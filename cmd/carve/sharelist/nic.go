@@ -145,6 +145,8 @@ type state struct {
 	linkErrs map[string]error
 	// egressShapers are the parents' egress shapers, by parent ifindex.
 	egressShapers map[int]bpf.EgressShaperLinks
+	// spoofed are the frames dropped for spoofing, by share MAC.
+	spoofed map[string]bpf.SpoofDrops
 }
 
 // readState reads the classifier twice, interval apart, for the rates.
@@ -158,6 +160,9 @@ func readState(ctx context.Context, n node, interval time.Duration) (*state, err
 		return nil, err
 	}
 	if st.rates, err = n.rates(); err != nil {
+		return nil, err
+	}
+	if st.spoofed, err = n.spoofDrops(); err != nil {
 		return nil, err
 	}
 	if st.links, err = n.links(); err != nil {

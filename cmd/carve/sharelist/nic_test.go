@@ -31,11 +31,15 @@ type fakeNode struct {
 	reads     int
 	dumps     []int
 	addrs     []bpf.AddrShare
+	spoofed   map[string]bpf.SpoofDrops
 }
 
-func (f *fakeNode) mapsErr() error                       { return nil }
-func (f *fakeNode) shares() (map[bpf.Key]uint32, error)  { return f.sharesMap, nil }
-func (f *fakeNode) rates() (map[string]uint64, error)    { return nil, nil }
+func (f *fakeNode) mapsErr() error                      { return nil }
+func (f *fakeNode) shares() (map[bpf.Key]uint32, error) { return f.sharesMap, nil }
+func (f *fakeNode) rates() (map[string]uint64, error)   { return nil, nil }
+func (f *fakeNode) spoofDrops() (map[string]bpf.SpoofDrops, error) {
+	return f.spoofed, nil
+}
 func (f *fakeNode) links() ([]bpf.PinnedLink, error)     { return f.pinned, nil }
 func (f *fakeNode) netnsIno() uint64                     { return 77 }
 func (f *fakeNode) shareAddrs() ([]bpf.AddrShare, error) { return f.addrs, nil }
@@ -109,6 +113,7 @@ func TestNICSharesEnforcement(t *testing.T) {
 		shapers: map[int]bpf.EgressShaperLinks{2: {Shaper: 10, Return: 11}},
 		ifindex: map[string]int{"eth0": 2, ifb: 9, "eth1": 4, shaper: 10, back: 11},
 		classes: map[int]map[uint32]uint64{10: {netdev.ClassHandle(0x10): 3}, 9: {netdev.ClassHandle(0x11): 4}},
+		spoofed: map[string]bpf.SpoofDrops{good.MAC: {bpf.SpoofSrcMAC: 5, bpf.SpoofARP: 2}},
 	}
 	src := &NICSource{StateDir: dir, Interval: 50 * time.Millisecond, node: n}
 	rows, err := List(context.Background(), src)
@@ -121,6 +126,9 @@ func TestNICSharesEnforcement(t *testing.T) {
 	a, b, c := rows[0], rows[1], rows[2]
 	if !a.Enforced || a.Parent != "eth0" || a.Interface != "net1" || a.ShareID != "share-a-good" || a.EgressBandwidth != 100e6 || a.IngressBandwidth != 50e6 || a.Drops != 7 {
 		t.Errorf("enforced share = %+v", a)
+	}
+	if a.Spoofed["source-mac"] != 5 || a.Spoofed["arp-sender"] != 2 || len(b.Spoofed) != 0 {
+		t.Errorf("spoofed frames dropped: %v, %v", a.Spoofed, b.Spoofed)
 	}
 	// 1 MB more in about 50 ms: about 160 Mbit/s, less as the interval
 	// stretches on a busy machine.

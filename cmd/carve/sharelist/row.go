@@ -37,6 +37,10 @@ type Row struct {
 	// Drops are the packets the share's classes dropped since they were
 	// made.
 	Drops uint64 `json:"drops"`
+	// Spoofed are the frames the share's pod sent claiming another's
+	// identity, which the classifier dropped, by reason (source-mac,
+	// vlan-tag, source-ip, arp-sender, nd-target).
+	Spoofed map[string]uint64 `json:"spoofedFramesDropped,omitempty"`
 	// Enforced is true where everything that holds the share to its
 	// allocation is in place; Problems says what is missing where not.
 	Enforced bool     `json:"enforced"`
@@ -99,10 +103,10 @@ func Write(w io.Writer, rows []Row, format string) error {
 		}
 		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 		if len(nics) > 0 || len(gpus) == 0 {
-			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tENFORCED")
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tSPOOFED\tENFORCED")
 			for _, r := range nics {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
-					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, enforced(r))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
+					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, spoofed(r), enforced(r))
 			}
 		}
 		if len(gpus) > 0 {
@@ -147,4 +151,13 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// spoofed is the total of a share's spoofed frames dropped.
+func spoofed(r Row) uint64 {
+	var n uint64
+	for _, c := range r.Spoofed {
+		n += c
+	}
+	return n
 }

@@ -41,6 +41,12 @@ type NetworkConfig struct {
 	Pools []string `json:"pools,omitempty"`
 	// Routes are added in the pod through this interface.
 	Routes []Route `json:"routes,omitempty"`
+	// AllowMACChange lets the pod send from other MACs than its share's
+	// (a pod with CAP_NET_ADMIN that changes its interface's); they are
+	// learned for its ingress, a few per share. Off by default: a frame
+	// from another MAC is dropped, as SR-IOV's spoofchk does. Set in the
+	// DeviceClass only.
+	AllowMACChange bool `json:"allowMACChange,omitempty"`
 }
 
 // Route is a route through the share's interface.

@@ -1,0 +1,176 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+)
+
+// arpFrame is an ARP packet (oper 1 request, 2 reply) from srcMAC with
+// sender sha/spa, asking for or telling tpa.
+func arpFrame(srcMAC, sha net.HardwareAddr, oper uint16, spa, tpa string) []byte {
+	f := append(append([]byte{}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff), srcMAC...)
+	f = append(f, 0x08, 0x06, 0x00, 0x01, 0x08, 0x00, 6, 4)
+	f = binary.BigEndian.AppendUint16(f, oper)
+	s, t := netip.MustParseAddr(spa).As4(), netip.MustParseAddr(tpa).As4()
+	f = append(append(f, sha...), s[:]...)
+	f = append(append(f, 0, 0, 0, 0, 0, 0), t[:]...)
+	return append(f, make([]byte, 18)...) // padding to 60 bytes
+}
+
+// ndFrame is an ICMPv6 neighbour advertisement (136) or solicitation (135)
+// from src for target.
+func ndFrame(srcMAC net.HardwareAddr, typ byte, src, target string) []byte {
+	f := ipFrame(net.HardwareAddr{0x33, 0x33, 0, 0, 0, 1}, srcMAC, src, "ff02::1", false)
+	f[14+6] = 58 // next header: ICMPv6
+	binary.BigEndian.PutUint16(f[14+4:], 24)
+	icmp := make([]byte, 24)
+	icmp[0] = typ
+	t := netip.MustParseAddr(target).As16()
+	copy(icmp[8:], t[:])
+	return append(f, icmp...)
+}
+
+// TestSpoofedFramesAreDropped runs a pod's frames through classify_egress
+// with BPF_PROG_RUN (whose socket is in this netns, recorded as the pod's),
+// on the loopback device standing in for the parent: a frame that claims
+// to be anyone else's (source MAC, an in-band VLAN tag, an IPv4 or IPv6
+// source, an ARP sender, an ND target outside the share's addresses) is
+// dropped and counted by reason; the share's own frames pass in its class.
+func TestSpoofedFramesAreDropped(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const parent, class = 1, 0x10010
+	share, neighbour := mac1, mac2
+	cookie, err := NetnsCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"10.9.0.5", "fd09::5"} {
+		if err := s.AllowAddr(parent, netip.MustParseAddr(a), share); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), neighbour); err == nil {
+		t.Error("another share was allowed the share's address")
+	}
+	if err := s.SetShare(Ingress, neighbour, 0x10020); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class, CheckAddrs: true}); err != nil {
+		t.Fatal(err)
+	}
+	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
+	tagged := ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true)
+	for _, c := range []struct {
+		name   string
+		frame  []byte
+		reason SpoofReason // 0: passes
+	}{
+		{"own IPv4", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", false), 0},
+		{"own IPv6", ipFrame(gw, share, "fd09::5", "fd09::1", false), 0},
+		{"IPv6 link-local", ipFrame(gw, share, "fe80::1", "fe80::2", false), 0},
+		{"DHCP from 0.0.0.0", ipFrame(gw, share, "0.0.0.0", "255.255.255.255", false), 0},
+		{"own ARP request", arpFrame(share, share, 1, "10.9.0.5", "10.9.0.1"), 0},
+		{"ARP probe", arpFrame(share, share, 1, "0.0.0.0", "10.9.0.5"), 0},
+		{"own ND advertisement", ndFrame(share, 136, "fd09::5", "fd09::5"), 0},
+		{"ND solicitation from link-local", ndFrame(share, 135, "fe80::1", "fd09::1"), 0},
+		{"forged source MAC", ipFrame(gw, net.HardwareAddr{0x02, 0xba, 0xd0, 0, 0, 1}, "10.9.0.5", "10.9.0.1", false), SpoofSrcMAC},
+		{"a neighbour's MAC", ipFrame(gw, neighbour, "10.9.0.5", "10.9.0.1", false), SpoofSrcMAC},
+		{"in-band 802.1Q tag", tagged, SpoofVLAN},
+		{"forged IPv4 source", ipFrame(gw, share, "10.9.0.6", "10.9.0.1", false), SpoofSrcIP},
+		{"forged IPv6 source", ipFrame(gw, share, "fd09::6", "fd09::1", false), SpoofSrcIP},
+		{"ARP reply claiming the gateway", arpFrame(share, share, 2, "10.9.0.1", "10.9.0.7"), SpoofARP},
+		{"ARP with a foreign sender MAC", arpFrame(share, gw, 2, "10.9.0.5", "10.9.0.7"), SpoofARP},
+		{"ND advertisement for the gateway", ndFrame(share, 136, "fe80::1", "fd09::1"), SpoofND},
+	} {
+		ret, prio := runCtx(t, s.objs.ClassifyEgress, c.frame, skbCtx{Ifindex: parent})
+		switch {
+		case c.reason == 0 && (ret != tcxNext || prio != class):
+			t.Errorf("%s: verdict %d, priority %#x; want it passed in the share's class %#x", c.name, ret, prio, class)
+		case c.reason != 0 && ret != tcActShot:
+			t.Errorf("%s: verdict %d; want it dropped (%v)", c.name, ret, c.reason)
+		}
+	}
+	drops, err := s.SpoofDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := SpoofDrops{SpoofSrcMAC: 2, SpoofVLAN: 1, SpoofSrcIP: 2, SpoofARP: 2, SpoofND: 1}
+	if got := drops[share.String()]; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("drops = %v, want %v", got, want)
+	}
+	if l, _ := s.Learned(); len(l) != 0 {
+		t.Errorf("learned %v from a share whose class allows no MAC change", l)
+	}
+	if err := s.DeletePodShares(share); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := s.AllowedAddrs(); len(a) != 0 {
+		t.Errorf("allowed addresses left after the share went: %v", a)
+	}
+	if d, _ := s.SpoofDrops(); len(d) != 0 {
+		t.Errorf("drop counts left after the share went: %v", d)
+	}
+}
+
+// A share whose class allows MAC changes sends from other MACs, which are
+// learned for its ingress on that parent, at most LEARN_CAP of them, and
+// never another share's MAC nor a parent's. Without an address set, any
+// IP passes; tags are still dropped.
+func TestMACChangeIsLearnedWithinItsCap(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const parent, class = 1, 0x10010
+	cookie, err := NetnsCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	neighbour, local := mac2, net.HardwareAddr{0x02, 0x10, 0xca, 0, 0, 1}
+	if err := s.SetShare(Ingress, neighbour, 0x10020); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetLocalMAC(parent, local); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: mac1.String(), ClassID: class, AllowMACChange: true}); err != nil {
+		t.Fatal(err)
+	}
+	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
+	for _, src := range []net.HardwareAddr{neighbour, local} {
+		if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, src, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext {
+			t.Errorf("frame from %s: verdict %d, want passed", src, ret)
+		}
+	}
+	for i := range 6 {
+		src := net.HardwareAddr{0x02, 0x77, 0, 0, 0, byte(i + 1)}
+		if ret, prio := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, src, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext || prio != class {
+			t.Errorf("frame from a changed MAC %s: verdict %d, priority %#x", src, ret, prio)
+		}
+	}
+	learned, err := s.Learned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(learned) != 4 {
+		t.Errorf("learned %d MACs, want the cap of 4: %v", len(learned), learned)
+	}
+	for _, l := range learned {
+		if l.Parent != parent || l.Share != mac1.String() || l.MAC == neighbour.String() || l.MAC == local.String() {
+			t.Errorf("learned %+v", l)
+		}
+	}
+	if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, mac1, "192.0.2.9", "10.9.0.1", true), skbCtx{Ifindex: parent}); ret != tcActShot {
+		t.Errorf("a tagged frame of a MAC-changing share: verdict %d, want dropped", ret)
+	}
+	if err := s.DeleteShare(Ingress, mac1); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := s.Learned(); len(l) != 0 {
+		t.Errorf("learned MACs left after the share went: %v", l)
+	}
+}
