@@ -360,9 +360,9 @@ func (p *NICPreparer) deleteLinks(items []reapItem, errs []error) error {
 	return fmt.Errorf("delete interface group %#x: %w", reapGroup, err)
 }
 
-// waitForNoPrepare returns once no prepare is in flight, or after max.
-func (p *NICPreparer) waitForNoPrepare(max time.Duration) {
-	deadline := time.Now().Add(max)
+// waitForNoPrepare returns once no prepare is in flight, or after limit.
+func (p *NICPreparer) waitForNoPrepare(limit time.Duration) {
+	deadline := time.Now().Add(limit)
 	for p.preparing.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(2 * time.Millisecond)
 	}

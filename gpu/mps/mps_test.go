@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/carve-dra/carve/prepare/hostmount"
 	"io"
 	"net"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/carve-dra/carve/gpu/gputest"
+	"github.com/carve-dra/carve/prepare/hostmount"
 )
 
 // fakeDaemon puts the fake control binary on PATH and returns a daemon

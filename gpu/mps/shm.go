@@ -3,7 +3,6 @@ package mps
 import (
 	"errors"
 	"fmt"
-	"github.com/carve-dra/carve/prepare/hostmount"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/prepare/hostmount"
 )
 
 // The control daemon, its servers and their clients meet in two places: the

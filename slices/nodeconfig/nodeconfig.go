@@ -18,6 +18,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// The NodeConfig file's apiVersion and kind, and the driver name it
+// defaults to.
 const (
 	APIVersion        = "carve.dev/v1alpha1"
 	Kind              = "NodeConfig"
