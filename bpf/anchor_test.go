@@ -1,18 +1,16 @@
 package bpf
 
 import (
-	"path/filepath"
-
 	"net"
+	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/carve-dra/carve/bpf/nettest"
 )
@@ -58,7 +56,11 @@ func TestAttachAheadOfPassingProgram(t *testing.T) {
 		t.Fatal(err)
 	}
 	attach(t, s, n.host, n.a.Attrs().Index, Egress)
-	defer inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) })
+	defer func() {
+		if err := inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) }); err != nil {
+			t.Error(err)
+		}
+	}()
 
 	err = inNS(n.host, func() error {
 		if r, err := link.QueryPrograms(link.QueryOptions{Target: n.a.Attrs().Index, Attach: ebpf.AttachTCXEgress}); err == nil {

@@ -62,7 +62,11 @@ func TestClassifyHTB(t *testing.T) {
 		}
 	}
 	attach(t, s, n.host, n.a.Attrs().Index, Egress)
-	defer inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) })
+	defer func() {
+		if err := inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) }); err != nil {
+			t.Error(err)
+		}
+	}()
 
 	got := measure(t, n.srv, n.clients, "10.77.0.1:5201", 500*time.Millisecond, 2*time.Second)
 

@@ -94,7 +94,11 @@ func TestEDTPacingFQ(t *testing.T) {
 	if err := inNS(n.host, func() error { return s.AttachEDT(n.a.Attrs().Index) }); err != nil {
 		t.Fatal(err)
 	}
-	defer inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) })
+	defer func() {
+		if err := inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) }); err != nil {
+			t.Error(err)
+		}
+	}()
 	got := measure(t, n.srv, n.clients, "10.77.0.1:5201", 500*time.Millisecond, 2*time.Second)
 	for i, r := range rates {
 		ratio := got[i] / float64(r)

@@ -19,9 +19,9 @@ const DefaultBPFFS = "/sys/fs/bpf"
 type Direction uint8
 
 const (
-	// Egress: traffic sent by a share, matched by source MAC.
+	// Egress is traffic sent by a share, matched by source MAC.
 	Egress Direction = 0
-	// Ingress: traffic towards a share, matched by destination MAC.
+	// Ingress is traffic towards a share, matched by destination MAC.
 	Ingress Direction = 1
 )
 

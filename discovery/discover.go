@@ -102,7 +102,7 @@ func (s *Scanner) Scan(ctx context.Context, changes Changes) (*Inventory, error)
 	start := time.Now()
 	t := tree{root: opts.Root}
 
-	pciRead, err := t.startPCI(ctx, s.pci)
+	pciRead, err := t.startPCI(s.pci)
 	if err != nil {
 		return nil, fmt.Errorf("discover PCI functions: %w", err)
 	}
@@ -128,7 +128,7 @@ func (s *Scanner) Scan(ctx context.Context, changes Changes) (*Inventory, error)
 	fpgaTree, fpgaPCI := t, pci
 	if opts.FPGARoot != "" {
 		fpgaTree = tree{root: opts.FPGARoot}
-		r, err := fpgaTree.startPCI(ctx, s.fpgaPCI)
+		r, err := fpgaTree.startPCI(s.fpgaPCI)
 		if err != nil {
 			return nil, fmt.Errorf("discover FPGAs under %s: %w", opts.FPGARoot, err)
 		}

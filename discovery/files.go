@@ -39,14 +39,6 @@ func (t tree) optionalInt(rel string) (int64, bool, error) {
 	return t.at().optionalInt(t.path(rel))
 }
 
-// linkBase is the last element of a symlink's target ("" when missing).
-func (t tree) linkBase(rel string) string { return t.at().linkBase(t.path(rel)) }
-
-// optionalLink reads a symlink that may be missing.
-func (t tree) optionalLink(rel string) (string, bool, error) {
-	return t.at().optionalLink(t.path(rel))
-}
-
 // resolve follows the symlinks of rel and returns the real path.
 func (t tree) resolve(rel string) (string, error) {
 	p, err := filepath.EvalSymlinks(t.path(rel))

@@ -171,7 +171,7 @@ func ueventDevName(file string) string {
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		if v, ok := strings.CutPrefix(s.Text(), "DEVNAME="); ok {

@@ -74,7 +74,7 @@ type ghwNames struct {
 // cannot run (no pci.ids) or drops functions (it gives up on the whole bus,
 // without an error, when one function lacks a modalias), the IDs read from
 // sysfs are published without names.
-func (t tree) startPCI(ctx context.Context, last *pciScan) (*pciRead, error) {
+func (t tree) startPCI(last *pciScan) (*pciRead, error) {
 	entries, err := readDirInodes(t.path(pciDevicesDir))
 	if err != nil {
 		return nil, err

@@ -78,8 +78,8 @@ func TestLaneDoesNotWaitForTheSession(t *testing.T) {
 	<-held
 	procs, err := lane.Processes(context.Background(), "GPU-1")
 	select {
-	case <-done:
-		t.Fatal("the session's call ended before the lane answered")
+	case err := <-done:
+		t.Fatalf("the session's call ended (%v) before the lane answered", err)
 	default:
 	}
 	if err != nil || len(procs) != 1 || procs[0].PID != 9 {

@@ -25,7 +25,7 @@ func egressReturnName(parentIndex int) string { return egressShaperName(parentIn
 // ingress sends their frames back out of the parent.
 func EgressShaperName(parentIndex int) string { return egressShaperName(parentIndex) }
 
-// EgressReturnName: see EgressShaperName.
+// EgressReturnName is the egress shaper's peer: see EgressShaperName.
 func EgressReturnName(parentIndex int) string { return egressReturnName(parentIndex) }
 
 // egressShaperMTU is the shaper pair's MTU: the largest a veth takes, so

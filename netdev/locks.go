@@ -32,12 +32,12 @@ func flockFile(path, what string) (func(), error) {
 		return nil, fmt.Errorf("open the lock of %s: %w", what, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, fmt.Errorf("lock %s: %w", what, err)
 	}
 	return func() {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
+		_ = f.Close() // a lock file: nothing is written to it
 	}, nil
 }
 

@@ -61,9 +61,13 @@ func TestSpecsOfAnEarlierBootAreRemoved(t *testing.T) {
 	b := newBench(t)
 	dir := filepath.Join(b.state, "netdev")
 	old := filepath.Join(dir, "cv0000000000.json")
-	os.WriteFile(old, []byte(`{"claimUID":"u-old","hostName":"cv0000000000","parent":"x","bootID":"an-earlier-boot"}`), 0o644)
+	if err := os.WriteFile(old, []byte(`{"claimUID":"u-old","hostName":"cv0000000000","parent":"x","bootID":"an-earlier-boot"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	current := filepath.Join(dir, "cv1111111111.json")
-	os.WriteFile(current, []byte(`{"claimUID":"u-now","hostName":"cv1111111111","parent":"x","bootID":"boot-now"}`), 0o644)
+	if err := os.WriteFile(current, []byte(`{"claimUID":"u-now","hostName":"cv1111111111","parent":"x","bootID":"boot-now"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	p := b.newPreparerAt("boot-now")
 	p.Restore(nil, nil)
 	if _, err := os.Stat(old); !os.IsNotExist(err) {
@@ -98,7 +102,10 @@ func TestTwoAgentsNeverShareAddressesOrClasses(t *testing.T) {
 				Addresses   []string `json:"addresses"`
 				EgressMinor uint16   `json:"egressMinor"`
 			}
-			json.Unmarshal(prepared.Undo, &u)
+			if err := json.Unmarshal(prepared.Undo, &u); err != nil {
+				results <- result{err: err}
+				return
+			}
 			results <- result{addrs: append(u.Addresses, fmt.Sprintf("class 1:%x", u.EgressMinor))}
 		}()
 	}

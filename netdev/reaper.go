@@ -362,9 +362,9 @@ func (p *NICPreparer) deleteLinks(items []reapItem, errs []error) error {
 	return fmt.Errorf("delete interface group %#x: %w", reapGroup, err)
 }
 
-// waitForNoPrepare returns once no prepare is in flight, or after max.
-func (p *NICPreparer) waitForNoPrepare(max time.Duration) {
-	_ = wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, max, true, func(context.Context) (bool, error) {
+// waitForNoPrepare returns once no prepare is in flight, or after limit.
+func (p *NICPreparer) waitForNoPrepare(limit time.Duration) {
+	_ = wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, limit, true, func(context.Context) (bool, error) {
 		return p.preparing.Load() == 0, nil
 	})
 }

@@ -59,10 +59,10 @@ func (l *LinkChanges) Take() (names []string, all bool) {
 // change of any link.
 func (l *LinkChanges) add(u *netlink.LinkUpdate) {
 	l.mu.Lock()
-	if u == nil || u.Link == nil || u.Link.Attrs() == nil {
+	if u == nil || u.Link == nil || u.Attrs() == nil {
 		l.all = true
 	} else {
-		l.names[u.Link.Attrs().Name] = true
+		l.names[u.Attrs().Name] = true
 	}
 	l.mu.Unlock()
 	select {
@@ -73,7 +73,7 @@ func (l *LinkChanges) add(u *netlink.LinkUpdate) {
 
 // relevant reports whether an update can change what discovery finds.
 func relevant(u netlink.LinkUpdate) bool {
-	return u.Link == nil || u.Link.Attrs() == nil || !discovery.IsCarveLink(u.Link.Attrs().Name)
+	return u.Link == nil || u.Attrs() == nil || !discovery.IsCarveLink(u.Attrs().Name)
 }
 
 // linkFacts are what discovery reads of a link through netlink's eyes.
@@ -102,7 +102,7 @@ func (c changes) changed(u netlink.LinkUpdate) bool {
 	if !relevant(u) {
 		return false
 	}
-	if u.Link == nil || u.Link.Attrs() == nil {
+	if u.Link == nil || u.Attrs() == nil {
 		return true
 	}
 	idx := u.Index

@@ -18,7 +18,7 @@ import (
 func TestWatchLinksResubscribes(t *testing.T) {
 	var subscriptions atomic.Int32
 	feeds := make(chan chan<- netlink.LinkUpdate, 4)
-	subscribe := func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, _ netlink.LinkSubscribeOptions) error {
+	subscribe := func(ch chan<- netlink.LinkUpdate, _ <-chan struct{}, _ netlink.LinkSubscribeOptions) error {
 		subscriptions.Add(1)
 		feeds <- ch
 		return nil

@@ -268,10 +268,10 @@ func defaultBandwidthPolicy(link resource.Quantity) nodeconfig.Policy {
 	return policy(def, 1_000_000, 1_000_000)
 }
 
-func policy(def, min, step int64) nodeconfig.Policy {
+func policy(def, minimum, step int64) nodeconfig.Policy {
 	return nodeconfig.Policy{
 		Default: *resource.NewQuantity(def, resource.DecimalSI),
-		Min:     resource.NewQuantity(min, resource.DecimalSI),
+		Min:     resource.NewQuantity(minimum, resource.DecimalSI),
 		Step:    resource.NewQuantity(step, resource.DecimalSI),
 	}
 }
@@ -360,7 +360,7 @@ func dedupeNames(entries []Entry) {
 	for i := range entries {
 		if count[entries[i].Device.Name] > 1 {
 			h := fnv.New32a()
-			h.Write([]byte(entries[i].NIC.Name))
+			_, _ = h.Write([]byte(entries[i].NIC.Name)) // a hash.Hash's Write never fails
 			entries[i].Device.Name = fmt.Sprintf("%s-%08x", entries[i].Device.Name, h.Sum32())
 		}
 	}

@@ -133,7 +133,7 @@ func kernelConfig(option string) string {
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	z, err := gzip.NewReader(f)
 	if err != nil {
 		return ""

@@ -7,6 +7,7 @@ package nettest
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -138,19 +139,28 @@ func (tp *Topology) Exec(suffix string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", tp.prefix + suffix}, args...)...)
 }
 
-// In runs fn with the goroutine's thread in ns.
-func In(ns netns.NsHandle, fn func() error) error {
+// In runs fn with the goroutine's thread in ns. Where the thread cannot
+// go back, it stays locked to the goroutine, so that no other goroutine is
+// scheduled on it, and ends with it.
+func In(ns netns.NsHandle, fn func() error) (err error) {
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
+		runtime.UnlockOSThread()
 		return err
 	}
 	defer orig.Close()
 	if err := netns.Set(ns); err != nil {
+		runtime.UnlockOSThread()
 		return err
 	}
-	defer netns.Set(orig)
+	defer func() {
+		if serr := netns.Set(orig); serr != nil {
+			err = errors.Join(err, fmt.Errorf("back to the original network namespace: %w", serr))
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
 	return fn()
 }
 

@@ -31,10 +31,9 @@ func (r Result) Goodput() float64 { return float64(r.Bytes) * 8 / r.Duration.Sec
 // that other counters can be read over the same window.
 func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, error) {
 	type running struct {
-		l       net.Listener
-		counted atomic.Int64
-		total   atomic.Int64
-		stop    chan struct{}
+		l     net.Listener
+		total atomic.Int64
+		stop  chan struct{}
 	}
 	runs := make([]*running, len(flows))
 	for i, f := range flows {

@@ -71,7 +71,7 @@ func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
+		defer func() { _ = os.RemoveAll(dir) }() // a temporary directory: at worst left behind
 		u, err := snapshot.Unpack(f.from, dir)
 		if err != nil {
 			return err

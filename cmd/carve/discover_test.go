@@ -17,7 +17,9 @@ func TestDiscoverCommand(t *testing.T) {
 	bin := buildCarve(t)
 	tree := sysfstest.Typical(t.TempDir())
 	cfg := filepath.Join(t.TempDir(), "node.yaml")
-	os.WriteFile(cfg, []byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\ndriverName: test.carve.dev\n"), 0o644)
+	if err := os.WriteFile(cfg, []byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\ndriverName: test.carve.dev\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, format := range []string{"yaml", "json"} {
 		var stdout, stderr bytes.Buffer
@@ -42,7 +44,9 @@ func TestDiscoverCommand(t *testing.T) {
 func TestDiscoverCommandErrors(t *testing.T) {
 	bin := buildCarve(t)
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	os.WriteFile(bad, []byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev: {inclde: [eth0]}\n"), 0o644)
+	if err := os.WriteFile(bad, []byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev: {inclde: [eth0]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string

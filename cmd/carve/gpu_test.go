@@ -75,7 +75,9 @@ func TestDiscoverReplayWarningsAndErrors(t *testing.T) {
 		t.Errorf("stderr %s\nstdout lacks the A100's 7g.40gb", stderr)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.json")
-	os.WriteFile(bad, []byte(`{"driverVersion": "1", "cudaDriverVersion": 1, "devices": [], "gpus": []}`), 0o644)
+	if err := os.WriteFile(bad, []byte(`{"driverVersion": "1", "cudaDriverVersion": 1, "devices": [], "gpus": []}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	res, err := exec.Command(bin, "discover", "--root", tree.Root, "--nvml-replay", bad).CombinedOutput()
 	if err == nil || !strings.Contains(string(res), `unknown field "gpus"`) {
 		t.Errorf("unknown key: err %v, output %s", err, res)
@@ -141,7 +143,9 @@ func TestDiscoverMemoryEnforcement(t *testing.T) {
 	inv := nvmltest.H100Node(1)
 	inv.Devices = inv.Devices[:2]
 	cfg := filepath.Join(t.TempDir(), "node.yaml")
-	os.WriteFile(cfg, []byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nrequestPolicies:\n  gpu:\n    memory: {default: 10Gi, step: 5Gi}\n"), 0o644)
+	if err := os.WriteFile(cfg, []byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nrequestPolicies:\n  gpu:\n    memory: {default: 10Gi, step: 5Gi}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	discover := func(inv *nvmlinfo.Inventory) map[string]string {
 		out, _ := run(t, bin, "discover", "--root", tree.Root, "--nvml-replay", writeInventory(t, inv), "--config", cfg, "--node-name", "n1", "-o", "json")
 		return enforcement(t, out)

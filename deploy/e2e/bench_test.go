@@ -36,7 +36,7 @@ type prepareTarget struct {
 }
 
 var prepareTargets = []prepareTarget{
-	{"carve", func(b *testing.B, cs kubernetes.Interface, node string, h *agentHost) (string, func()) {
+	{"carve", func(b *testing.B, cs kubernetes.Interface, _ string, h *agentHost) (string, func()) {
 		h.start()
 		waitSlices(b, cs, h)
 		return h.path("plugins_registry"), func() { _ = h.stop() }
@@ -78,7 +78,9 @@ func startNoopDriver(b *testing.B, _ kubernetes.Interface, node string, _ *agent
 	cfg.QPS, cfg.Burst = 200, 400 // the same client limits as carve's agent
 	cs := kubernetes.NewForConfigOrDie(cfg)
 	for _, d := range []string{"reg", "plugin"} {
-		os.MkdirAll(filepath.Join(dir, d), 0o750)
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o750); err != nil {
+			b.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	helper, err := kubeletplugin.Start(ctx, noopDriver{}, kubeletplugin.DriverName("carve.dev"), kubeletplugin.NodeName(node),

@@ -97,12 +97,12 @@ netdev:
 	ips, macs := map[string]string{}, map[string]string{}
 	for _, name := range []string{"raw", "admin"} {
 		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
-		envs := podExec(t, env, testNS, name, "main", "env")
+		envs := podExec(t, testNS, name, "main", "env")
 		ips[name] = strings.Split(envValue(envs, "CARVE_NET_ADDRESSES"), "/")[0]
 		if net.ParseIP(ips[name]) == nil {
 			t.Fatalf("pod %s: CARVE_NET_ADDRESSES holds no address:\n%s", name, envs)
 		}
-		macs[name] = shareMAC(t, env, name)
+		macs[name] = shareMAC(t, name)
 	}
 	shaper, err := bpf.OpenShaper(e2ePins)
 	if err != nil {
@@ -114,7 +114,7 @@ netdev:
 	for what, src := range map[string]string{"a MAC of no share": "02:ba:d0:00:00:01", "the neighbour's MAC": macs["admin"]} {
 		before, _ := shaper.Stats()
 		rx0, t0 := rx(), time.Now()
-		out := podExec(t, env, testNS, "raw", "main", "rawflood", "-if", "net1", "-src-mac", src, "-dst-mac", srvLink.Attrs().HardwareAddr.String(),
+		out := podExec(t, testNS, "raw", "main", "rawflood", "-if", "net1", "-src-mac", src, "-dst-mac", srvLink.Attrs().HardwareAddr.String(),
 			"-src-ip", ips["raw"], "-dst-ip", escIP, "-seconds", "3")
 		time.Sleep(200 * time.Millisecond)
 		got := float64(rx()-rx0) * 8 / time.Since(t0).Seconds()
@@ -130,8 +130,8 @@ netdev:
 		}
 	}
 
-	podExec(t, env, testNS, "admin", "main", "ip", "link", "set", "net1", "address", "02:ba:d0:00:00:02")
-	r := <-startIperfTo(t, env, "admin", escIP, "5201", 4, false)
+	podExec(t, testNS, "admin", "main", "ip", "link", "set", "net1", "address", "02:ba:d0:00:00:02")
+	r := <-startIperfTo("admin", escIP, "5201", 4, false)
 	if r.err != nil {
 		t.Fatalf("iperf3 after the MAC change: %v", r.err)
 	}
@@ -142,7 +142,7 @@ netdev:
 	// Towards it too: the server learns the new MAC by ARP, the pod's
 	// answers teach the classifier its new MAC, and its ingress holds.
 	run(t, "ip", "-n", escServer, "neigh", "flush", "all")
-	r = <-startIperfTo(t, env, "admin", escIP, "5201", 4, true)
+	r = <-startIperfTo("admin", escIP, "5201", 4, true)
 	if r.err != nil {
 		t.Fatalf("iperf3 towards the pod after the MAC change: %v", r.err)
 	}

@@ -94,13 +94,13 @@ func TestNodeExtendedResourceFPGA(t *testing.T) {
 	if a := claim.Status.Allocation; a == nil || len(a.Devices.Results) != 1 || a.Devices.Results[0].Device != device {
 		t.Fatalf("the scheduler's claim %s is allocated %+v, want %s", claim.Name, claim.Status.Allocation, device)
 	}
-	envs := podExec(t, env, testNS, p.Name, "main", "env")
+	envs := podExec(t, testNS, p.Name, "main", "env")
 	if !strings.Contains(envs, "_KIND=fpga\n") || !strings.Contains(envs, "_DEVICE="+device+"\n") {
 		t.Errorf("env lacks the FPGA:\n%s", envs)
 	}
 	for _, n := range nodes {
 		// A character device of the host's numbers, in the container.
-		out := podExec(t, env, testNS, p.Name, "main", "stat", "-c", "%F %t:%T", "/dev/"+n)
+		out := podExec(t, testNS, p.Name, "main", "stat", "-c", "%F %t:%T", "/dev/"+n)
 		if strings.TrimSpace(out) != "character special file 1:3" {
 			t.Errorf("/dev/%s in the container: %q, want the host's character device 1:3", n, out)
 		}

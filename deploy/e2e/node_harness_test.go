@@ -102,7 +102,7 @@ func lastLine(s string) string {
 
 // exec runs a command in a pod's container through the API server and the
 // kubelet, as kubectl exec does.
-func podExec(t testing.TB, env map[string]string, ns, pod, container string, cmd ...string) string {
+func podExec(t testing.TB, ns, pod, container string, cmd ...string) string {
 	t.Helper()
 	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
 	args := append([]string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", ns, pod, "-c", container, "--"}, cmd...)
@@ -156,7 +156,7 @@ func podWhy(p *corev1.Pod) string {
 
 // restartKubelet stops the node's kubelet and starts it again with the same
 // command line, log and pid file, as a node reboot of the kubelet alone.
-func restartKubelet(t testing.TB, env map[string]string) {
+func restartKubelet(t testing.TB) {
 	t.Helper()
 	dir := filepath.Dir(os.Getenv("CARVE_KUBECONFIG"))
 	pidFile := filepath.Join(dir, "pids", "kubelet.pid")

@@ -44,7 +44,9 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(t.TempDir(), "node.yaml")
-	os.WriteFile(cfg, []byte(nodeConfig), 0o644)
+	if err := os.WriteFile(cfg, []byte(nodeConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	kc := os.Getenv("CARVE_KUBECONFIG")
 	// Registered first, so that a failed install is removed too.
 	t.Cleanup(func() {

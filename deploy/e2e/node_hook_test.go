@@ -71,14 +71,14 @@ func TestNodeHookGuards(t *testing.T) {
 	claim("hook-resandbox")
 	startPod(t, cs, podWithImage("hook-resandbox", "carve-test:latest", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("hook-resandbox")}))
 	waitFor(t, "pod hook-resandbox", 90*time.Second, podRunning(cs, testNS, "hook-resandbox"))
-	mac := envValue(podExec(t, env, testNS, "hook-resandbox", "main", "env"), "CARVE_NET_MAC")
+	mac := envValue(podExec(t, testNS, "hook-resandbox", "main", "env"), "CARVE_NET_MAC")
 	if mac == "" {
 		t.Fatal("the pod has no CARVE_NET_MAC")
 	}
 	p, _ := cs.CoreV1().Pods(testNS).Get(ctx, "hook-resandbox", metav1.GetOptions{})
 	killSandbox(t, env, string(p.UID))
 	waitFor(t, "the pod's containers restarted in a new sandbox", 120*time.Second, restartedAndReady(cs, "hook-resandbox"))
-	link := podExec(t, env, testNS, "hook-resandbox", "main", "ip", "link", "show", "net1")
+	link := podExec(t, testNS, "hook-resandbox", "main", "ip", "link", "show", "net1")
 	if !strings.Contains(strings.ToLower(link), strings.ToLower(mac)) {
 		t.Errorf("after the sandbox was recreated, net1 is not the share's (MAC %s):\n%s", mac, link)
 	}

@@ -75,12 +75,12 @@ netdev:
 	macs := map[string]string{}
 	for name := range limits {
 		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
-		addr := podExec(t, env, testNS, name, "main", "ip", "-4", "addr", "show", "net1")
+		addr := podExec(t, testNS, name, "main", "ip", "-4", "addr", "show", "net1")
 		if !strings.Contains(addr, "10.79.0.") {
 			t.Errorf("pod %s: net1 has no pool address:\n%s", name, addr)
 		}
-		macs[name] = shareMAC(t, env, name)
-		if link := podExec(t, env, testNS, name, "main", "ip", "link", "show", "net1"); !strings.Contains(link, "link/ether "+macs[name]+" ") {
+		macs[name] = shareMAC(t, name)
+		if link := podExec(t, testNS, name, "main", "ip", "link", "show", "net1"); !strings.Contains(link, "link/ether "+macs[name]+" ") {
 			t.Errorf("pod %s: net1 does not have the share's MAC %s:\n%s", name, macs[name], link)
 		}
 		// The status is written after the kubelet's answer, off the
@@ -109,7 +109,7 @@ netdev:
 		dir := map[bool]string{false: "egress", true: "ingress"}[reverse]
 		results := map[string]chan iperfResult{}
 		for name, port := range map[string]string{"pa": "5201", "pb": "5202"} {
-			results[name] = startIperf(t, env, name, port, 4, reverse)
+			results[name] = startIperf(name, port, 4, reverse)
 		}
 		for name, limit := range limits {
 			r := <-results[name]
@@ -125,7 +125,7 @@ netdev:
 	}
 
 	// Restart the agent mid-traffic: the limit holds throughout.
-	long := startIperf(t, env, "pa", "5201", 8, false)
+	long := startIperf("pa", "5201", 8, false)
 	time.Sleep(2 * time.Second)
 	restartAgent(t, cs)
 	r := <-long
@@ -147,7 +147,7 @@ netdev:
 	defer shaper.Close()
 	// Egress classes are on the parent's egress shaper.
 	egressShaper := "cveg" + ifindex(t, netParent)
-	classesBefore := countClasses(t, egressShaper)
+	classesBefore := countClasses(egressShaper)
 	_ = cs.CoreV1().Pods(testNS).Delete(ctx, "pa", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 	waitFor(t, "pa's share removed", 60*time.Second, func() (bool, error) {
 		shares, err := shaper.Shares()
@@ -156,7 +156,7 @@ netdev:
 		}
 		_, egress := shares[bpf.Key{MAC: macs["pa"], Dir: bpf.Egress}]
 		_, ingress := shares[bpf.Key{MAC: macs["pa"], Dir: bpf.Ingress}]
-		return !egress && !ingress && countClasses(t, egressShaper) == classesBefore-1, fmt.Errorf("entries %v, classes %d", shares, countClasses(t, egressShaper))
+		return !egress && !ingress && countClasses(egressShaper) == classesBefore-1, fmt.Errorf("entries %v, classes %d", shares, countClasses(egressShaper))
 	})
 	if _, ok := mustShares(t, shaper)[bpf.Key{MAC: macs["pb"], Dir: bpf.Egress}]; !ok {
 		t.Errorf("pb's share went with pa's")
@@ -176,9 +176,9 @@ netdev:
 
 // shareMAC is the MAC the share's CDI edits gave pod (CARVE_NET_MAC), in
 // the canonical form; the test fails where it is missing or not a MAC.
-func shareMAC(t testing.TB, env map[string]string, pod string) string {
+func shareMAC(t testing.TB, pod string) string {
 	t.Helper()
-	envs := podExec(t, env, testNS, pod, "main", "env")
+	envs := podExec(t, testNS, pod, "main", "env")
 	mac, err := net.ParseMAC(envValue(envs, "CARVE_NET_MAC"))
 	if err != nil || len(mac) != 6 {
 		t.Fatalf("pod %s: CARVE_NET_MAC is not the share's MAC (%v):\n%s", pod, err, envs)
@@ -210,7 +210,7 @@ func ifindex(t testing.TB, dev string) string {
 	return strings.TrimSpace(string(b))
 }
 
-func countClasses(t testing.TB, dev string) int {
+func countClasses(dev string) int {
 	out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
 	return strings.Count(string(out), "class htb")
 }
@@ -236,12 +236,12 @@ type iperfResult struct {
 
 // startIperf runs iperf3 inside a pod against the server namespace, in the
 // background; reverse measures the pod's ingress.
-func startIperf(t testing.TB, env map[string]string, pod, port string, seconds int, reverse bool) chan iperfResult {
-	return startIperfTo(t, env, pod, serverIP, port, seconds, reverse)
+func startIperf(pod, port string, seconds int, reverse bool) chan iperfResult {
+	return startIperfTo(pod, serverIP, port, seconds, reverse)
 }
 
 // startIperfTo is startIperf against the iperf3 server at server.
-func startIperfTo(t testing.TB, env map[string]string, pod, server, port string, seconds int, reverse bool) chan iperfResult {
+func startIperfTo(pod, server, port string, seconds int, reverse bool) chan iperfResult {
 	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
 	args := []string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--",
 		"iperf3", "-c", server, "-p", port, "-t", fmt.Sprint(seconds), "-O", "1", "-J"}

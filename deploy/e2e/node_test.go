@@ -84,7 +84,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	shareOf := map[string]string{}
 	for name := range pods {
 		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
-		envs := podExec(t, env, testNS, name, "main", "env")
+		envs := podExec(t, testNS, name, "main", "env")
 		if name != "e2e-a" {
 			// The shared cache, seen by both pods.
 			if !strings.Contains(envs, "CARVE_CACHE_DEVICE="+llc.device+"\n") || !strings.Contains(envs, "CARVE_CACHE_CPUS=") {
@@ -102,7 +102,7 @@ func TestNodeEndToEnd(t *testing.T) {
 			}
 		}
 		shareOf[name] = envValue(envs, "CARVE_NET_SHARE_ID")
-		info := podExec(t, env, testNS, name, "main", "cat", envValue(envs, "CARVE_NET_INFO"))
+		info := podExec(t, testNS, name, "main", "cat", envValue(envs, "CARVE_NET_INFO"))
 		if !strings.Contains(info, shareOf[name]) || !strings.Contains(info, "egressBandwidth") {
 			t.Errorf("pod %s: the mounted claim info does not describe its share:\n%s", name, info)
 		}
@@ -125,7 +125,7 @@ func TestNodeEndToEnd(t *testing.T) {
 
 	// Restart the kubelet, then the agent, while the pods run: nothing
 	// breaks, nothing is prepared twice, and new pods still start.
-	restartKubelet(t, env)
+	restartKubelet(t)
 	waitFor(t, "the node Ready after the kubelet restart", 60*time.Second, nodeReady(cs, node))
 	startPod(t, cs, pod("e2e-c", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("net-100m")}))
 	waitFor(t, "a new pod after the kubelet restart", 90*time.Second, podRunning(cs, testNS, "e2e-c"))

@@ -117,8 +117,8 @@ func TestAPIServerRejectsInvalidSlice(t *testing.T) {
 	}
 	objs := slices.Objects("carve.dev", "e2e-invalid", slices.Build(inv, nodeconfig.Default(), "e2e-invalid").Resources)
 	for _, tc := range []struct {
-		name   string
-		break_ func(*resourceapi.ResourceSlice)
+		name    string
+		corrupt func(*resourceapi.ResourceSlice)
 	}{
 		{"device name not a DNS label", func(s *resourceapi.ResourceSlice) { s.Spec.Devices[0].Name = "NIC_0000:17:00.0" }},
 		{"too many devices", func(s *resourceapi.ResourceSlice) {
@@ -134,7 +134,7 @@ func TestAPIServerRejectsInvalidSlice(t *testing.T) {
 		}},
 	} {
 		s := objs[0].DeepCopy()
-		tc.break_(s)
+		tc.corrupt(s)
 		_, err := cs.ResourceV1().ResourceSlices().Create(context.Background(), s, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if !apierrors.IsInvalid(err) {
 			t.Errorf("%s: server answered %v, want Invalid", tc.name, err)

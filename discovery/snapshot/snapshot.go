@@ -35,7 +35,7 @@ func Capture(ctx context.Context, w io.Writer, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	defer os.RemoveAll(work)
+	defer func() { _ = os.RemoveAll(work) }() // a temporary directory: at worst left behind
 	root := opts.Root
 	if root == "" {
 		root = "/"

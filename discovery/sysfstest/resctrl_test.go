@@ -11,13 +11,13 @@ import (
 	"github.com/carve-dra/carve/discovery/sysfstest"
 )
 
-func resctrlTree(t *testing.T, closids int) (*sysfstest.Tree, *sysfstest.ResctrlFS) {
+func resctrlTree(t *testing.T, closids int) *sysfstest.ResctrlFS {
 	tree := sysfstest.New(t.TempDir())
 	tree.AddLLC(sysfstest.LLC{ID: 0, CPUs: []int{0}, Size: "16M", Ways: 11})
 	tree.AddLLC(sysfstest.LLC{ID: 1, CPUs: []int{1}, Size: "16M", Ways: 11})
 	tree.AddResctrlShareable("7ff", "600", 2, closids)
 	tree.AddMBA(10, 10)
-	return tree, tree.ResctrlFS()
+	return tree.ResctrlFS()
 }
 
 func read(t *testing.T, f *sysfstest.ResctrlFS, rel string) string {
@@ -32,7 +32,7 @@ func read(t *testing.T, f *sysfstest.ResctrlFS, rel string) string {
 // The fake refuses what the kernel refuses, whole, and says why in
 // last_cmd_status; what it takes changes only the domains written.
 func TestFakeResctrlValidatesSchemata(t *testing.T) {
-	_, f := resctrlTree(t, 4)
+	f := resctrlTree(t, 4)
 	if got := read(t, f, "schemata"); got != "L3:0=7ff;1=7ff\nMB:0=100;1=100" {
 		t.Fatalf("default schemata = %q", got)
 	}
@@ -69,7 +69,7 @@ func TestFakeResctrlValidatesSchemata(t *testing.T) {
 // mkdir gives a group the kernel's initial masks and runs out of CLOSIDs;
 // rmdir sends its tasks home.
 func TestFakeResctrlGroups(t *testing.T) {
-	_, f := resctrlTree(t, 3)
+	f := resctrlTree(t, 3)
 	if err := f.WriteFile("schemata", []byte("L3:0=00f")); err != nil {
 		t.Fatal(err)
 	}

@@ -215,7 +215,8 @@ func (f *ResctrlFS) writeSchemata(group, rel, data string) error {
 		}
 		name, doms, ok := strings.Cut(line, ":")
 		name = strings.TrimSpace(name)
-		if !ok || !(name == "L3" || name == "MB" && hasMB) {
+		known := name == "L3" || name == "MB" && hasMB
+		if !ok || !known {
 			return f.fail("write", rel, syscall.EINVAL, fmt.Sprintf("Unknown or unsupported resource name '%s'", name))
 		}
 		seen := map[int]bool{}

@@ -72,11 +72,11 @@ func (t *Tree) AddPCI(addr string, p PCI) string {
 
 // PCIDir is the directory of an existing function, relative to Root.
 func (t *Tree) PCIDir(addr string) string {
-	real, err := filepath.EvalSymlinks(filepath.Join(t.Root, "sys/bus/pci/devices", addr))
+	resolved, err := filepath.EvalSymlinks(filepath.Join(t.Root, "sys/bus/pci/devices", addr))
 	if err != nil {
 		panic(err)
 	}
-	rel, _ := filepath.Rel(t.Root, real)
+	rel, _ := filepath.Rel(t.Root, resolved)
 	return rel
 }
 
@@ -132,11 +132,11 @@ func (t *Tree) AddVF(pf, vf string, index int, p PCI) {
 
 // NetdevDir is the directory of an existing netdev, relative to Root.
 func (t *Tree) NetdevDir(name string) string {
-	real, err := filepath.EvalSymlinks(filepath.Join(t.Root, "sys/class/net", name))
+	resolved, err := filepath.EvalSymlinks(filepath.Join(t.Root, "sys/class/net", name))
 	if err != nil {
 		panic(err)
 	}
-	rel, _ := filepath.Rel(t.Root, real)
+	rel, _ := filepath.Rel(t.Root, resolved)
 	return rel
 }
 
@@ -213,7 +213,9 @@ func (t *Tree) SetKernelConfig(options ...string) {
 	for _, o := range options {
 		fmt.Fprintf(zw, "CONFIG_%s=y\n", o)
 	}
-	zw.Close()
+	if err := zw.Close(); err != nil {
+		panic(err)
+	}
 	t.mkdir("proc")
 	if err := os.WriteFile(filepath.Join(t.Root, "proc/config.gz"), b.Bytes(), 0o644); err != nil {
 		panic(err)

@@ -78,7 +78,8 @@ func Allowed(attack string, slice uint64, samples []Sample, allocated bool) Row 
 	return r
 }
 
-// Table prints the rows; it reports whether every row passed.
+// Table prints the rows; it reports whether every row passed and the table
+// was written.
 func Table(w io.Writer, rows []Row) bool {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ATTACK\tOUTCOME\tMOST HELD\tOVER FOR")
@@ -91,8 +92,7 @@ func Table(w io.Writer, rows []Row) bool {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Attack, r.Outcome, most, r.OverFor.Round(time.Millisecond))
 		all = all && r.Passed
 	}
-	tw.Flush()
-	return all
+	return tw.Flush() == nil && all
 }
 
 // Plan lists the attacks in the order the run makes them.

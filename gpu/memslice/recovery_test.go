@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -74,6 +75,7 @@ func TestCheckpointWithoutDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, alive := d.PID(); alive; _, alive = d.PID() {
+		time.Sleep(time.Millisecond)
 	}
 	e.nv.mode = gpu.ComputeModeExclusiveProcess
 	before := e.commands(t)

@@ -22,14 +22,14 @@ import (
 type Tier string
 
 const (
-	// TierDMEM: the kernel's dmem cgroup controller holds the pod's
+	// TierDMEM means the kernel's dmem cgroup controller holds the pod's
 	// device memory (MPS v3 memory partitioning: driver r615, CUDA 13.4,
 	// cgroup v2, CONFIG_CGROUP_DMEM).
 	TierDMEM Tier = "dmem"
-	// TierMPSPoliced: MPS v2's pinned memory ceiling per process, and a
+	// TierMPSPoliced means MPS v2's pinned memory ceiling per process, and a
 	// policing loop per pod.
 	TierMPSPoliced Tier = "mps-policed"
-	// TierNone: slices cannot be enforced; the GPU is whole-device only.
+	// TierNone means slices cannot be enforced; the GPU is whole-device only.
 	TierNone Tier = "none"
 )
 

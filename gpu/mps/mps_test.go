@@ -12,9 +12,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/carve-dra/carve/prepare/hostmount"
-
 	"github.com/carve-dra/carve/gpu/gputest"
+	"github.com/carve-dra/carve/prepare/hostmount"
 )
 
 // fakeDaemon puts the fake control binary on PATH and returns a daemon

@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/carve-dra/carve/prepare/hostmount"
-
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/prepare/hostmount"
 )
 
 // The control daemon, its servers and their clients meet in two places: the

@@ -31,7 +31,7 @@ func Load(path string) (*Replay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("NVML replay: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	inv, err := nvmlinfo.Decode(f)
 	if err != nil {
 		return nil, fmt.Errorf("NVML replay %s: %w", path, err)

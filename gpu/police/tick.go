@@ -102,8 +102,7 @@ func (p *Police) pools(shares []*state) ([]*pool, map[types.UID]*pool) {
 	for i := range parent {
 		parent[i] = i
 	}
-	var find func(int) int
-	find = func(i int) int {
+	find := func(i int) int {
 		for parent[i] != i {
 			parent[i] = parent[parent[i]]
 			i = parent[i]

@@ -81,8 +81,11 @@ func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slice
 		}
 		giInfo, ret := gi.GetInfo()
 		if ret != nvml.SUCCESS {
-			gi.Destroy()
-			return fmt.Errorf("GPU instance info: %s", nvml.ErrorString(ret))
+			err := fmt.Errorf("GPU instance info: %s", nvml.ErrorString(ret))
+			if ret := gi.Destroy(); ret != nvml.SUCCESS {
+				return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
+			}
+			return err
 		}
 		rec.GPUInstanceID = giInfo.Id
 		ci, err := createComputeInstance(gi, info.SliceCount)
@@ -99,7 +102,7 @@ func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slice
 		return prepare.Prepared{}, fmt.Errorf("MIG device %s: %w", a.Device, err)
 	}
 	undo, _ := jsonMarshal(rec)
-	edits, err := p.migEdits(ctx, g, rec)
+	edits, err := p.migEdits(ctx, rec)
 	if err != nil {
 		// The instance exists: the driver rolls back through Unprepare
 		// with this record.
@@ -127,8 +130,11 @@ func createComputeInstance(gi nvml.GpuInstance, slices uint32) (uint32, error) {
 		}
 		ciInfo, ret := ci.GetInfo()
 		if ret != nvml.SUCCESS {
-			ci.Destroy()
-			return 0, fmt.Errorf("compute instance info: %s", nvml.ErrorString(ret))
+			err := fmt.Errorf("compute instance info: %s", nvml.ErrorString(ret))
+			if ret := ci.Destroy(); ret != nvml.SUCCESS {
+				return 0, fmt.Errorf("%w; and destroying the compute instance: %s", err, nvml.ErrorString(ret))
+			}
+			return 0, err
 		}
 		return ciInfo.Id, nil
 	}
@@ -205,7 +211,7 @@ func findInstance(dev nvml.Device, info nvml.GpuInstanceProfileInfo, start int) 
 
 // migEdits are the common driver edits, the parent GPU's device node, and
 // the capability nodes of the GPU and compute instances.
-func (p *Preparer) migEdits(ctx context.Context, g slices.GPU, rec migRecord) (cdispec.ContainerEdits, error) {
+func (p *Preparer) migEdits(ctx context.Context, rec migRecord) (cdispec.ContainerEdits, error) {
 	edits, err := p.commonEdits(ctx)
 	if err != nil {
 		return edits, err

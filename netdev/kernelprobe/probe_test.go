@@ -81,8 +81,12 @@ func TestProbeAgreesWithConfig(t *testing.T) {
 
 func TestHasFilesystem(t *testing.T) {
 	root := t.TempDir()
-	os.MkdirAll(root+"/proc", 0o755)
-	os.WriteFile(root+"/proc/filesystems", []byte("nodev\tsysfs\nnodev\tresctrl\n\text4\n"), 0o644)
+	if err := os.MkdirAll(root+"/proc", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(root+"/proc/filesystems", []byte("nodev\tsysfs\nnodev\tresctrl\n\text4\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if !hasFilesystem(root, "resctrl") || !hasFilesystem(root, "ext4") || hasFilesystem(root, "bpf") || hasFilesystem(t.TempDir(), "ext4") {
 		t.Error("hasFilesystem misreads proc/filesystems")
 	}

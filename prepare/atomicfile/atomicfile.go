@@ -33,18 +33,19 @@ func write(path string, data []byte, perm os.FileMode, durable bool) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	defer os.Remove(tmp.Name())
+	// Gone already once renamed; left to remove on the paths that fail.
+	defer func() { _ = os.Remove(tmp.Name()) }()
 	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
+		_ = tmp.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
+		_ = tmp.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if durable {
 		if err := tmp.Sync(); err != nil {
-			tmp.Close()
+			_ = tmp.Close()
 			return fmt.Errorf("sync %s: %w", path, err)
 		}
 	}
@@ -61,8 +62,9 @@ func write(path string, data []byte, perm os.FileMode, durable bool) error {
 	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+	err = d.Sync()
+	_ = d.Close() // opened to sync, nothing written through it
+	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil

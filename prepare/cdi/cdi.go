@@ -55,7 +55,7 @@ func (w *Writer) SpecName(claimUID string) string {
 // Write writes (or replaces) a claim's spec atomically.
 func (w *Writer) Write(claimUID string, devices []cdispec.Device) error {
 	spec := &cdispec.Spec{Kind: w.Kind(), Devices: devices}
-	version, err := cdilib.MinimumRequiredVersion(spec)
+	version, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return fmt.Errorf("CDI spec for claim %s: %w", claimUID, err)
 	}

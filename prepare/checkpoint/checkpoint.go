@@ -210,13 +210,13 @@ func (c *Checkpoint[R]) lock() (func(), error) {
 		return nil, fmt.Errorf("open checkpoint lock: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
+		_ = f.Close()
 		c.fileMu.Unlock()
 		return nil, fmt.Errorf("lock checkpoint: %w", err)
 	}
 	return func() {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
+		_ = f.Close() // a lock file: nothing is written to it
 		c.fileMu.Unlock()
 	}, nil
 }

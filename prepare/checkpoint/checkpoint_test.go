@@ -87,7 +87,9 @@ func TestCorruptCheckpointKeptAside(t *testing.T) {
 			if string(bad) == string(raw) {
 				t.Fatalf("mangling changed nothing in %s", raw)
 			}
-			os.WriteFile(cp.Path(), bad, 0o600)
+			if err := os.WriteFile(cp.Path(), bad, 0o600); err != nil {
+				t.Fatal(err)
+			}
 			recs, err := cp.Read()
 			if err != nil || len(recs) != 0 {
 				t.Fatalf("read = %v, %v; want empty and no error", recs, err)
@@ -126,7 +128,9 @@ func TestNewerCheckpointIsRefused(t *testing.T) {
 	put(t, cp, "a")
 	raw, _ := os.ReadFile(cp.Path())
 	newer := []byte(strings.Replace(string(raw), `"version":1`, `"version":2`, 1))
-	os.WriteFile(cp.Path(), newer, 0o600)
+	if err := os.WriteFile(cp.Path(), newer, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	recs, err := cp.Read()
 	if err == nil || !strings.Contains(err.Error(), "version 2") || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("read = %v, %v; want an error naming the newer version", recs, err)
@@ -180,12 +184,18 @@ func TestReadBootID(t *testing.T) {
 		t.Errorf("fixture root without procfs: got %q, %v; want the running kernel's %q", got, err, strings.TrimSpace(string(own)))
 	}
 	root := t.TempDir()
-	os.MkdirAll(filepath.Join(root, "proc/sys/kernel/random"), 0o755)
-	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), []byte("boot-under-root\n"), 0o644)
+	if err := os.MkdirAll(filepath.Join(root, "proc/sys/kernel/random"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), []byte("boot-under-root\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if got, err := checkpoint.ReadBootID(root); err != nil || got != "boot-under-root" {
 		t.Errorf("root with a boot id: got %q, %v", got, err)
 	}
-	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), nil, 0o644)
+	if err := os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := checkpoint.ReadBootID(root); err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Errorf("empty boot id: got %v, want an error naming it", err)
 	}

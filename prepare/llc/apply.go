@@ -85,9 +85,9 @@ func (p *Preparer) bandwidth(want int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("memory bandwidth requested, but resctrl offers no MBA: %w", err)
 	}
-	min, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	floor, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
 		return 0, fmt.Errorf("resctrl info/MB/min_bandwidth %q is not a number", strings.TrimSpace(string(b)))
 	}
-	return max(want, min), nil
+	return max(want, floor), nil
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/carve-dra/carve/slices/names"
 )
 
+// The NodeConfig file's apiVersion and kind, and the driver name it
+// defaults to.
 const (
 	APIVersion        = "carve.dev/v1alpha1"
 	Kind              = "NodeConfig"

@@ -65,7 +65,9 @@ func TestUnknownClaimIsCleanedFromPreparerState(t *testing.T) {
 		t.Fatal(err)
 	}
 	info := filepath.Join(e.state, "claims", "lost-uid.json")
-	os.WriteFile(info, []byte("{}"), 0o644)
+	if err := os.WriteFile(info, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	e.unprepare("lost-uid")
 	if len(c.asked) != 1 || c.asked[0] != "lost-uid" {
 		t.Errorf("preparer asked to clean %v, want [lost-uid]", c.asked)
@@ -84,8 +86,12 @@ func TestClaimFilesOfAnEarlierBootAreRemoved(t *testing.T) {
 	e := newEnv(t, nil)
 	old := filepath.Join(e.state, "claims", "old-boot.json")
 	recent := filepath.Join(e.state, "claims", "this-boot.json")
-	os.WriteFile(old, []byte("{}"), 0o644)
-	os.WriteFile(recent, []byte("{}"), 0o644)
+	if err := os.WriteFile(old, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(recent, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	long := time.Unix(1, 0)
 	if err := os.Chtimes(old, long, long); err != nil {
 		t.Fatal(err)

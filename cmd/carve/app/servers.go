@@ -55,7 +55,8 @@ func serveHTTP(ctx context.Context, wg *sync.WaitGroup, srv *http.Server) error 
 	go func() {
 		defer wg.Done()
 		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// ctx is done: the shutdown gets its own deadline, and ctx's values.
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()

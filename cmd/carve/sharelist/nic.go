@@ -43,12 +43,12 @@ func (s *NICSource) Shares(ctx context.Context) ([]Row, error) {
 	}
 	n := s.node
 	if n == nil {
-		real, err := openNode(root, s.PinDir)
+		kn, err := openNode(root, s.PinDir)
 		if err != nil {
 			return nil, err
 		}
-		defer real.close()
-		n = real
+		defer kn.close()
+		n = kn
 	}
 	state, err := readState(ctx, n, s.Interval)
 	if err != nil {

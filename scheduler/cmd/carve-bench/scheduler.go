@@ -72,12 +72,13 @@ profiles:
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
+	// The scheduler writes the log; this process only hands it the file.
 	if err := cmd.Start(); err != nil {
-		logf.Close()
+		_ = logf.Close()
 		return nil, fmt.Errorf("start %s: %w", s.binary, err)
 	}
 	p := &proc{cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
+	go func() { _ = cmd.Wait(); _ = logf.Close(); close(p.done) }()
 	return p, nil
 }
 

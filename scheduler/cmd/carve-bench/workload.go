@@ -29,7 +29,7 @@ type podSpec struct {
 // workload is n pods, the same for every scheduler and run with the same
 // seed: 40% a bandwidth share, 40% a GPU memory share, 20% both.
 func workload(n int, seed uint64) []podSpec {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) //nolint:gosec // G404: a workload reproducible from its seed, not a secret
 	out := make([]podSpec, n)
 	for i := range out {
 		p := podSpec{name: fmt.Sprintf("pod-%04d", i)}

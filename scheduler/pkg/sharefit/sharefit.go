@@ -174,7 +174,7 @@ func (s *ShareFit) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 
 // Unreserve drops what Reserve recorded; what the informer shows of the
 // claims stays.
-func (s *ShareFit) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, node string) {
+func (s *ShareFit) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
 	if len(pod.Spec.ResourceClaims) == 0 || s.dra == nil {
 		return
 	}
