@@ -23,7 +23,7 @@ func tarDir(dir, out string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("creating %s: %w", tmp, err)
 	}
-	defer os.Remove(tmp) // a no-op once renamed
+	defer func() { _ = os.Remove(tmp) }() // a no-op once renamed
 	tw := tar.NewWriter(f)
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -70,7 +70,7 @@ func addToArchive(tw *tar.Writer, p, name string, isDir bool) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	st, err := f.Stat()
 	if err != nil {
 		return err

@@ -24,15 +24,15 @@ func (r rootfs) addDir(spec string) error {
 		return fmt.Errorf("--dir %s: %s is not a directory", spec, src)
 	}
 	// SRC/. goes through SRC when SRC is a symlink; WalkDir would not.
-	real, err := filepath.EvalSymlinks(src)
+	resolved, err := filepath.EvalSymlinks(src)
 	if err != nil {
 		return fmt.Errorf("--dir %s: %w", spec, err)
 	}
-	err = filepath.WalkDir(real, func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(resolved, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(real, p)
+		rel, err := filepath.Rel(resolved, p)
 		if err != nil {
 			return err
 		}

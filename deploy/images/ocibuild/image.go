@@ -33,7 +33,7 @@ func run(o options, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("creating a work dir: %w", err)
 	}
-	defer os.RemoveAll(work)
+	defer func() { _ = os.RemoveAll(work) }()
 	layer, err := writeLayer(root, filepath.Join(work, "layer.tar"))
 	if err != nil {
 		return err

@@ -39,7 +39,7 @@ func writeLayer(r rootfs, file string) (v1.Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rc.Close()
+	defer func() { _ = rc.Close() }() // read only
 	if l.digest, l.size, err = v1.SHA256(rc); err != nil {
 		return nil, fmt.Errorf("hashing the layer: %w", err)
 	}
@@ -84,7 +84,7 @@ func (e *entry) writeTo(tw *tar.Writer, p string) error {
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", e.src, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	st, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", e.src, err)
@@ -128,7 +128,7 @@ type fileLayer struct {
 func (l *fileLayer) Digest() (v1.Hash, error) { return l.digest, nil }
 
 // DiffID is the digest: the stored bytes are the uncompressed tar.
-func (l *fileLayer) DiffID() (v1.Hash, error)           { return l.digest, nil }
+func (l *fileLayer) DiffID() (v1.Hash, error)           { return l.Digest() }
 func (l *fileLayer) Compressed() (io.ReadCloser, error) { return os.Open(l.path) }
 func (l *fileLayer) Size() (int64, error)               { return l.size, nil }
 func (l *fileLayer) MediaType() (types.MediaType, error) {

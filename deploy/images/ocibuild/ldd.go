@@ -21,7 +21,7 @@ func sharedLibs(file string) ([]string, error) {
 	if err != nil || !isELF {
 		return nil, err
 	}
-	out, err := exec.Command("ldd", file).Output()
+	out, err := exec.Command("ldd", file).Output() //nolint:gosec // G204: ldd of a file the caller names to put in the image
 	// ldd exits non-zero for a static binary ("not a dynamic executable");
 	// what it printed is still the answer. Only a missing ldd is an error.
 	var exit *exec.ExitError
@@ -60,7 +60,7 @@ func hasELFMagic(file string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("reading %s: %w", file, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	magic := make([]byte, 4)
 	if _, err := io.ReadFull(f, magic); err != nil {
 		// Shorter than the magic: not ELF.
