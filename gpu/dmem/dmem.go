@@ -25,7 +25,7 @@ func Capacity(root string) (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dmem regions: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	return ParseCapacity(f)
 }
 
