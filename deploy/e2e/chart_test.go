@@ -169,7 +169,13 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 	for _, sets := range [][]string{
 		{"createNamespace=true"},
 		{"createNamespace=true", "nodeConfig=apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\n", "kubeletDir=/var/lib/k"},
+		// Metrics opted in to scraping, with the NetworkPolicy naming
+		// the scraper.
+		{"createNamespace=true", "metricsHost=$(POD_IP)",
+			"metricsNetworkPolicy.from[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+			"metricsNetworkPolicy.from[0].podSelector.matchLabels.app=prometheus"},
 	} {
+		scraped := slices.Contains(sets, "metricsHost=$(POD_IP)")
 		objs := decodeObjects(t, renderChart(t, sets...))
 		kinds := map[string]int{}
 		for _, u := range objs {
@@ -189,7 +195,7 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 			}
 		}
 		for kind, n := range map[string]int{"DaemonSet": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ServiceAccount": 1,
-			"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DeviceClass": 5} {
+			"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DeviceClass": 5, "NetworkPolicy": map[bool]int{true: 1}[scraped]} {
 			if kinds[kind] != n {
 				t.Errorf("rendered %d %s, want %d (sets %v)", kinds[kind], kind, n, sets)
 			}
