@@ -91,7 +91,7 @@ YAML
   --namespace carve-system --create-namespace --wait --timeout 120s \
   --set image.repository=carve,image.tag=demo,image.pullPolicy=Never \
   --set kubeletDir="$KUBELET_ROOT_DIR" --set cdiDir="$CARVE_CDI_DIR" --set stateDir="$CARVE_CLUSTER_DIR/carve-state" \
-  --set hostNetwork=true --set metricsHost=127.0.0.1 --set metricsPort=29464 --set healthPort=29465 \
+  --set hostNetwork=true --set metricsPort=29464 --set healthPort=29465 \
   --set-string "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1" \
   --set-string "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=$CARVE_APISERVER_PORT" \
   ${CARVE_DEMO_CPU_CACHE_ROOT:+--set-string cpuCacheRoot="$CARVE_DEMO_CPU_CACHE_ROOT"} \

@@ -229,12 +229,15 @@
 // The agent itself holds the least it needs: its ServiceAccount may patch
 // only status.devices of its own driver on claims allocated on its own node
 // (the resourceclaims/driver synthetic subresource with associated-node:
-// verbs; no update, no resourceclaims/binding, so no change of an
-// allocation), write only its own node's ResourceSlices (the admission
-// policy), read claims and its Node, and create (and patch, when they
-// repeat) core Events: the GPU policing loop's kill warnings on pods. Metrics
-// listen on loopback or the pod IP (the chart's metricsHost), health on the
-// pod IP, never every address of the node. The state directory is 0700; the
+// verbs, Kubernetes >= 1.36; no update, no resourceclaims/binding, so no
+// change of an allocation), write only its own node's ResourceSlices (the
+// admission policy: its node, its node's pool and its driver), read claims
+// and its Node, and create (and patch, when they repeat) core Events: the
+// GPU policing loop's kill warnings on pods. Metrics, which name every
+// tenant's claims and have no authentication, listen on loopback by default
+// (the chart's metricsHost; the pod IP is an opt-in, with a NetworkPolicy
+// admitting only the named scrapers), health on the pod IP, never every
+// address of the node. The state directory is 0700; the
 // claim files containers read stay 0644 and hold no secrets.
 //
 // # Tests

@@ -169,7 +169,13 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 	for _, sets := range [][]string{
 		{"createNamespace=true"},
 		{"createNamespace=true", "nodeConfig=apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\n", "kubeletDir=/var/lib/k"},
+		// Metrics opted in to scraping, with the NetworkPolicy naming
+		// the scraper.
+		{"createNamespace=true", "metricsHost=$(POD_IP)",
+			"metricsNetworkPolicy.from[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+			"metricsNetworkPolicy.from[0].podSelector.matchLabels.app=prometheus"},
 	} {
+		scraped := slices.Contains(sets, "metricsHost=$(POD_IP)")
 		objs := decodeObjects(t, renderChart(t, sets...))
 		kinds := map[string]int{}
 		for _, u := range objs {
@@ -189,7 +195,7 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 			}
 		}
 		for kind, n := range map[string]int{"DaemonSet": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ServiceAccount": 1,
-			"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DeviceClass": 5} {
+			"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DeviceClass": 5, "NetworkPolicy": map[bool]int{true: 1}[scraped]} {
 			if kinds[kind] != n {
 				t.Errorf("rendered %d %s, want %d (sets %v)", kinds[kind], kind, n, sets)
 			}
@@ -200,6 +206,36 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 // The admission policy lets an agent's ServiceAccount token, bound to a pod
 // on node A, write node A's slices and nothing else.
 func TestPolicyConfinesAgentToItsNode(t *testing.T) {
+	env := setupNodeBound(t)
+	ctx := context.Background()
+	admin := env.admin
+	agent := env.agentOn(t, "policy-node-a")
+	waitForPolicy(t, agent, "policy-node-b")
+	if _, err := agent.ResourceV1().ResourceSlices().Create(ctx, policySlice("policy-own-node", "policy-node-a", "policy-node-a", "carve.dev"), metav1.CreateOptions{}); err != nil {
+		t.Errorf("node A's agent writing node A's slice: %v", err)
+	} else {
+		_ = admin.ResourceV1().ResourceSlices().Delete(ctx, "policy-own-node", metav1.DeleteOptions{})
+	}
+	if _, err := agent.ResourceV1().ResourceSlices().Create(ctx, policySlice("policy-no-node", "", "policy-node-a", "carve.dev"), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "without a node") {
+		t.Errorf("a cluster-wide slice from node A's agent: %v; want denied", err)
+	}
+	checkClaimStatusRights(t, admin, agent)
+	// Someone else (the admin) is not confined by the policy.
+	if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, policySlice("policy-admin", "policy-node-b", "policy-node-b", "other.example.com"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("admin writing node B's slice: %v", err)
+	}
+}
+
+// nodeBoundEnv is the chart's RBAC and admission policy applied for real
+// (no DaemonSet), with the nodes policy-node-a and policy-node-b, which
+// nothing runs: they anchor the agents' tokens.
+type nodeBoundEnv struct {
+	cfg   *rest.Config
+	admin kubernetes.Interface
+}
+
+func setupNodeBound(t *testing.T) *nodeBoundEnv {
+	t.Helper()
 	cfg := restConfigFromEnv(t)
 	ctx := context.Background()
 	admin := kubernetes.NewForConfigOrDie(cfg)
@@ -223,63 +259,65 @@ func TestPolicyConfinesAgentToItsNode(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = admin.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
 	}
-	// A pod of the agent's ServiceAccount on node A; nothing runs it, it
-	// only anchors the token's node binding.
-	pod, err := admin.CoreV1().Pods(chartNamespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "policy-agent-a"},
-		Spec: corev1.PodSpec{NodeName: "policy-node-a", ServiceAccountName: "carve",
+	return &nodeBoundEnv{cfg: cfg, admin: admin}
+}
+
+// agentOn is a client with the agent's ServiceAccount token bound to a pod
+// on node, as the kubelet gives the agent's pod there: the API server puts
+// the node's name in the token's user info. Nothing runs the pod.
+func (e *nodeBoundEnv) agentOn(t *testing.T, node string) kubernetes.Interface {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := e.admin.CoreV1().Pods(chartNamespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "agent-on-" + node},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "carve",
 			Containers: []corev1.Container{{Name: "agent", Image: "carve:dev"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = admin.CoreV1().Pods(chartNamespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+		_ = e.admin.CoreV1().Pods(chartNamespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 	})
-	tok, err := admin.CoreV1().ServiceAccounts(chartNamespace).CreateToken(ctx, "carve", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+	tok, err := e.admin.CoreV1().ServiceAccounts(chartNamespace).CreateToken(ctx, "carve", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
 	}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	agentCfg := rest.AnonymousClientConfig(cfg)
+	agentCfg := rest.AnonymousClientConfig(e.cfg)
 	agentCfg.BearerToken = tok.Status.Token
-	agent := kubernetes.NewForConfigOrDie(agentCfg)
+	return kubernetes.NewForConfigOrDie(agentCfg)
+}
 
-	slice := func(name, node string) *resourceapi.ResourceSlice {
-		s := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.ResourceSliceSpec{
-			Driver: "carve.dev", Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}}}
-		if node != "" {
-			s.Spec.NodeName = ptr.To(node)
-		} else {
-			s.Spec.AllNodes = ptr.To(true)
-		}
-		return s
+// policySlice is a slice of node (none: all nodes) in pool of driver.
+func policySlice(name, node, pool, driver string) *resourceapi.ResourceSlice {
+	s := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: driver, Pool: resourceapi.ResourcePool{Name: pool, ResourceSliceCount: 1}}}
+	if node != "" {
+		s.Spec.NodeName = ptr.To(node)
+	} else {
+		s.Spec.AllNodes = ptr.To(true)
 	}
-	// The policy is enforced once the API server has loaded it.
+	return s
+}
+
+// waitForPolicy waits until the API server enforces the policy, which it
+// loads a while after it is created: until agent's dry-run write of a slice
+// of otherNode is denied.
+func waitForPolicy(t *testing.T, agent kubernetes.Interface, otherNode string) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := agent.ResourceV1().ResourceSlices().Create(ctx, slice("policy-other-node", "policy-node-b"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil && strings.Contains(err.Error(), "may not modify ResourceSlices of node policy-node-b") {
-			break
+		_, err := agent.ResourceV1().ResourceSlices().Create(context.Background(), policySlice("policy-other-node", otherNode, otherNode, "carve.dev"),
+			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil && strings.Contains(err.Error(), "may not modify ResourceSlices of node "+otherNode) {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a slice for node B from node A's agent: %v; want the policy's denial", err)
+			t.Fatalf("a slice for node %s from another node's agent: %v; want the policy's denial", otherNode, err)
 		}
 		time.Sleep(200 * time.Millisecond)
-	}
-	if _, err := agent.ResourceV1().ResourceSlices().Create(ctx, slice("policy-own-node", "policy-node-a"), metav1.CreateOptions{}); err != nil {
-		t.Errorf("node A's agent writing node A's slice: %v", err)
-	} else {
-		_ = admin.ResourceV1().ResourceSlices().Delete(ctx, "policy-own-node", metav1.DeleteOptions{})
-	}
-	if _, err := agent.ResourceV1().ResourceSlices().Create(ctx, slice("policy-no-node", ""), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "without a node") {
-		t.Errorf("a cluster-wide slice from node A's agent: %v; want denied", err)
-	}
-	checkClaimStatusRights(t, admin, agent)
-	// Someone else (the admin) is not confined by the policy.
-	if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice("policy-admin", "policy-node-b"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
-		t.Errorf("admin writing node B's slice: %v", err)
 	}
 }
 

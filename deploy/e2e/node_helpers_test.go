@@ -78,7 +78,9 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 		// The chart's mount propagation defaults, as a user installs it:
 		// its init container makes the state dir and bpffs shared on this
 		// host's private /.
-		"--set", "hostNetwork=true", "--set", "bpfPinDir=" + e2ePins, "--set", "metricsHost=127.0.0.1", "--set", "metricsPort=" + agentMetrics, "--set", "healthPort=29465",
+		// metricsHost is the chart's default, loopback: with hostNetwork
+		// the node's, which scrapeAgent reads.
+		"--set", "hostNetwork=true", "--set", "bpfPinDir=" + e2ePins, "--set", "metricsPort=" + agentMetrics, "--set", "healthPort=29465",
 		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=127.0.0.1",
 		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=" + env["CARVE_APISERVER_PORT"],
 		"--set-file", "nodeConfig=" + cfg}

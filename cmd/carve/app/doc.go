@@ -37,7 +37,8 @@
 //   - --state-dir: /var/lib/carve; checkpoint and claim files; same path on
 //     host and in the pod.
 //   - --metrics-addr: 127.0.0.1:9464; Prometheus /metrics, /healthz; the
-//     chart binds metricsHost (the pod IP by default).
+//     chart binds metricsHost (loopback by default too: the labels name
+//     tenants' claims and nothing authenticates a scraper).
 //   - --profiling: off. Go's pprof profiles under /debug/pprof/ on the
 //     metrics address (make bench saves the agent's CPU profile and execution
 //     trace there with CARVE_BENCH_PROFILE=<dir>).
