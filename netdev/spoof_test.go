@@ -47,23 +47,26 @@ func TestSpoofedFramesNeverLeave(t *testing.T) {
 	}
 	shareMAC, _ := net.ParseMAC(a.mac)
 	neighbourMAC, _ := net.ParseMAC(n.mac)
+	udp := func(src net.HardwareAddr, srcIP string) []byte {
+		return nettest.UDPFrame(src, srvMAC, net.ParseIP(srcIP), net.ParseIP(b.tp.ServerIP), 1400)
+	}
 	for _, c := range []struct {
 		name   string
-		src    net.HardwareAddr
-		srcIP  string
-		vlan   bool
+		frame  []byte
 		reason bpf.SpoofReason
 	}{
-		{"a MAC of no share", net.HardwareAddr{0x02, 0xba, 0xd0, 0, 0, 1}, a.ip, false, bpf.SpoofSrcMAC},
-		{"the neighbour's MAC", neighbourMAC, a.ip, false, bpf.SpoofSrcMAC},
-		{"the neighbour's address", shareMAC, n.ip, false, bpf.SpoofSrcIP},
-		{"an address of no share", shareMAC, "10.77.0.250", false, bpf.SpoofSrcIP},
+		{"a MAC of no share", udp(net.HardwareAddr{0x02, 0xba, 0xd0, 0, 0, 1}, a.ip), bpf.SpoofSrcMAC},
+		{"the neighbour's MAC", udp(neighbourMAC, a.ip), bpf.SpoofSrcMAC},
+		{"the neighbour's address", udp(shareMAC, n.ip), bpf.SpoofSrcIP},
+		{"an address of no share", udp(shareMAC, "10.77.0.250"), bpf.SpoofSrcIP},
+		{"an in-band VLAN tag", nettest.Tagged(udp(shareMAC, a.ip), 100), bpf.SpoofVLAN},
+		{"ARP replies claiming the neighbour's address", nettest.ARPReply(shareMAC, srvMAC, net.ParseIP(n.ip), net.ParseIP(b.tp.ServerIP)), bpf.SpoofARP},
 	} {
 		before, _ := b.shaper.Stats()
 		dropsBefore, _ := b.shaper.SpoofDrops()
 		var sent int
 		got := rxBytes(func() {
-			sent, err = nettest.RawFlood(a.pod, "net1", c.src, srvMAC, net.ParseIP(c.srcIP), net.ParseIP(b.tp.ServerIP), 1400, time.Second)
+			sent, err = nettest.RawSend(a.pod, "net1", c.frame, time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}

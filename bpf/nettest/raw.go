@@ -17,6 +17,12 @@ import (
 // frame's length; ns closed (netns.None()) means the caller's own. It
 // returns the frames sent.
 func RawFlood(ns netns.NsHandle, ifName string, srcMAC, dstMAC net.HardwareAddr, srcIP, dstIP net.IP, size int, d time.Duration) (int, error) {
+	return RawSend(ns, ifName, UDPFrame(srcMAC, dstMAC, srcIP, dstIP, size), d)
+}
+
+// RawSend sends frame out of ifName from ns, again and again for d, and
+// returns how many sends the kernel took.
+func RawSend(ns netns.NsHandle, ifName string, frame []byte, d time.Duration) (int, error) {
 	var sent int
 	in := In
 	if !ns.IsOpen() {
@@ -32,9 +38,8 @@ func RawFlood(ns netns.NsHandle, ifName string, srcMAC, dstMAC net.HardwareAddr,
 			return fmt.Errorf("AF_PACKET socket: %w", err)
 		}
 		defer unix.Close(fd)
-		frame := udpFrame(srcMAC, dstMAC, srcIP, dstIP, size)
 		to := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
-		copy(to.Addr[:], dstMAC)
+		copy(to.Addr[:], frame[:6])
 		for start := time.Now(); time.Since(start) < d; {
 			if err := unix.Sendto(fd, frame, 0, to); err == nil {
 				sent++
@@ -45,7 +50,36 @@ func RawFlood(ns netns.NsHandle, ifName string, srcMAC, dstMAC net.HardwareAddr,
 	return sent, err
 }
 
-func udpFrame(srcMAC, dstMAC net.HardwareAddr, srcIP, dstIP net.IP, size int) []byte {
+// Tagged is frame with an 802.1Q tag of vid put in after its MACs, as a
+// pod can write one into a raw frame.
+func Tagged(frame []byte, vid uint16) []byte {
+	out := append([]byte{}, frame[:12]...)
+	out = binary.BigEndian.AppendUint16(out, unix.ETH_P_8021Q)
+	out = binary.BigEndian.AppendUint16(out, vid&0x0fff)
+	return append(out, frame[12:]...)
+}
+
+// ARPReply is an ARP reply from srcMAC, to dstMAC, claiming that spa is at
+// srcMAC (the gratuitous or poisoning kind when spa is not the sender's).
+func ARPReply(srcMAC, dstMAC net.HardwareAddr, spa, tpa net.IP) []byte {
+	f := make([]byte, 60)
+	copy(f[0:6], dstMAC)
+	copy(f[6:12], srcMAC)
+	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_ARP)
+	a := f[14:]
+	binary.BigEndian.PutUint16(a[0:], 1)             // Ethernet
+	binary.BigEndian.PutUint16(a[2:], unix.ETH_P_IP) // IPv4
+	a[4], a[5] = 6, 4
+	binary.BigEndian.PutUint16(a[6:], 2) // reply
+	copy(a[8:14], srcMAC)
+	copy(a[14:18], spa.To4())
+	copy(a[18:24], dstMAC)
+	copy(a[24:28], tpa.To4())
+	return f
+}
+
+// UDPFrame is an IPv4/UDP frame of size bytes to dstIP:9.
+func UDPFrame(srcMAC, dstMAC net.HardwareAddr, srcIP, dstIP net.IP, size int) []byte {
 	f := make([]byte, max(size, 14+20+8))
 	copy(f[0:6], dstMAC)
 	copy(f[6:12], srcMAC)
