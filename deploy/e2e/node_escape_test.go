@@ -92,7 +92,9 @@ netdev:
 	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, macChange, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cs.ResourceV1().DeviceClasses().Delete(context.Background(), macChange.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().DeviceClasses().Delete(context.Background(), macChange.Name, metav1.DeleteOptions{})
+	})
 
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["esc"],"interfaceName":"net1"}`
 	for _, name := range []string{"raw", "admin"} {
