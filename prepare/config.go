@@ -3,6 +3,7 @@ package prepare
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -80,6 +81,7 @@ var claimNetworkFields = []string{"apiVersion", "kind", "interfaceName", "mtu", 
 func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfiguration, request, deviceKind string) (json.RawMessage, error) {
 	var eff EffectiveConfig
 	var fromClaim *v1alpha1.NetworkConfig
+	var fromClaimDevice *v1alpha1.DeviceConfig
 	var claimFields map[string]json.RawMessage
 	for i, c := range configs {
 		if c.Opaque == nil || c.Opaque.Driver != driver || !appliesTo(c.Requests, request) {
@@ -95,7 +97,15 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 			return nil, fmt.Errorf("config from %s: %w", strings.ToLower(string(c.Source)), err)
 		}
 		if own.Device != nil {
-			eff.Device = own.Device
+			for name := range own.Device.Env {
+				if strings.HasPrefix(strings.ToUpper(name), "LD_") {
+					// The loader's variables change what code a
+					// container runs: the admin's, in the class.
+					return nil, fmt.Errorf("config from claim: %w", field.Forbidden(path.Child("env").Key(name),
+						"LD_* variables may be set by the DeviceClass (the admin), not the claim"))
+				}
+			}
+			fromClaimDevice = own.Device
 		}
 		if own.Network != nil {
 			fields := map[string]json.RawMessage{}
@@ -108,6 +118,18 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 			}
 			fromClaim, claimFields = own.Network, fields
 		}
+	}
+	if fromClaimDevice != nil {
+		// A claim adds to its class's environment; where both set a
+		// variable, the class's (the admin's) wins.
+		merged := fromClaimDevice.DeepCopy()
+		if eff.Device != nil {
+			if merged.Env == nil {
+				merged.Env = map[string]string{}
+			}
+			maps.Copy(merged.Env, eff.Device.Env)
+		}
+		eff.Device = merged
 	}
 	if fromClaim != nil {
 		base := fromClaim

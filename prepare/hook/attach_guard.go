@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -14,20 +15,28 @@ import (
 )
 
 // RunAttach is the whole createRuntime hook: it reads the attach spec
-// and the container's pid (from the OCI state on stdin), and attaches the
-// share to the container's pod, giving up after the hook's time bound so
-// that a stuck netlink call never holds a pod's start forever.
+// and the OCI state on stdin, and attaches the share to the container's
+// pod, giving up after the hook's time bound so that a stuck netlink call
+// never holds a pod's start forever. The pod's network namespace is the
+// one the container's bundle names (the sandbox's, by path), and the
+// container's process must be in it: a pid alone could name any process
+// by the time the hook reads /proc.
 func RunAttach(specFile, root string, ociState io.Reader) error {
 	spec, err := ReadAttachSpec(specFile)
 	if err != nil {
 		return err
 	}
-	pid, err := ContainerPID(ociState)
+	state, err := readState(ociState)
 	if err != nil {
 		return err
 	}
+	sandbox, err := BundleNetns(root, state.Bundle)
+	if err != nil {
+		return err
+	}
+	pid := state.Pid
 	done := make(chan error, 1)
-	go func() { done <- attachPID(root, pid, spec) }()
+	go func() { done <- attachPID(root, pid, sandbox, spec) }()
 	select {
 	case err := <-done:
 		return err
@@ -36,12 +45,24 @@ func RunAttach(specFile, root string, ociState io.Reader) error {
 	}
 }
 
-func attachPID(root string, pid int, spec AttachSpec) error {
+func attachPID(root string, pid int, sandbox string, spec AttachSpec) error {
 	podNS, err := PodNetnsOf(root, pid)
 	if err != nil {
 		return err
 	}
 	defer podNS.Close()
+	if sandbox != "" {
+		sandboxNS, err := netns.GetFromPath(filepath.Join(root, sandbox))
+		if err != nil {
+			return fmt.Errorf("the pod sandbox's network namespace %s: %w", sandbox, err)
+		}
+		defer sandboxNS.Close()
+		if same, err := sameNetns(podNS, sandboxNS); err != nil {
+			return err
+		} else if !same {
+			return fmt.Errorf("pid %d is not in the pod sandbox's network namespace %s: refusing to attach %s to it", pid, sandbox, spec.HostName)
+		}
+	}
 	// The runtime runs hooks in its own (the node's) namespace.
 	hostNS, err := netns.Get()
 	if err != nil {

@@ -2,10 +2,13 @@ package hook_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/carve-dra/carve/prepare/hook"
 )
@@ -80,5 +83,67 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The bundle's config.json names the sandbox's network namespace, which
+// the hook takes; a bundle without one, or none at all, names none.
+func TestBundleNetns(t *testing.T) {
+	root := t.TempDir()
+	bundle := "/run/containerd/io.containerd.runtime.v2.task/k8s.io/c1"
+	must(t, os.MkdirAll(filepath.Join(root, bundle), 0o755))
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"ociVersion":"1.2.0","linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1234"}]}}`), 0o644))
+	if got, err := hook.BundleNetns(root, bundle); err != nil || got != "/var/run/netns/cni-1234" {
+		t.Errorf("BundleNetns = %q, %v", got, err)
+	}
+	if got, err := hook.BundleNetns(root, "/no/such/bundle"); err != nil || got != "" {
+		t.Errorf("a missing bundle: %q, %v", got, err)
+	}
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"linux":{"namespaces":[{"type":"pid"}]}}`), 0o644))
+	if got, err := hook.BundleNetns(root, bundle); err != nil || got != "" {
+		t.Errorf("no network namespace: %q, %v", got, err)
+	}
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"linux":`), 0o644))
+	if _, err := hook.BundleNetns(root, bundle); err == nil || !strings.Contains(err.Error(), bundle) {
+		t.Errorf("a torn config.json: %v", err)
+	}
+}
+
+// A pid that is not in the sandbox's network namespace is refused before
+// anything is touched: the pid could name any process by now.
+func TestAttachRefusesAPidOutsideTheSandbox(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to read another process's namespace")
+	}
+	other := exec.Command("unshare", "--net", "sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Skipf("unshare: %v", err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	sandbox := fmt.Sprintf("/proc/%d/ns/net", other.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		mine, _ := os.Readlink("/proc/self/ns/net")
+		theirs, _ := os.Readlink(sandbox)
+		if theirs != "" && theirs != mine {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the other process never got its own network namespace")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	root := t.TempDir()
+	bundle := "/bundle"
+	must(t, os.MkdirAll(filepath.Join(root, bundle), 0o755))
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"linux":{"namespaces":[{"type":"network","path":"`+sandbox+`"}]}}`), 0o644))
+	spec := filepath.Join(t.TempDir(), "spec.json")
+	must(t, os.WriteFile(spec, []byte(`{"hostName":"cv0","parent":"eth0","podName":"net1"}`), 0o644))
+	// /proc is read under root "/" for the pid, and the bundle under root:
+	// run with the real root and an absolute bundle path instead.
+	realBundle := filepath.Join(root, bundle)
+	state := fmt.Sprintf(`{"ociVersion":"1.2.0","id":"c","pid":%d,"bundle":%q}`, os.Getpid(), realBundle)
+	err := hook.RunAttach(spec, "/", strings.NewReader(state))
+	if err == nil || !strings.Contains(err.Error(), "is not in the pod sandbox's network namespace") {
+		t.Errorf("attach with a pid outside the sandbox: %v", err)
 	}
 }

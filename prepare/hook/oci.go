@@ -2,8 +2,11 @@ package hook
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -11,12 +14,47 @@ import (
 // ContainerPID reads the container's pid from the OCI state a runtime hook
 // gets on stdin (runtime-spec's State).
 func ContainerPID(stdin io.Reader) (int, error) {
+	state, err := readState(stdin)
+	return state.Pid, err
+}
+
+func readState(stdin io.Reader) (specs.State, error) {
 	var state specs.State
 	if err := json.NewDecoder(stdin).Decode(&state); err != nil {
-		return 0, fmt.Errorf("OCI state on stdin: %w", err)
+		return state, fmt.Errorf("OCI state on stdin: %w", err)
 	}
 	if state.Pid <= 0 {
-		return 0, fmt.Errorf("OCI state on stdin has no pid (container %q, status %q)", state.ID, state.Status)
+		return state, fmt.Errorf("OCI state on stdin has no pid (container %q, status %q)", state.ID, state.Status)
 	}
-	return state.Pid, nil
+	return state, nil
+}
+
+// BundleNetns is the network namespace path the container's bundle names
+// (config.json's linux.namespaces): the pod sandbox's, which the runtime
+// joins the container to. "" where the bundle names none (the container
+// would get a new namespace, or the bundle cannot be read under root).
+func BundleNetns(root, bundle string) (string, error) {
+	if bundle == "" || !filepath.IsAbs(bundle) {
+		return "", nil
+	}
+	b, err := os.ReadFile(filepath.Join(root, bundle, "config.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("the container's bundle: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return "", fmt.Errorf("the container's bundle %s: %w", bundle, err)
+	}
+	if spec.Linux == nil {
+		return "", nil
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path, nil
+		}
+	}
+	return "", nil
 }

@@ -24,7 +24,7 @@ func TestPrepareWritesCDIAndIsIdempotent(t *testing.T) {
 		{request: "fpga", device: "fpga-0000-3b-00-0"},
 		{request: "net", device: "nic-0000-17-00-0", share: "share-a", consumed: bw("100M")},
 	}, opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"FROM":"class"}}`),
-		opaque(resourceapi.AllocationConfigSourceClaim, []string{"net"}, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"FROM":"claim"}}`))
+		opaque(resourceapi.AllocationConfigSourceClaim, []string{"net"}, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"FROM":"claim","CLAIM_ONLY":"yes"}}`))
 
 	first := e.prepare(c)["uid-1"]
 	if first.Err != nil {
@@ -63,13 +63,15 @@ func TestPrepareWritesCDIAndIsIdempotent(t *testing.T) {
 				t.Errorf("FPGA env %q lacks the class config", envs)
 			}
 		case "nic-0000-17-00-0":
-			for _, want := range []string{"CARVE_NET_SHARE_ID=share-a", "CARVE_NET_EGRESSBANDWIDTH=100M", "CARVE_NET_PARENT=ens1f0np0", "FROM=claim"} {
+			// The claim adds to its class's environment; the
+			// class (the admin's) wins where both set a variable.
+			for _, want := range []string{"CARVE_NET_SHARE_ID=share-a", "CARVE_NET_EGRESSBANDWIDTH=100M", "CARVE_NET_PARENT=ens1f0np0", "FROM=class", "CLAIM_ONLY=yes"} {
 				if !strings.Contains(envs, want) {
 					t.Errorf("NIC env %q lacks %s", envs, want)
 				}
 			}
-			if strings.Contains(envs, "FROM=class") {
-				t.Errorf("NIC env %q: the claim's config must override the class's", envs)
+			if strings.Contains(envs, "FROM=claim") {
+				t.Errorf("NIC env %q: the claim's config overrode the class's", envs)
 			}
 		}
 		if len(dev.ContainerEdits.Mounts) != 1 || !strings.HasPrefix(dev.ContainerEdits.Mounts[0].ContainerPath, prepare.ClaimInfoDir) {
@@ -132,6 +134,20 @@ func TestBadClaimsFailCleanly(t *testing.T) {
 			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig"}`)), "not to a fpga device"},
 		{claim("u5", "bad-env", []result{{request: "f", device: "fpga-0000-3b-00-0"}},
 			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"1BAD":"x"}}`)), "env[1BAD]"},
+		// What the preparers set, what changes the code a container
+		// runs, control characters and carve's own interface prefix.
+		{claim("u5b", "env-mps", []result{{request: "f", device: "fpga-0000-3b-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"CUDA_MPS_PIPE_DIRECTORY":"/tmp"}}`)), "CUDA_MPS_* variables are set by carve"},
+		{claim("u5c", "env-nvidia", []result{{request: "f", device: "fpga-0000-3b-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"NVIDIA_VISIBLE_DEVICES":"all"}}`)), "NVIDIA_* variables are set by carve"},
+		{claim("u5d", "env-ld", []result{{request: "f", device: "fpga-0000-3b-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"LD_PRELOAD":"/x.so"}}`)), "env[LD_PRELOAD]: Forbidden: LD_* variables may be set by the DeviceClass"},
+		{claim("u5e", "env-control", []result{{request: "f", device: "fpga-0000-3b-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"A":"x\ry"}}`)), "control characters are not allowed"},
+		{claim("u5f", "ifname-cr", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"net\u000b1"}`)), "control characters"},
+		{claim("u5g", "ifname-cv", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"cv1234"}`)), "carve's prefix"},
 		{claim("u6", "over-capacity", []result{{request: "net", device: "nic-0000-17-00-0", share: "s1", consumed: bw("30G")}}), "exceeds its capacity"},
 		{claim("u7", "missing-node", []result{{request: "f", device: "fpga-0000-5e-00-0"}}), "dfl-fme.0"},
 		// What touches the physical network is the admin's (the class's).

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -16,20 +17,60 @@ var reservedInterfaceNames = []string{"lo", "eth0"}
 
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
+// ReservedEnvPrefixes are the variables carve's preparers set: CARVE_*
+// describes the allocation, CUDA_MPS_* and NVIDIA_* tie a container to its
+// GPU share (its MPS daemon, its ceiling, its devices). No config may set
+// them, or a container would misread its allocation or escape its slice.
+var ReservedEnvPrefixes = []string{"CARVE_", "CUDA_MPS_", "NVIDIA_"}
+
 // ValidateDeviceConfig checks a DeviceConfig; errors are under path.
 func ValidateDeviceConfig(c *DeviceConfig, path *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	for name := range c.Env {
+	for name, value := range c.Env {
 		switch {
 		case !envNamePattern.MatchString(name):
 			errs = append(errs, field.Invalid(path.Child("env").Key(name), name, "not an environment variable name"))
-		case strings.HasPrefix(strings.ToUpper(name), "CARVE_"):
-			// carve's own variables describe the allocation; a claim
-			// must not be able to make a container misread it.
-			errs = append(errs, field.Forbidden(path.Child("env").Key(name), "CARVE_* variables are set by carve"))
+		case reservedEnv(name) != "":
+			errs = append(errs, field.Forbidden(path.Child("env").Key(name), reservedEnv(name)+"* variables are set by carve"))
+		case hasControl(value):
+			// The runtime would hand them to the process as they are.
+			errs = append(errs, field.Invalid(path.Child("env").Key(name), value, "control characters are not allowed in a value"))
 		}
 	}
 	return errs
+}
+
+// reservedEnv is the reserved prefix name starts with, "" where none.
+func reservedEnv(name string) string {
+	for _, p := range ReservedEnvPrefixes {
+		if strings.HasPrefix(strings.ToUpper(name), p) {
+			return p
+		}
+	}
+	return ""
+}
+
+// hasControl reports a control character (NUL, CR, VT, ESC...).
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, unicode.IsControl)
+}
+
+// ValidateInterfaceName checks a pod interface name as CNI's
+// ValidateInterfaceName does (1 to 15 bytes, not "." or "..", no '/', ':'
+// or white space), and refuses control characters and carve's own host-side
+// prefix "cv", which would collide with share interfaces on the node.
+func ValidateInterfaceName(name string) string {
+	switch {
+	case name == "" || len(name) > 15:
+		return "must be 1 to 15 bytes long"
+	case name == "." || name == "..":
+		return "must not be . or .."
+	case strings.ContainsFunc(name, func(r rune) bool { return r == '/' || r == ':' || unicode.IsSpace(r) || !unicode.IsPrint(r) }):
+		return "must not contain '/', ':', white space or control characters"
+	case strings.HasPrefix(name, "cv"):
+		return "must not start with cv, carve's prefix for share interfaces on the node"
+	}
+	return ""
 }
 
 // ValidateNetworkConfig checks a NetworkConfig; errors are under path.
@@ -60,8 +101,8 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 	}
 	if n.InterfaceName != "" {
 		switch {
-		case len(n.InterfaceName) > 15 || strings.ContainsAny(n.InterfaceName, "/: \t\n") || n.InterfaceName == "." || n.InterfaceName == "..":
-			errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "not a Linux interface name (at most 15 characters, no '/', ':' or spaces)"))
+		case ValidateInterfaceName(n.InterfaceName) != "":
+			errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "not an interface name: "+ValidateInterfaceName(n.InterfaceName)))
 		case slices.Contains(reservedInterfaceNames, n.InterfaceName):
 			errs = append(errs, field.Invalid(path.Child("interfaceName"), n.InterfaceName, "reserved for the pod's own network (the loopback and the CNI's interface)"))
 		}
