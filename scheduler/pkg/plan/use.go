@@ -9,6 +9,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/carve-dra/carve/scheduler/pkg/sharefit"
+	"github.com/carve-dra/carve/scheduler/pkg/shareplugin"
 	"github.com/carve-dra/carve/slices/names"
 )
 
@@ -150,7 +151,7 @@ func withDefaultClasses(have []*resourceapi.DeviceClass, claims []*resourceapi.R
 			}
 			for _, n := range classes {
 				kind, driver, ok := strings.Cut(n, ".")
-				if known[n] || !ok || driver != sharefit.DefaultDriverName {
+				if known[n] || !ok || driver != shareplugin.DefaultDriverName {
 					continue
 				}
 				known[n] = true
