@@ -26,13 +26,11 @@ type ShareFit struct {
 	shareplugin.Base
 }
 
+// ShareFit is a shareplugin.Plugin (EnqueueExtensions, PreFilterPlugin,
+// PreScorePlugin, ScorePlugin, SignPlugin) and a ReservePlugin.
 var (
-	_ fwk.EnqueueExtensions = (*ShareFit)(nil)
-	_ fwk.PreFilterPlugin   = (*ShareFit)(nil)
-	_ fwk.PreScorePlugin    = (*ShareFit)(nil)
-	_ fwk.ScorePlugin       = (*ShareFit)(nil)
-	_ fwk.ReservePlugin     = (*ShareFit)(nil)
-	_ fwk.SignPlugin        = (*ShareFit)(nil)
+	_ shareplugin.Plugin = (*ShareFit)(nil)
+	_ fwk.ReservePlugin  = (*ShareFit)(nil)
 )
 
 // New is the plugin factory for app.WithPlugin.

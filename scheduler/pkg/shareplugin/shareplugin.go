@@ -32,6 +32,19 @@ type Base struct {
 	Scoring Scoring
 }
 
+// Plugin is what Base makes each of carve's score plugins; each asserts it
+// (var _ shareplugin.Plugin = (*X)(nil)), so that one list names the
+// interfaces they share.
+type Plugin interface {
+	fwk.EnqueueExtensions
+	fwk.PreFilterPlugin
+	fwk.PreScorePlugin
+	fwk.ScorePlugin
+	fwk.SignPlugin
+}
+
+var _ Plugin = (*Base)(nil)
+
 // Scoring is a plugin's own part of PreScore and Score.
 type Scoring struct {
 	// MinClaims is the fewest claims of a pod that is scored: PreScore

@@ -45,13 +45,9 @@ type Topology struct {
 	shareplugin.Base
 }
 
-var (
-	_ fwk.EnqueueExtensions = (*Topology)(nil)
-	_ fwk.PreFilterPlugin   = (*Topology)(nil)
-	_ fwk.PreScorePlugin    = (*Topology)(nil)
-	_ fwk.ScorePlugin       = (*Topology)(nil)
-	_ fwk.SignPlugin        = (*Topology)(nil)
-)
+// Topology is a shareplugin.Plugin (EnqueueExtensions, PreFilterPlugin,
+// PreScorePlugin, ScorePlugin, SignPlugin).
+var _ shareplugin.Plugin = (*Topology)(nil)
 
 // New is the plugin factory for app.WithPlugin.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
