@@ -23,11 +23,12 @@ trap 'rm -f "$block"' EXIT
     while read -r m; do printf '\t%s => %s %s\n' "$m" "$m" "$staging"; done
   echo ")"
 } >"$block"
-# Everything before the old block (and its comment) stays; the block is
-# replaced; go.mod keeps no other replace directives.
+# Everything before the old block (and its comment) stays, the replace of
+# the agent module (github.com/carve-dra/carve => ../) included; the block
+# is replaced. Other replace directives belong above the block too.
 awk '/^\/\/ k8s.io\/kubernetes replaces its staging/ {exit} /^replace \(/ {exit} {print}' go.mod >go.mod.new
 sed -i -e :a -e '/^\n*$/{$d;N;ba' -e '}' go.mod.new
 { cat go.mod.new; echo; cat "$block"; } >go.mod
 rm go.mod.new
 go mod edit -require="k8s.io/kubernetes@$version"
-echo "replace block: $(grep -c '=> ' go.mod) staging modules pinned to $staging" >&2
+echo "replace block: $(grep -c "=> k8s.io/.* $staging\$" go.mod) staging modules pinned to $staging" >&2

@@ -12,9 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/scheduler/pkg/fixture"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // nodeLabel marks the benchmark's Node objects.
@@ -92,8 +94,8 @@ func devicesInfo(ctx context.Context, c kubernetes.Interface) (map[string]device
 	for _, s := range list.Items {
 		for _, d := range s.Spec.Devices {
 			out[s.Spec.Pool.Name+"/"+d.Name] = deviceInfo{
-				kind:     str(d.Attributes["kind"]),
-				root:     str(d.Attributes["resource.kubernetes.io/pcieRoot"]),
+				kind:     str(d.Attributes[names.AttrKind]),
+				root:     str(d.Attributes[deviceattribute.StandardDeviceAttributePCIeRoot]),
 				capacity: d.Capacity,
 			}
 		}

@@ -7,6 +7,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // placement measures where the run's claims landed: the devices in use; the
@@ -66,8 +68,8 @@ func placement(ctx context.Context, c kubernetes.Interface, ns string, infos map
 		minimum += most
 	}
 	for _, r := range roots {
-		g, okG := r["gpu"]
-		n, okN := r["nic"]
+		g, okG := r[names.KindGPU]
+		n, okN := r[names.KindNIC]
 		if okG && okN {
 			pairs++
 			if g != "" && g == n {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/carve-dra/carve/scheduler/pkg/fixture"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Share sizes the claim templates ask for.
@@ -52,10 +53,10 @@ func createTemplates(ctx context.Context, c kubernetes.Interface, ns string) err
 	}
 	var tpls []*resourceapi.ResourceClaimTemplate
 	for _, s := range netSizes {
-		tpls = append(tpls, template(ns, "net-"+s, fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: s, fixture.Ingress: s})))
+		tpls = append(tpls, template(ns, "net-"+s, fixture.ShareSpec(names.KindNIC, map[resourceapi.QualifiedName]string{fixture.Egress: s, fixture.Ingress: s})))
 	}
 	for _, s := range gpuSizes {
-		tpls = append(tpls, template(ns, "gpu-"+s, fixture.ShareSpec("gpu", map[resourceapi.QualifiedName]string{fixture.Memory: s})))
+		tpls = append(tpls, template(ns, "gpu-"+s, fixture.ShareSpec(names.KindGPU, map[resourceapi.QualifiedName]string{fixture.Memory: s})))
 	}
 	for _, t := range tpls {
 		if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, t, metav1.CreateOptions{}); err != nil {

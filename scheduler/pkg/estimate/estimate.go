@@ -30,16 +30,19 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Attribute names the topology of a device is read from.
 const (
-	AttrPCIeRoot       resourceapi.QualifiedName = "resource.kubernetes.io/pcieRoot"
-	AttrNUMANode       resourceapi.QualifiedName = "numaNode"
-	AttrNUMANodeShared resourceapi.QualifiedName = "resource.kubernetes.io/numaNode"
+	AttrPCIeRoot       resourceapi.QualifiedName = deviceattribute.StandardDeviceAttributePCIeRoot
+	AttrNUMANode       resourceapi.QualifiedName = names.AttrNUMANode
+	AttrNUMANodeShared resourceapi.QualifiedName = deviceattribute.StandardDeviceAttributeNUMANode
 )
 
 // Request is one device request of one of the pod's claims: exactly one

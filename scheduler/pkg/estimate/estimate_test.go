@@ -17,14 +17,6 @@ import (
 
 const ns = "default"
 
-func nicShare(name, bw string) *resourceapi.ResourceClaim {
-	return fixture.Claim(ns, name, fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: bw}))
-}
-
-func gpuShare(name, mem string) *resourceapi.ResourceClaim {
-	return fixture.Claim(ns, name, fixture.ShareSpec("gpu", map[resourceapi.QualifiedName]string{fixture.Memory: mem}))
-}
-
 func compute(t *testing.T, dra *fixture.DRA, claims ...string) *estimate.Estimate {
 	t.Helper()
 	l := dra.Ledger()
@@ -39,9 +31,9 @@ func compute(t *testing.T, dra *fixture.DRA, claims ...string) *estimate.Estimat
 // what other claims hold, the request after the policy, and the default the
 // policy charges for the capacity the request leaves out.
 func TestPicksFirstFitAfterAllocated(t *testing.T) {
-	held := nicShare("held", "95G")
+	held := fixture.NICShare(ns, "held", "95G")
 	fixture.Allocate(held, "n1", "nic-0000-19-00-0")
-	want := nicShare("want", "9.5G") // rounds up to the 1M step: 9.5G exactly
+	want := fixture.NICShare(ns, "want", "9.5G") // rounds up to the 1M step: 9.5G exactly
 	dra := &fixture.DRA{
 		Claims: []*resourceapi.ResourceClaim{held, want},
 		Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")},
@@ -67,7 +59,7 @@ func TestPicksFirstFitAfterAllocated(t *testing.T) {
 // A pod's requests accumulate on a device; a request that fits nowhere makes
 // the node a miss.
 func TestPicksAccumulateAndMiss(t *testing.T) {
-	a, b := gpuShare("a", "50Gi"), gpuShare("b", "50Gi")
+	a, b := fixture.GPUShare(ns, "a", "50Gi"), fixture.GPUShare(ns, "b", "50Gi")
 	dra := &fixture.DRA{
 		Claims: []*resourceapi.ResourceClaim{a, b},
 		Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi"), fixture.Slice("n2", fixture.GPU("g", "r", 0, "80Gi"))},
@@ -91,7 +83,7 @@ func TestPicksAccumulateAndMiss(t *testing.T) {
 // Claims already allocated give no estimate; a request without capacity is
 // followed, but is no share.
 func TestAllocatedAndWhole(t *testing.T) {
-	done := nicShare("done", "1G")
+	done := fixture.NICShare(ns, "done", "1G")
 	fixture.Allocate(done, "n1", "nic-0000-19-00-0")
 	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{wholeGPU("whole"), done}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
 	if e := compute(t, dra, "done"); e != nil {
@@ -130,7 +122,7 @@ func TestPolicy(t *testing.T) {
 		{"1G", 0.10, true},   // on a step
 		{"2.05G", 0, false},  // rounds past the maximum
 	} {
-		claim := nicShare("c", tc.ask)
+		claim := fixture.NICShare(ns, "c", tc.ask)
 		dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{claim}, Slices: []*resourceapi.ResourceSlice{slice}}
 		picks, ok := compute(t, dra, "c").Picks("n1")
 		if ok != tc.fits {
@@ -152,7 +144,7 @@ func TestPolicy(t *testing.T) {
 func TestLedger(t *testing.T) {
 	l := estimate.NewLedger(fixture.Driver)
 	id := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-19-00-0")
-	a, b := nicShare("a", "10G"), nicShare("b", "5G")
+	a, b := fixture.NICShare(ns, "a", "10G"), fixture.NICShare(ns, "b", "5G")
 	fixture.Allocate(a, "n1", "nic-0000-19-00-0")
 	fixture.Allocate(b, "n1", "nic-0000-19-00-0")
 	l.Record(a)
@@ -174,10 +166,10 @@ func TestLedger(t *testing.T) {
 	if got := l.Used(id, fixture.Egress); got != 0 {
 		t.Errorf("after both went: used %d, want 0", got)
 	}
-	other := nicShare("other", "1G")
+	other := fixture.NICShare(ns, "other", "1G")
 	fixture.Allocate(other, "n1", "nic-0000-19-00-0")
 	other.Status.Allocation.Devices.Results[0].Driver = "other.example.com"
-	whole := nicShare("whole", "1G")
+	whole := fixture.NICShare(ns, "whole", "1G")
 	fixture.Allocate(whole, "n1", "nic-0000-19-00-0")
 	whole.Status.Allocation.Devices.Results[0].ShareID = nil
 	l.Record(other)
@@ -220,7 +212,7 @@ func TestLedgerFollowsTheAllocator(t *testing.T) {
 		c.ResourceVersion = rv
 		return c
 	}
-	created := version(nicShare("c", "10G"), "10")
+	created := version(fixture.NICShare(ns, "c", "10G"), "10")
 	finalizer := version(created, "11")
 	finalizer.Finalizers = []string{"resource.kubernetes.io/delete-protection"}
 	allocated := version(finalizer, "12")
@@ -260,7 +252,7 @@ func TestLedgerFollowsTheAllocator(t *testing.T) {
 	l.Release(created.UID)
 	used("after Hold and Release", 0)
 
-	whole := nicShare("whole", "1G")
+	whole := fixture.NICShare(ns, "whole", "1G")
 	fixture.Allocate(whole, "n1", "nic-0000-87-00-0")
 	whole.Status.Allocation.Devices.Results[0].ShareID = nil
 	wid := structured.MakeDeviceID(fixture.Driver, "n1", "nic-0000-87-00-0")

@@ -49,7 +49,7 @@ func TestSelectors(t *testing.T) {
 		Expression: `device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:85"`,
 	}}}
 	dra := &fixture.DRA{
-		Claims: []*resourceapi.ResourceClaim{gpuShare("any", "8Gi"), second},
+		Claims: []*resourceapi.ResourceClaim{fixture.GPUShare(ns, "any", "8Gi"), second},
 		Slices: []*resourceapi.ResourceSlice{fixture.Slice("n1", accel, fixture.GPU("gpu-a", "pci0000:17", 0, "80Gi"), fixture.GPU("gpu-b", "pci0000:85", 1, "80Gi"))},
 	}
 	if got := picked(t, compute(t, dra, "any"), "n1"); got[0] != "gpu-a" {
@@ -98,7 +98,7 @@ func TestSliceOrder(t *testing.T) {
 	late.Name, late.Spec.Pool.Name = "b-slice", "n1-b"
 	early := fixture.Slice("n1", fixture.GPU("gpu-y", "r0", 0, "80Gi"))
 	early.Name, early.Spec.Pool.Name = "z-slice", "n1-a"
-	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{gpuShare("g", "1Gi")}, Slices: []*resourceapi.ResourceSlice{late, early}}
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{fixture.GPUShare(ns, "g", "1Gi")}, Slices: []*resourceapi.ResourceSlice{late, early}}
 	if got := picked(t, compute(t, dra, "g"), "n1"); got[0] != "gpu-y" {
 		t.Errorf("picked %v, want gpu-y from pool n1-a", got)
 	}
@@ -107,9 +107,9 @@ func TestSliceOrder(t *testing.T) {
 // An estimate reads the ledger as of its mark: what changed after it does
 // not count, so that the scores see what the allocator's snapshot saw.
 func TestReadsAsOfMark(t *testing.T) {
-	a, b := gpuShare("a", "40Gi"), gpuShare("b", "40Gi")
+	a, b := fixture.GPUShare(ns, "a", "40Gi"), fixture.GPUShare(ns, "b", "40Gi")
 	fixture.Allocate(a, "n1", "gpu-0000-18-00-0")
-	want := gpuShare("want", "8Gi")
+	want := fixture.GPUShare(ns, "want", "8Gi")
 	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{a, want}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
 	l := dra.Ledger()
 	at := l.Mark()

@@ -9,6 +9,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/carve-dra/carve/scheduler/pkg/sharefit"
+	"github.com/carve-dra/carve/scheduler/pkg/shareplugin"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Result is a plan: where each claim goes and what every device then holds.
@@ -54,7 +56,7 @@ func deviceUse(s *structured.AllocatedState, slices []*resourceapi.ResourceSlice
 			id := structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, d.Name)
 			u := DeviceUse{Node: node, Driver: sl.Spec.Driver, Pool: sl.Spec.Pool.Name, Device: d.Name,
 				Exclusive: s.AllocatedDevices.Has(id), Shares: shares[id]}
-			if a, ok := d.Attributes["kind"]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[names.AttrKind]; ok && a.StringValue != nil {
 				u.Kind = *a.StringValue
 			}
 			if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations && len(d.Capacity) > 0 {
@@ -140,23 +142,23 @@ func withDefaultClasses(have []*resourceapi.DeviceClass, claims []*resourceapi.R
 	out := append([]*resourceapi.DeviceClass(nil), have...)
 	for _, cl := range claims {
 		for _, r := range cl.Spec.Devices.Requests {
-			names := []string{}
+			classes := []string{}
 			if r.Exactly != nil {
-				names = append(names, r.Exactly.DeviceClassName)
+				classes = append(classes, r.Exactly.DeviceClassName)
 			}
 			for _, s := range r.FirstAvailable {
-				names = append(names, s.DeviceClassName)
+				classes = append(classes, s.DeviceClassName)
 			}
-			for _, n := range names {
+			for _, n := range classes {
 				kind, driver, ok := strings.Cut(n, ".")
-				if known[n] || !ok || driver != sharefit.DefaultDriverName {
+				if known[n] || !ok || driver != shareplugin.DefaultDriverName {
 					continue
 				}
 				known[n] = true
 				out = append(out, &resourceapi.DeviceClass{
 					ObjectMeta: metav1.ObjectMeta{Name: n},
 					Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-						Expression: `device.driver == "` + driver + `" && device.attributes["` + driver + `"].kind == "` + kind + `"`,
+						Expression: `device.driver == "` + driver + `" && device.attributes["` + driver + `"].` + names.AttrKind + ` == "` + kind + `"`,
 					}}}},
 				})
 			}

@@ -4,8 +4,8 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
+
+	"github.com/carve-dra/carve/scheduler/pkg/shareplugin"
 )
 
 // Strategy is how ShareFit ranks the fill of the devices a pod would get.
@@ -20,9 +20,6 @@ const (
 	LeastAllocated Strategy = "LeastAllocated"
 )
 
-// DefaultDriverName is carve's DRA driver.
-const DefaultDriverName = "carve.dev"
-
 // Args configures ShareFit in a KubeSchedulerConfiguration's pluginConfig:
 //
 //   - name: ShareFit
@@ -30,8 +27,9 @@ const DefaultDriverName = "carve.dev"
 type Args struct {
 	// Strategy is MostAllocated (default) or LeastAllocated.
 	Strategy Strategy `json:"strategy,omitempty"`
-	// DriverName is the DRA driver whose devices are scored (carve.dev).
-	DriverName string `json:"driverName,omitempty"`
+	// DriverArgs is driverName: the DRA driver whose devices are scored
+	// (carve.dev).
+	shareplugin.DriverArgs
 }
 
 // SetDefaults fills what the configuration left out.
@@ -39,9 +37,7 @@ func (a *Args) SetDefaults() {
 	if a.Strategy == "" {
 		a.Strategy = MostAllocated
 	}
-	if a.DriverName == "" {
-		a.DriverName = DefaultDriverName
-	}
+	a.DriverArgs.SetDefaults()
 }
 
 // Validate reports the first invalid field, by its name.
@@ -51,31 +47,11 @@ func (a *Args) Validate() error {
 	default:
 		return fmt.Errorf("strategy: %q is not one of %s, %s", a.Strategy, MostAllocated, LeastAllocated)
 	}
-	if errs := validation.IsDNS1123Subdomain(a.DriverName); len(errs) > 0 {
-		return fmt.Errorf("driverName: %q: %v", a.DriverName, errs)
-	}
-	return nil
+	return a.DriverArgs.Validate()
 }
 
 // DecodeArgs reads the plugin's args (nil means all defaults), defaults and
 // validates them. Unknown fields are an error.
 func DecodeArgs(obj runtime.Object) (Args, error) {
-	var a Args
-	if obj != nil {
-		u, ok := obj.(*runtime.Unknown)
-		if !ok {
-			return Args{}, fmt.Errorf("%s args: want runtime.Unknown, got %T", Name, obj)
-		}
-		// JSON is YAML, so one strict decoder serves both content types.
-		if len(u.Raw) > 0 {
-			if err := yaml.UnmarshalStrict(u.Raw, &a); err != nil {
-				return Args{}, fmt.Errorf("%s args: %w", Name, err)
-			}
-		}
-	}
-	a.SetDefaults()
-	if err := a.Validate(); err != nil {
-		return Args{}, fmt.Errorf("%s args: %w", Name, err)
-	}
-	return a, nil
+	return shareplugin.DecodeArgs[Args](Name, obj)
 }

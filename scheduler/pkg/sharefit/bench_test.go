@@ -49,7 +49,7 @@ func BenchmarkScorePod(b *testing.B) {
 	for _, n := range []int{100, 500} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			dra, pod, nodes := cluster(n)
-			pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+			pl := newShareFit(dra.Base(Name), MostAllocated)
 			ctx := context.Background()
 			b.ResetTimer()
 			for range b.N {

@@ -11,15 +11,10 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
-	"github.com/carve-dra/carve/scheduler/pkg/estimate"
 	"github.com/carve-dra/carve/scheduler/pkg/fixture"
 )
 
 const ns = "default"
-
-func share(name, bw string) *resourceapi.ResourceClaim {
-	return fixture.Claim(ns, name, fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: bw}))
-}
 
 // scores runs PreScore and Score for pod on each node as the framework does.
 func scores(t *testing.T, pl *ShareFit, claims []string, nodes ...string) (map[string]int64, *fwk.Status) {
@@ -46,7 +41,7 @@ func scores(t *testing.T, pl *ShareFit, claims []string, nodes ...string) (map[s
 // MostAllocated ranks the node where the share lands on the fullest device
 // first; LeastAllocated the emptiest; a node without room scores 0.
 func TestStrategies(t *testing.T) {
-	busy, full, want := share("busy", "60G"), share("full", "100G"), share("want", "19G")
+	busy, full, want := fixture.NICShare(ns, "busy", "60G"), fixture.NICShare(ns, "full", "100G"), fixture.NICShare(ns, "want", "19G")
 	fixture.Allocate(busy, "busy", "nic-0000-19-00-0")
 	fixture.Allocate(full, "tiny", "nic")
 	dra := &fixture.DRA{
@@ -61,7 +56,7 @@ func TestStrategies(t *testing.T) {
 		strategy Strategy
 		best     string
 	}{{MostAllocated, "busy"}, {LeastAllocated, "idle"}} {
-		pl := &ShareFit{args: Args{Strategy: tc.strategy, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+		pl := newShareFit(dra.Base(Name), tc.strategy)
 		got, st := scores(t, pl, []string{"want"}, "busy", "idle", "tiny")
 		if st != nil {
 			t.Fatalf("%s: PreScore %v", tc.strategy, st)
@@ -76,7 +71,7 @@ func TestStrategies(t *testing.T) {
 	}
 	// Exact values: busy egress 79/100 and ingress the 1G default: mean
 	// 40% (the held 60G consumed no ingress in the fixture); idle 10%.
-	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	pl := newShareFit(dra.Base(Name), MostAllocated)
 	got, _ := scores(t, pl, []string{"want"}, "busy", "idle")
 	if got["busy"] != 40 || got["idle"] != 10 {
 		t.Errorf("scores %v, want busy 40, idle 10", got)
@@ -88,7 +83,7 @@ func TestSkip(t *testing.T) {
 	whole := fixture.Claim(ns, "whole", resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 		Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.carve.dev"},
 	}}}})
-	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole}}, ledger: estimate.NewLedger(fixture.Driver)}
+	pl := newShareFit((&fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole}}).Base(Name), MostAllocated)
 	for _, claims := range [][]string{nil, {"whole"}} {
 		if _, st := scores(t, pl, claims, "n"); st == nil || st.Code() != fwk.Skip {
 			t.Errorf("claims %v: status %v, want Skip", claims, st)
@@ -120,9 +115,9 @@ func TestArgs(t *testing.T) {
 // Reserve records what DynamicResources just allocated, so the next pod's
 // estimate sees it; Unreserve takes it back.
 func TestReserveRecordsShares(t *testing.T) {
-	want := share("want", "30G")
+	want := fixture.NICShare(ns, "want", "30G")
 	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{want}, Slices: []*resourceapi.ResourceSlice{fixture.Server("n1", "100G", "80Gi")}}
-	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	pl := newShareFit(dra.Base(Name), MostAllocated)
 	ctx := context.Background()
 	state := framework.NewCycleState()
 	pod := fixture.Pod(ns, "p", "want")
@@ -134,11 +129,11 @@ func TestReserveRecordsShares(t *testing.T) {
 	if st := pl.Reserve(ctx, state, pod, "n1"); !st.IsSuccess() {
 		t.Fatal(st)
 	}
-	if got := pl.ledger.Used(id, fixture.Egress); got != 30e9 {
+	if got := pl.Ledger.Used(id, fixture.Egress); got != 30e9 {
 		t.Errorf("after Reserve: %d used, want 30G", got)
 	}
 	pl.Unreserve(ctx, state, pod, "n1")
-	if got := pl.ledger.Used(id, fixture.Egress); got != 0 {
+	if got := pl.Ledger.Used(id, fixture.Egress); got != 0 {
 		t.Errorf("after Unreserve: %d used, want 0", got)
 	}
 }
@@ -151,8 +146,8 @@ func TestWholeDevicesDoNotCount(t *testing.T) {
 	}}}})
 	slice := fixture.Server("n1", "100G", "80Gi")
 	slice.Spec.Devices[0].AllowMultipleAllocations = nil
-	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, share("s", "50G")}, Slices: []*resourceapi.ResourceSlice{slice}}
-	pl := &ShareFit{args: Args{Strategy: MostAllocated, DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, fixture.NICShare(ns, "s", "50G")}, Slices: []*resourceapi.ResourceSlice{slice}}
+	pl := newShareFit(dra.Base(Name), MostAllocated)
 	if _, st := scores(t, pl, []string{"whole"}, "n1"); st.Code() != fwk.Skip {
 		t.Errorf("whole device only: %v, want Skip", st)
 	}

@@ -6,16 +6,12 @@ package topology
 
 import (
 	"context"
-	"fmt"
 
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
-	"sigs.k8s.io/yaml"
 
 	"github.com/carve-dra/carve/scheduler/pkg/estimate"
+	"github.com/carve-dra/carve/scheduler/pkg/shareplugin"
 )
 
 // Name is the plugin's name in a scheduler profile.
@@ -33,128 +29,54 @@ const (
 //   - name: Topology
 //     args: {driverName: carve.dev}
 type Args struct {
-	// DriverName is the DRA driver whose devices are compared (carve.dev).
-	DriverName string `json:"driverName,omitempty"`
+	// DriverArgs is driverName: the DRA driver whose devices are compared
+	// (carve.dev).
+	shareplugin.DriverArgs
 }
 
 // DecodeArgs reads, defaults and validates the args strictly.
 func DecodeArgs(obj runtime.Object) (Args, error) {
-	var a Args
-	if obj != nil {
-		u, ok := obj.(*runtime.Unknown)
-		if !ok {
-			return Args{}, fmt.Errorf("%s args: want runtime.Unknown, got %T", Name, obj)
-		}
-		if len(u.Raw) > 0 {
-			if err := yaml.UnmarshalStrict(u.Raw, &a); err != nil {
-				return Args{}, fmt.Errorf("%s args: %w", Name, err)
-			}
-		}
-	}
-	if a.DriverName == "" {
-		a.DriverName = "carve.dev"
-	}
-	if errs := validation.IsDNS1123Subdomain(a.DriverName); len(errs) > 0 {
-		return Args{}, fmt.Errorf("%s args: driverName: %q: %v", Name, a.DriverName, errs)
-	}
-	return a, nil
+	return shareplugin.DecodeArgs[Args](Name, obj)
 }
 
-// Topology scores nodes by the alignment of a pod's share devices.
+// Topology scores nodes by the alignment of a pod's share devices. The
+// embedded Base runs its extension points.
 type Topology struct {
-	args   Args
-	dra    fwk.SharedDRAManager
-	ledger *estimate.Ledger
+	shareplugin.Base
 }
 
-var (
-	_ fwk.EnqueueExtensions = (*Topology)(nil)
-	_ fwk.PreFilterPlugin   = (*Topology)(nil)
-	_ fwk.PreScorePlugin    = (*Topology)(nil)
-	_ fwk.ScorePlugin       = (*Topology)(nil)
-	_ fwk.SignPlugin        = (*Topology)(nil)
-)
+// Topology is a shareplugin.Plugin (EnqueueExtensions, PreFilterPlugin,
+// PreScorePlugin, ScorePlugin, SignPlugin).
+var _ shareplugin.Plugin = (*Topology)(nil)
 
 // New is the plugin factory for app.WithPlugin.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	args, err := DecodeArgs(obj)
+	_, base, err := shareplugin.Setup[Args](ctx, obj, h, Name, nil)
 	if err != nil {
 		return nil, err
 	}
-	logger := klog.FromContext(ctx)
-	ledger, err := estimate.LedgerFor(logger, h.SharedInformerFactory(), args.DriverName)
-	if err != nil {
-		return nil, fmt.Errorf("%s: claim informer: %w", Name, err)
-	}
-	logger.V(2).Info("Topology configured", "driver", args.DriverName)
-	return &Topology{args: args, dra: h.SharedDRAManager(), ledger: ledger}, nil
+	return newTopology(base), nil
 }
 
-// Name implements fwk.Plugin.
-func (t *Topology) Name() string { return Name }
-
-// SignPod keeps pods with claims out of batching, as DynamicResources does.
-func (t *Topology) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
-	if len(pod.Spec.ResourceClaims) > 0 {
-		return nil, fwk.NewStatus(fwk.Unschedulable, "pods with resource claims are not signable")
-	}
-	return nil, nil
+// newTopology is Topology over base.
+func newTopology(base shareplugin.Base) *Topology {
+	base.Scoring = scoring
+	return &Topology{Base: base}
 }
 
-// PreFilter marks the ledger as DynamicResources' allocator sees it in
-// this cycle (see estimate.MarkCycle); it never rejects a pod.
-func (t *Topology) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	if len(pod.Spec.ResourceClaims) == 0 || t.dra == nil {
-		return nil, fwk.NewStatus(fwk.Skip)
-	}
-	estimate.MarkCycle(state, t.dra, t.ledger, t.args.DriverName)
-	return nil, nil
-}
-
-// EventsToRegister implements fwk.EnqueueExtensions: Topology never rejects a
-// pod, so no cluster event can make one schedulable. Without it the
-// framework assumes a PreFilter or Reserve plugin cares about every event,
-// and requeues unschedulable pods on each (measured: 2% of the scheduler's
-// CPU in the benchmark, in the queue alone).
-func (t *Topology) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
-	return nil, nil
-}
-
-// PreFilterExtensions implements fwk.PreFilterPlugin: there is no per-node
-// state to update.
-func (t *Topology) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
-
-// PreScore skips pods with share requests in fewer than two claims: within
-// one claim, alignment is the claim's own business (a matchAttribute
+// scoring ranks a node by where the pod's devices would sit there. It
+// skips pods with share requests in fewer than two claims: within one
+// claim, alignment is the claim's own business (a matchAttribute
 // constraint the allocator enforces).
-func (t *Topology) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
-	if len(pod.Spec.ResourceClaims) < 2 || t.dra == nil {
-		return fwk.NewStatus(fwk.Skip)
-	}
-	e, err := estimate.ForCycle(ctx, state, t.dra, t.ledger, pod, t.args.DriverName)
-	if err != nil {
-		return fwk.AsStatus(err)
-	}
-	if e == nil || e.Claims < 2 {
-		return fwk.NewStatus(fwk.Skip)
-	}
-	return nil
-}
-
-// Score ranks the node by where the pod's devices would sit there.
-func (t *Topology) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
-	e, err := estimate.ForCycle(ctx, state, t.dra, t.ledger, pod, t.args.DriverName)
-	if err != nil {
-		return 0, fwk.AsStatus(err)
-	}
-	node := nodeInfo.Node().Name
-	picks, ok := e.Picks(node)
-	score := ScoreApart
-	if ok {
-		score = Score(picks)
-	}
-	klog.FromContext(ctx).V(6).Info("Topology score", "pod", klog.KObj(pod), "node", node, "score", score)
-	return score, nil
+var scoring = shareplugin.Scoring{
+	MinClaims: 2,
+	Scores:    func(e *estimate.Estimate) bool { return e.Claims >= 2 },
+	Score: func(picks []estimate.Pick, ok bool) int64 {
+		if !ok {
+			return ScoreApart
+		}
+		return Score(picks)
+	},
 }
 
 // Score is ScorePCIeRoot when every picked device names the same PCIe root,
@@ -185,6 +107,3 @@ func same(picks []estimate.Pick, key func(*estimate.Device) string) bool {
 	}
 	return true
 }
-
-// ScoreExtensions implements fwk.ScorePlugin: scores are already 0..100.
-func (t *Topology) ScoreExtensions() fwk.ScoreExtensions { return nil }

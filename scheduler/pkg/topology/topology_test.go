@@ -14,24 +14,16 @@ import (
 
 const ns = "default"
 
-func nic(name, bw string) *resourceapi.ResourceClaim {
-	return fixture.Claim(ns, name, fixture.ShareSpec("nic", map[resourceapi.QualifiedName]string{fixture.Egress: bw}))
-}
-
-func gpu(name, mem string) *resourceapi.ResourceClaim {
-	return fixture.Claim(ns, name, fixture.ShareSpec("gpu", map[resourceapi.QualifiedName]string{fixture.Memory: mem}))
-}
-
 // A GPU share and a NIC share: on an empty server both land under the first
 // root; where the first GPU is full the GPU share moves to the second root
 // while the NIC share stays on the first; where the first NIC is full too,
 // both are under the second root again. A node whose NIC shares one NUMA node
 // with its GPU but not a root scores in between.
 func TestAlignment(t *testing.T) {
-	g, n := gpu("g", "10Gi"), nic("n", "10G")
-	gpuFull := gpu("gpufull", "80Gi")
+	g, n := fixture.GPUShare(ns, "g", "10Gi"), fixture.NICShare(ns, "n", "10G")
+	gpuFull := fixture.GPUShare(ns, "gpufull", "80Gi")
 	fixture.Allocate(gpuFull, "split", "gpu-0000-18-00-0")
-	gpuFull2, nicFull2 := gpu("gpufull2", "80Gi"), nic("nicfull2", "100G")
+	gpuFull2, nicFull2 := fixture.GPUShare(ns, "gpufull2", "80Gi"), fixture.NICShare(ns, "nicfull2", "100G")
 	fixture.Allocate(gpuFull2, "moved", "gpu-0000-18-00-0")
 	fixture.Allocate(nicFull2, "moved", "nic-0000-19-00-0")
 	dra := &fixture.DRA{
@@ -43,7 +35,7 @@ func TestAlignment(t *testing.T) {
 			fixture.Slice("numa", fixture.GPU("g", "rootA", 0, "80Gi"), fixture.NIC("n", "rootB", 0, "100G")),
 		},
 	}
-	pl := &Topology{args: Args{DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	pl := newTopology(dra.Base(Name))
 	ctx := context.Background()
 	state := framework.NewCycleState()
 	pod := fixture.Pod(ns, "p", "g", "n")
@@ -94,8 +86,8 @@ func TestWholeDevice(t *testing.T) {
 		}
 		return s
 	}
-	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, held, nic("n", "10G")}, Slices: []*resourceapi.ResourceSlice{server("free"), server("busy")}}
-	pl := &Topology{args: Args{DriverName: fixture.Driver}, dra: dra, ledger: dra.Ledger()}
+	dra := &fixture.DRA{Claims: []*resourceapi.ResourceClaim{whole, held, fixture.NICShare(ns, "n", "10G")}, Slices: []*resourceapi.ResourceSlice{server("free"), server("busy")}}
+	pl := newTopology(dra.Base(Name))
 	ctx := context.Background()
 	state := framework.NewCycleState()
 	pod := fixture.Pod(ns, "p", "whole", "n")
