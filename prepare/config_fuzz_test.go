@@ -92,8 +92,12 @@ func FuzzEffectiveConfig(f *testing.F) {
 
 		raw, err := effectiveConfig(fuzzDriver, configs, request, kind)
 		if err != nil {
-			// Every refusal names the config entry and the field.
+			// Every refusal says whose config it is, and names the
+			// config entry and the field.
 			msg := err.Error()
+			if !strings.HasPrefix(msg, "config from class: ") && !strings.HasPrefix(msg, "config from claim: ") {
+				t.Fatalf("the error does not say whose config: %v", err)
+			}
 			if !strings.Contains(msg, "status.allocation.devices.config[") || !strings.Contains(msg, "opaque.parameters") {
 				t.Fatalf("the error does not name the config entry: %v", err)
 			}
@@ -200,4 +204,21 @@ func FuzzDecodeEffectiveConfig(f *testing.F) {
 			t.Fatalf("round trip changed the config:\n%s\n%s", out, out2)
 		}
 	})
+}
+
+// A refused config says whose it is: the class's (the admin's) or the
+// claim's. (Found by FuzzEffectiveConfig's seeds: it said "fromclaim".)
+func TestConfigErrorSaysWhose(t *testing.T) {
+	bad := []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtu":1}`)
+	for source, want := range map[resourceapi.AllocationConfigSource]string{
+		resourceapi.AllocationConfigSourceClass: "config from class: ",
+		resourceapi.AllocationConfigSourceClaim: "config from claim: ",
+	} {
+		configs := []resourceapi.DeviceAllocationConfiguration{{Source: source, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: fuzzDriver, Parameters: runtime.RawExtension{Raw: bad}}}}}
+		_, err := effectiveConfig(fuzzDriver, configs, "r", names.KindNIC)
+		if err == nil || !strings.HasPrefix(err.Error(), want+"status.allocation.devices.config[0].opaque.parameters.mtu") {
+			t.Errorf("%s: %v; want %q and the field", source, err, want)
+		}
+	}
 }
