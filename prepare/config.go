@@ -94,7 +94,8 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 			into = &own
 		}
 		if err := decodeConfig(c.Opaque.Parameters.Raw, deviceKind, path, into); err != nil {
-			return nil, fmt.Errorf("config from %s: %w", strings.ToLower(string(c.Source)), err)
+			// Source is FromClass or FromClaim.
+			return nil, fmt.Errorf("config from %s: %w", strings.ToLower(strings.TrimPrefix(string(c.Source), "From")), err)
 		}
 		if own.Device != nil {
 			for name := range own.Device.Env {

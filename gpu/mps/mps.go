@@ -106,13 +106,21 @@ func (d Daemon) PID() (int, bool) {
 
 // readNoFollow reads a file the daemon wrote, never through a symbolic
 // link: a link planted in its place must not make this root process read
-// (or, through Ensure's remove, act on) another file.
+// (or, through Ensure's remove, act on) another file. Nor anything but a
+// regular file: a FIFO planted there would block the open, and the agent
+// with it, for as long as no one writes to it; it is opened non-blocking
+// and refused.
 func readNoFollow(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = f.Close() }()
+	if st, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
+	}
 	b := make([]byte, 64) // a PID and a newline
 	n, err := f.Read(b)
 	if err != nil && n == 0 {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/carve-dra/carve/gpu/gputest"
 	"github.com/carve-dra/carve/prepare/hostmount"
@@ -247,6 +248,32 @@ func TestPIDFileLinkIsNotFollowed(t *testing.T) {
 	}
 	if pid, _ := d.PID(); pid != 0 {
 		t.Errorf("PID = %d, read through a link", pid)
+	}
+}
+
+// A FIFO planted where the daemon writes its pid file neither blocks PID
+// (an open for reading waits for a writer) nor passes for a daemon.
+// (Found by FuzzPID: testdata/fuzz/FuzzPID/205083c189404cc4.)
+func TestPIDFileFIFODoesNotBlock(t *testing.T) {
+	d := Daemon{Dir: filepath.Join(t.TempDir(), "mps"), UUID: "GPU-1"}
+	if err := os.MkdirAll(d.PipeDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(d.PipeDir(), pidFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan bool, 1)
+	go func() {
+		pid, alive := d.PID()
+		done <- pid == 0 && !alive
+	}()
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Error("a FIFO in place of the pid file gave a pid")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("PID blocked on a FIFO in place of the pid file")
 	}
 }
 
