@@ -152,7 +152,7 @@ func FuzzCheckpointRead(f *testing.F) {
 		}); err != nil {
 			t.Fatalf("write back: %v", err)
 		}
-		again, err := checkpoint.Open[fuzzRecord](dir, boot, func(k string, err error) { t.Fatalf("what was written is corrupt: %v", err) })
+		again, err := checkpoint.Open[fuzzRecord](dir, boot, func(_ string, err error) { t.Fatalf("what was written is corrupt: %v", err) })
 		if err != nil {
 			t.Fatal(err)
 		}

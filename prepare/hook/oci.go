@@ -15,7 +15,10 @@ import (
 // gets on stdin (runtime-spec's State).
 func ContainerPID(stdin io.Reader) (int, error) {
 	state, err := readState(stdin)
-	return state.Pid, err
+	if err != nil {
+		return 0, err
+	}
+	return state.Pid, nil
 }
 
 func readState(stdin io.Reader) (specs.State, error) {
