@@ -223,3 +223,41 @@ func mustConfig(t *testing.T, cfg *v1alpha1.NetworkConfig) []byte {
 	}
 	return raw
 }
+
+// A pool bound to another parent or VLAN is refused to a share before
+// anything is made, and the error names both.
+func TestPoolBoundElsewhereIsRefused(t *testing.T) {
+	b := newBench(t)
+	p := b.preparerFrom("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  pools:\n"+
+		"  - {name: other-nic, cidr: 10.78.0.0/24, parent: nic9}\n"+
+		"  - {name: tagged, cidr: 10.79.0.0/24, parent: "+b.tp.Parent+", vlan: 100}\n"+
+		"  - {name: here, cidr: "+b.tp.Subnet+", parent: "+b.tp.Parent+"}\n", "boot-test")
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	before, _ := node.LinkList()
+	for pool, want := range map[string]string{
+		"other-nic": `address pool "other-nic" is bound to parent nic9 VLAN 0, and this share is on parent ` + b.tp.Parent + ` VLAN 0`,
+		"tagged":    `address pool "tagged" is bound to parent ` + b.tp.Parent + ` VLAN 100, and this share is on parent ` + b.tp.Parent + ` VLAN 0`,
+	} {
+		a := b.alloc("pool-"+pool, "", "")
+		a.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: &v1alpha1.NetworkConfig{Pools: []string{pool}}})
+		if _, err := p.Prepare(context.Background(), a, b.dev); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("pool %s: %v; want %q", pool, err, want)
+		}
+	}
+	if after, _ := node.LinkList(); len(after) != len(before) {
+		t.Errorf("refused shares left links behind: %d links, then %d", len(before), len(after))
+	}
+	a := b.alloc("pool-here", "", "")
+	a.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: &v1alpha1.NetworkConfig{Pools: []string{"here"}}})
+	prepared, err := p.Prepare(context.Background(), a, b.dev)
+	if err != nil {
+		t.Fatalf("a pool of the share's parent: %v", err)
+	}
+	if err := p.Unprepare(context.Background(), a, prepared.Undo); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -76,6 +76,12 @@ func (b *bench) preparer(pool, cidr, gateway, bootID string) *netdev.NICPreparer
 	if gateway != "" {
 		config += "    gateway: " + gateway + "\n"
 	}
+	return b.preparerFrom(config, bootID)
+}
+
+// preparerFrom is a preparer with the node config given as YAML.
+func (b *bench) preparerFrom(config, bootID string) *netdev.NICPreparer {
+	b.t.Helper()
 	cfg, err := nodeconfig.Decode([]byte(config))
 	if err != nil {
 		b.t.Fatal(err)

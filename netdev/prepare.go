@@ -92,6 +92,17 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 			return prepare.Prepared{}, err
 		}
 	}
+	// The pools must take a share of this parent and VLAN: checked before
+	// anything is made, so a refusal leaves nothing to undo.
+	for _, name := range cfg.Pools {
+		pool, ok := p.opts.Config.Pool(name)
+		if !ok {
+			return prepare.Prepared{}, fmt.Errorf("address pool %q is not in the node config", name)
+		}
+		if why := pool.Admits(dev.NIC.Name, cfg.VLAN); why != "" {
+			return prepare.Prepared{}, errors.New(why)
+		}
+	}
 	if cfg.MacvlanMode == "bridge" && (egress > 0 || ingress > 0) {
 		// Bridge mode hands frames between children of the parent
 		// straight across, never through the parent's shaper (a 20M
@@ -240,6 +251,7 @@ func (p *NICPreparer) allocateFromPools(pools []string, key string, spec hook.At
 		if !ok {
 			return fmt.Errorf("address pool %q is not in the node config", name)
 		}
+
 		addr, err := p.ipam.allocate(pool, key)
 		if err != nil {
 			return err

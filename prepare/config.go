@@ -143,6 +143,16 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 				base.MTU = fromClaim.MTU
 			}
 			if _, ok := claimFields["pools"]; ok {
+				// Pools belong to classes: where the class names
+				// pools, a claim chooses among them only.
+				if len(eff.Network.Pools) > 0 {
+					for i, name := range fromClaim.Pools {
+						if !slices.Contains(eff.Network.Pools, name) {
+							return nil, fmt.Errorf("config from claim: %w", field.Forbidden(field.NewPath("pools").Index(i),
+								fmt.Sprintf("pool %q is not one the DeviceClass allows (%s)", name, strings.Join(eff.Network.Pools, ", "))))
+						}
+					}
+				}
 				base.Pools = fromClaim.Pools
 			}
 		}

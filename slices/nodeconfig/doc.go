@@ -16,7 +16,8 @@
 //	    egress: 10G                # bits per second
 //	    ingress: 10G               # defaults to egress
 //	  pools:                       # addresses for NetworkConfig.pools
-//	  - {name: v4, cidr: 10.0.0.0/24, gateway: 10.0.0.1}
+//	  - {name: v4, cidr: 10.0.0.0/24, gateway: 10.0.0.1,
+//	     parent: ens1f0, vlan: 0}  # the segment: shares of another parent or VLAN are refused
 //	requestPolicies:               # how shares may be requested
 //	  nic:
 //	    egressBandwidth: {default: 100M, min: 10M, step: 10M}
@@ -25,6 +26,11 @@
 //	    ways: {default: 1, min: 1, step: 1}
 //	  gpu:
 //	    memory: {default: 10Gi, min: 5Gi, step: 5Gi, max: 40Gi}
+//
+// A claim draws addresses from the pools its NetworkConfig names; where the
+// DeviceClass's NetworkConfig names pools, the claim chooses among those
+// only (pools belong to classes, so one tenant's class cannot take another
+// tenant's subnet).
 //
 // Without a policy, a NIC share defaults to 1% of the link in 1 Mbit/s
 // steps, and an LLC share to resctrl's minimum number of ways; a GPU is

@@ -64,6 +64,29 @@ type AddressPool struct {
 	CIDR string `json:"cidr"`
 	// Gateway is left out of the pool.
 	Gateway string `json:"gateway,omitempty"`
+	// Parent and VLAN bind the pool to the segment its subnet lives on:
+	// a share of another parent (by interface name) or VLAN is refused
+	// its addresses. An empty Parent leaves the pool to every parent;
+	// VLAN 0 is the untagged segment.
+	Parent string `json:"parent,omitempty"`
+	VLAN   int    `json:"vlan,omitempty"`
+}
+
+// Admits says why the pool refuses a share on parent and VLAN, "" where it
+// takes it.
+func (p AddressPool) Admits(parent string, vlan int) string {
+	if (p.Parent != "" && p.Parent != parent) || p.VLAN != vlan {
+		return fmt.Sprintf("address pool %q is bound to parent %s VLAN %d, and this share is on parent %s VLAN %d",
+			p.Name, orAny(p.Parent), p.VLAN, parent, vlan)
+	}
+	return ""
+}
+
+func orAny(s string) string {
+	if s == "" {
+		return "(any)"
+	}
+	return s
 }
 
 // InterfaceBandwidth is the capacity of matching interfaces, in bits per
@@ -228,6 +251,9 @@ func (c *NodeConfig) Validate() field.ErrorList {
 			if gw, err := netip.ParseAddr(p.Gateway); err != nil || !prefix.Contains(gw) {
 				errs = append(errs, field.Invalid(pp.Child("gateway"), p.Gateway, "not an address inside "+p.CIDR))
 			}
+		}
+		if p.VLAN < 0 || p.VLAN > 4094 {
+			errs = append(errs, field.Invalid(pp.Child("vlan"), p.VLAN, "must be between 0 (untagged) and 4094"))
 		}
 	}
 	rp := field.NewPath("requestPolicies")
