@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -31,7 +32,9 @@ func needRoot(t testing.TB) {
 func testPinDir(t testing.TB) string {
 	t.Helper()
 	nettest.NeedBPFFS(t, MountBPFFS(""))
-	dir := filepath.Join(DefaultBPFFS, "carve-test-"+filepath.Base(t.TempDir()))
+	// The process id too: fuzz workers are processes of one test, whose
+	// temporary directories have the same base names.
+	dir := filepath.Join(DefaultBPFFS, fmt.Sprintf("carve-test-%d-%s", os.Getpid(), filepath.Base(t.TempDir())))
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
