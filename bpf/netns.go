@@ -28,9 +28,10 @@ type PodShare struct {
 	// AllowMACChange lets the pod send from other MACs (learned for its
 	// ingress); otherwise a frame from another MAC is dropped.
 	AllowMACChange bool
-	// CheckAddrs drops IPv4/IPv6 sources, ARP senders and ND targets
-	// outside the share's addresses (AllowAddr).
-	CheckAddrs bool
+	// CheckIPv4 drops IPv4 sources and ARP senders outside the share's
+	// addresses (AllowAddr); CheckIPv6 IPv6 sources and ND advertisement
+	// targets. Each is set where the share has addresses of the family.
+	CheckIPv4, CheckIPv6 bool
 }
 
 // vlanFlags packs VLAN and the flags as netns_val.vlan_flags has them.
@@ -42,8 +43,11 @@ func (p PodShare) vlanFlags() (uint16, error) {
 	if p.AllowMACChange {
 		v |= netnsAllowMACChange << netnsFlagsShift
 	}
-	if p.CheckAddrs {
-		v |= netnsCheckAddrs << netnsFlagsShift
+	if p.CheckIPv4 {
+		v |= netnsCheckIPv4 << netnsFlagsShift
+	}
+	if p.CheckIPv6 {
+		v |= netnsCheckIPv6 << netnsFlagsShift
 	}
 	return v, nil
 }
@@ -51,7 +55,8 @@ func (p PodShare) vlanFlags() (uint16, error) {
 // NETNS_* in shaper.c.
 const (
 	netnsAllowMACChange = 1
-	netnsCheckAddrs     = 2
+	netnsCheckIPv4      = 2
+	netnsCheckIPv6      = 4
 	netnsFlagsShift     = 12
 )
 
@@ -125,7 +130,7 @@ func (s *Shaper) PodShares() ([]PodShare, error) {
 	for it.Next(&k, &v) {
 		flags := v.VlanFlags >> netnsFlagsShift
 		out = append(out, PodShare{NetnsCookie: k.Cookie, Parent: int(k.Ifindex), MAC: net.HardwareAddr(v.Mac[:]).String(), ClassID: v.Classid,
-			VLAN: int(v.VlanFlags & 0x0fff), AllowMACChange: flags&netnsAllowMACChange != 0, CheckAddrs: flags&netnsCheckAddrs != 0})
+			VLAN: int(v.VlanFlags & 0x0fff), AllowMACChange: flags&netnsAllowMACChange != 0, CheckIPv4: flags&netnsCheckIPv4 != 0, CheckIPv6: flags&netnsCheckIPv6 != 0})
 	}
 	return out, it.Err()
 }

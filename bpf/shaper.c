@@ -93,9 +93,13 @@ struct netns_val {
 // The pod may send from MACs other than its share's (the class's
 // allowMACChange); they are learned for ingress (see learned_on_parent).
 #define NETNS_ALLOW_MAC_CHANGE 1
-// The share has a known address set (allowed_addrs): IPv4 and IPv6 sources,
-// ARP senders and ND targets outside it are dropped.
-#define NETNS_CHECK_ADDRS 2
+// The share has known IPv4 addresses (allowed_addrs): IPv4 sources and ARP
+// senders outside them are dropped.
+#define NETNS_CHECK_IPV4 2
+// The share has known IPv6 addresses: IPv6 sources and ND advertisement
+// targets outside them (and link-local) are dropped. A share given only
+// IPv4 addresses keeps the IPv6 addresses its pod makes (SLAAC).
+#define NETNS_CHECK_IPV6 4
 #define NETNS_VLAN_MASK 0x0fff
 #define NETNS_FLAGS_SHIFT 12
 
@@ -209,7 +213,7 @@ struct {
 
 // The addresses each share may send from (its claim's static and pool
 // addresses, written by the agent), for the shares flagged
-// NETNS_CHECK_ADDRS: SR-IOV spoofchk, extended to IP. Separate from
+// NETNS_CHECK_IPV4/IPV6: SR-IOV spoofchk, extended to IP. Separate from
 // share_addrs, which classifies by address and holds address-keyed shares
 // only.
 struct {
@@ -537,10 +541,7 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, str
 	}
 	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
 		return SPOOF_VLAN;
-	if (!(flags & NETNS_CHECK_ADDRS))
-		return SPOOF_OK;
-
-	if (proto == bpf_htons(ETH_P_IP)) {
+	if (proto == bpf_htons(ETH_P_IP) && (flags & NETNS_CHECK_IPV4)) {
 		__u8 src[4];
 		if (bpf_skb_load_bytes(skb, off + 12, src, 4) < 0)
 			return SPOOF_SRC_IP;
@@ -548,7 +549,7 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, str
 			return SPOOF_OK;
 		return allowed(parent, 4, src, n->mac) ? SPOOF_OK : SPOOF_SRC_IP;
 	}
-	if (proto == bpf_htons(ETH_P_ARP)) {
+	if (proto == bpf_htons(ETH_P_ARP) && (flags & NETNS_CHECK_IPV4)) {
 		// htype, ptype, hlen, plen, oper, sha[6], spa[4]
 		__u8 arp[18];
 		if (bpf_skb_load_bytes(skb, off, arp, sizeof(arp)) < 0)
@@ -561,7 +562,7 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, str
 			return SPOOF_OK;
 		return allowed(parent, 4, arp + 14, n->mac) ? SPOOF_OK : SPOOF_ARP;
 	}
-	if (proto == bpf_htons(ETH_P_IPV6)) {
+	if (proto == bpf_htons(ETH_P_IPV6) && (flags & NETNS_CHECK_IPV6)) {
 		__u8 ip6[40];
 		if (bpf_skb_load_bytes(skb, off, ip6, sizeof(ip6)) < 0)
 			return SPOOF_SRC_IP;

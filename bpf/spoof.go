@@ -42,7 +42,7 @@ func (r SpoofReason) String() string {
 }
 
 // AllowAddr records addr as one the share named by mac may send from on
-// parent (checked for pod shares with CheckAddrs). An address another
+// parent (checked for pod shares with CheckIPv4 or CheckIPv6). An address another
 // share holds there is refused with ErrAddrTaken.
 func (s *Shaper) AllowAddr(parent int, addr netip.Addr, mac net.HardwareAddr) error {
 	k, err := addrKey(parent, addr)

@@ -40,20 +40,17 @@ func (m spoofModel) reason(f []byte) SpoofReason {
 	if proto == 0x8100 || proto == 0x88a8 {
 		return SpoofVLAN
 	}
-	if !m.pod.CheckAddrs {
-		return 0
-	}
 	ok4 := func(b []byte) bool { a := netip.AddrFrom4([4]byte(b)); return a.IsUnspecified() || m.allowed[a] }
 	own6 := func(b []byte) bool {
 		a := netip.AddrFrom16([16]byte(b))
 		return a.IsUnspecified() || a.IsLinkLocalUnicast() || (b[0] == 0xfe && b[1]&0xc0 == 0x80) || m.allowed[a]
 	}
-	switch proto {
-	case 0x0800:
+	switch {
+	case proto == 0x0800 && m.pod.CheckIPv4:
 		if len(f) < off+16 || !ok4(f[off+12:off+16]) {
 			return SpoofSrcIP
 		}
-	case 0x0806:
+	case proto == 0x0806 && m.pod.CheckIPv4:
 		if len(f) < off+18 {
 			return SpoofARP
 		}
@@ -61,7 +58,7 @@ func (m spoofModel) reason(f []byte) SpoofReason {
 		if a[2] != 0x08 || a[3] != 0 || a[4] != 6 || a[5] != 4 || !bytes.Equal(a[8:14], f[6:12]) || !ok4(a[14:18]) {
 			return SpoofARP
 		}
-	case 0x86dd:
+	case proto == 0x86dd && m.pod.CheckIPv6:
 		if len(f) < off+40 || !own6(f[off+8:off+24]) {
 			return SpoofSrcIP
 		}
@@ -109,7 +106,7 @@ func FuzzClassifyEgress(f *testing.F) {
 		ndFrame(share, 136, "fe80::1", "fd09::1"),
 		ndFrame(share, 135, "fe80::1", "fd09::1"),
 	} {
-		for _, flags := range []uint16{0, 1 << 12, 2 << 12, 3<<12 | 100} {
+		for _, flags := range []uint16{0, 1 << 12, 2 << 12, 4 << 12, 6 << 12, 7<<12 | 100} {
 			f.Add(seed, flags)
 		}
 	}
@@ -118,7 +115,7 @@ func FuzzClassifyEgress(f *testing.F) {
 			return // BPF_PROG_RUN wants an Ethernet header; a frame is no larger
 		}
 		pod := PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class,
-			VLAN: int(vlanFlags&0x0fff) % 4095, AllowMACChange: vlanFlags&(1<<12) != 0, CheckAddrs: vlanFlags&(2<<12) != 0}
+			VLAN: int(vlanFlags&0x0fff) % 4095, AllowMACChange: vlanFlags&(1<<12) != 0, CheckIPv4: vlanFlags&(2<<12) != 0, CheckIPv6: vlanFlags&(4<<12) != 0}
 		// The same share again: its entry's flags are replaced.
 		if err := s.SetPodShare(pod); err != nil {
 			t.Fatal(err)

@@ -60,7 +60,7 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	if err := s.SetShare(Ingress, neighbour, 0x10020); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class, CheckAddrs: true}); err != nil {
+	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class, CheckIPv4: true, CheckIPv6: true}); err != nil {
 		t.Fatal(err)
 	}
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
@@ -114,6 +114,32 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	}
 	if d, _ := s.SpoofDrops(); len(d) != 0 {
 		t.Errorf("drop counts left after the share went: %v", d)
+	}
+}
+
+// A share given only IPv4 addresses keeps the IPv6 addresses its pod makes
+// (SLAAC): IPv6 is unchecked, IPv4 checked.
+func TestIPv4OnlyShareKeepsItsIPv6(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const parent, class = 1, 0x10010
+	cookie, err := NetnsCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: mac1.String(), ClassID: class, CheckIPv4: true}); err != nil {
+		t.Fatal(err)
+	}
+	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
+	if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, mac1, "2001:db8::a8bb:ccff:fedd:eeff", "2001:db8::1", false), skbCtx{Ifindex: parent}); ret != tcxNext {
+		t.Errorf("a SLAAC IPv6 source of an IPv4-only share: verdict %d, want passed", ret)
+	}
+	if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, mac1, "10.9.0.6", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcActShot {
+		t.Errorf("a forged IPv4 source of an IPv4-only share: verdict %d, want dropped", ret)
 	}
 }
 

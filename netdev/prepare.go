@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -153,7 +154,8 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		// share's MAC (unless the class allows changes), its VLAN only,
 		// and its addresses where it has some.
 		spec.PodShare = &hook.PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index,
-			VLAN: cfg.VLAN, AllowMACChange: cfg.AllowMACChange, CheckAddrs: len(cfg.Addresses)+len(cfg.Pools) > 0}
+			VLAN: cfg.VLAN, AllowMACChange: cfg.AllowMACChange}
+		spec.PodShare.CheckIPv4, spec.PodShare.CheckIPv6 = p.addressFamilies(cfg)
 		if u.EgressMinor != 0 {
 			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
 		}
@@ -210,6 +212,29 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	return prepare.Prepared{Edits: edits, Undo: raw, Network: &resourceapi.NetworkDeviceData{
 		InterfaceName: spec.PodName, IPs: u.Addresses, HardwareAddress: podMAC}}, nil
+}
+
+// addressFamilies says which families the share will have addresses of:
+// its static addresses' and its pools'. A family it has none of is left
+// unchecked (the pod's own SLAAC addresses, say).
+func (p *NICPreparer) addressFamilies(cfg v1alpha1.NetworkConfig) (v4, v6 bool) {
+	note := func(a netip.Addr) {
+		v4 = v4 || a.Unmap().Is4()
+		v6 = v6 || (a.Is6() && !a.Is4In6())
+	}
+	for _, s := range cfg.Addresses {
+		if a, err := addressOf(s); err == nil {
+			note(a)
+		}
+	}
+	for _, name := range cfg.Pools {
+		if pool, ok := p.opts.Config.Pool(name); ok {
+			if pfx, err := netip.ParsePrefix(pool.CIDR); err == nil {
+				note(pfx.Addr())
+			}
+		}
+	}
+	return v4, v6
 }
 
 // guardSources records what the share's pod may send from: its addresses,

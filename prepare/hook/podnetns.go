@@ -19,13 +19,14 @@ type PodShareSpec struct {
 	ParentIndex int `json:"parentIndex"`
 	// ClassID is the share's egress HTB class, 0 where it has none.
 	ClassID uint32 `json:"classID,omitempty"`
-	// VLAN, AllowMACChange and CheckAddrs say what the pod's frames may
+	// VLAN, AllowMACChange and CheckIPv4/6 say what the pod's frames may
 	// claim (see bpf.PodShare): its VLAN's tag only, MACs other than the
 	// share's (the class's allowMACChange), and whether its source
 	// addresses are checked against the share's.
 	VLAN           int  `json:"vlan,omitempty"`
 	AllowMACChange bool `json:"allowMACChange,omitempty"`
-	CheckAddrs     bool `json:"checkAddrs,omitempty"`
+	CheckIPv4      bool `json:"checkIPv4,omitempty"`
+	CheckIPv6      bool `json:"checkIPv6,omitempty"`
 }
 
 // RecordPodNetns records, in the classifier's pinned map, that frames sent
@@ -56,7 +57,7 @@ func RecordPodNetns(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 	}
 	defer m.Close()
 	err = m.Set(bpf.PodShare{NetnsCookie: pod, Parent: ps.ParentIndex, MAC: spec.MAC, ClassID: ps.ClassID,
-		VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckAddrs: ps.CheckAddrs})
+		VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6})
 	if err != nil {
 		return fmt.Errorf("share %s of %s: %w", spec.HostName, spec.Parent, err)
 	}
