@@ -17,6 +17,7 @@
 //	    ingress: 10G               # defaults to egress
 //	  pools:                       # addresses for NetworkConfig.pools
 //	  - {name: v4, cidr: 10.0.0.0/24, gateway: 10.0.0.1}
+//	  maxSharesPerNIC: 256         # default; at least 1 (the "shares" capacity, package slices)
 //	requestPolicies:               # how shares may be requested
 //	  nic:
 //	    egressBandwidth: {default: 100M, min: 10M, step: 10M}
