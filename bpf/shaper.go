@@ -156,6 +156,39 @@ func (s *Shaper) putShare(dir Direction, mac net.HardwareAddr, classid uint32, f
 // the classifier holds.
 func (s *Shaper) ShareCapacity() int { return int(s.objs.Shares.MaxEntries()) }
 
+// ShareSlots is how many shares the classifier can hold on the whole node,
+// every parent together: each share takes up to two entries of `shares` and
+// of `share_stats` (one per direction) and one of `share_netns` (its pod's
+// on its parent). Entries per address (`share_addrs`, `allowed_addrs`) are
+// not counted: they depend on how many addresses a claim asks for.
+func (s *Shaper) ShareSlots() int {
+	return shareSlots(s.objs.Shares.MaxEntries(), s.objs.ShareStats.MaxEntries(), s.objs.ShareNetns.MaxEntries())
+}
+
+// CompiledShareSlots is ShareSlots of this build's maps, read from the
+// embedded object without loading it (no privilege needed). OpenShaper
+// refuses a pinned map of another size (ebpf.ErrMapIncompatible), so a
+// loaded classifier holds exactly this many.
+func CompiledShareSlots() (int, error) {
+	spec, err := loadShaper()
+	if err != nil {
+		return 0, err
+	}
+	var size [3]uint32
+	for i, name := range []string{"shares", "share_stats", "share_netns"} {
+		m, ok := spec.Maps[name]
+		if !ok {
+			return 0, fmt.Errorf("the classifier has no map %s", name)
+		}
+		size[i] = m.MaxEntries
+	}
+	return shareSlots(size[0], size[1], size[2]), nil
+}
+
+func shareSlots(shares, stats, netns uint32) int {
+	return int(min(shares/2, stats/2, netns))
+}
+
 // DeleteShare removes a share and its counters; its traffic is unclassified
 // from the next packet on. Deleting an absent share is not an error.
 func (s *Shaper) DeleteShare(dir Direction, mac net.HardwareAddr) error {

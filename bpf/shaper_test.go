@@ -251,3 +251,24 @@ func TestCleanupDefunct(t *testing.T) {
 		t.Fatalf("map pin removed too: %v", err)
 	}
 }
+
+// The classifier's room for shares is read from the object without
+// privilege, and a loaded classifier has exactly that room: `carve discover`
+// and the agent publish the same "shares" capacity.
+func TestShareSlots(t *testing.T) {
+	compiled, err := CompiledShareSlots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// shares and share_stats hold 4096 entries, two a share;
+	// share_netns 4096, one a share.
+	if compiled != 2048 {
+		t.Errorf("CompiledShareSlots() = %d, want 2048", compiled)
+	}
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	if got := s.ShareSlots(); got != compiled {
+		t.Errorf("a loaded classifier's ShareSlots() = %d, the compiled %d", got, compiled)
+	}
+}

@@ -42,6 +42,12 @@
 // freed on unprepare, and an exhausted pool fails the claim saying so. Who may
 // set which field is in the security model below.
 //
+// A NIC holds at most its "shares" capacity (package slices: its part of the
+// classifier, at most the node config's netdev.maxSharesPerNIC, 256 by
+// default), which the scheduler keeps to; prepare refuses a share past it
+// too, naming the NIC, its limit and how many it holds, before anything of
+// the share is made (held.go).
+//
 // # Enforcement
 //
 // Each share's egressBandwidth and ingressBandwidth (its consumed capacity)

@@ -70,12 +70,25 @@ func (b *bench) newPreparerAt(bootID string) *netdev.NICPreparer {
 	return b.preparer("test", b.tp.Subnet, "", bootID)
 }
 
+// newPreparerWith is newPreparer with more netdev settings in its node
+// config, such as "  maxSharesPerNIC: 2\n".
+func (b *bench) newPreparerWith(netdevConfig string) *netdev.NICPreparer {
+	b.t.Helper()
+	return b.preparerConfig("test", b.tp.Subnet, b.tp.ServerIP, "boot-test", netdevConfig)
+}
+
 func (b *bench) preparer(pool, cidr, gateway, bootID string) *netdev.NICPreparer {
+	b.t.Helper()
+	return b.preparerConfig(pool, cidr, gateway, bootID, "")
+}
+
+func (b *bench) preparerConfig(pool, cidr, gateway, bootID, netdevConfig string) *netdev.NICPreparer {
 	b.t.Helper()
 	config := "apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  pools:\n  - name: " + pool + "\n    cidr: " + cidr + "\n"
 	if gateway != "" {
 		config += "    gateway: " + gateway + "\n"
 	}
+	config += netdevConfig
 	return b.preparerFrom(config, bootID)
 }
 

@@ -45,11 +45,20 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	key := a.ShareKey()
 	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String()}
+	// Counted before anything is made: a parent at its limit refuses the
+	// share with nothing to undo.
+	added, err := p.holdShare(dev.NIC.Name, key, p.shareLimit(dev))
+	if err != nil {
+		return prepare.Prepared{}, err
+	}
 	p.preparing.Add(1)
 	defer p.preparing.Add(-1)
 	// The same share unprepared a moment ago (a claim used again on this
 	// node) has the same names: what is left of it goes first.
 	if err := p.reaper.settle(key); err != nil {
+		if added {
+			p.releaseShare(key)
+		}
 		return prepare.Prepared{}, err
 	}
 	prepared, err := p.prepare(ctx, a, dev, net1, key, &u)

@@ -50,11 +50,13 @@ type NICPreparer struct {
 	opts Options
 	h    *netlink.Handle
 	ipam *ipam
-	// mu guards the HTB minors in use, by parent device, and the labels
-	// of each share's MAC for the metrics.
+	// mu guards the HTB minors in use, by parent device, the labels of
+	// each share's MAC for the metrics, and the shares each parent holds
+	// (held.go).
 	mu     sync.Mutex
 	minors map[string]map[uint16]string
 	labels map[string]shareLabels
+	held   map[string]map[string]bool
 	// addressKeys tells every bandwidth share apart by address, not only
 	// ipvlan's (tests, see KeyByAddress in export_test.go).
 	addressKeys bool
@@ -87,7 +89,8 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "netdev"), 0o755); err != nil {
 		return nil, err
 	}
-	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{}, labels: map[string]shareLabels{}}
+	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{}, labels: map[string]shareLabels{},
+		held: map[string]map[string]bool{}}
 	if p.reaper, err = newReaper(p); err != nil {
 		h.Close()
 		return nil, err
@@ -143,6 +146,10 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor)
 		p.mu.Lock()
 		p.labels[u.MAC] = labelsOf(a)
+		if p.held[u.Parent] == nil {
+			p.held[u.Parent] = map[string]bool{}
+		}
+		p.held[u.Parent][key] = true
 		p.mu.Unlock()
 	}
 	p.resumeReaper(ctx)

@@ -77,6 +77,7 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		return err
 	}
 	p.ipam.release(key)
+	p.releaseShare(key)
 	p.mu.Lock()
 	delete(p.labels, u.MAC)
 	p.mu.Unlock()

@@ -41,14 +41,41 @@ type Entry struct {
 	GPU *GPU
 }
 
+// Option tells Build what it cannot read from the inventory.
+type Option func(*builder)
+
+// ClassifierShares says how many shares the node's BPF classifier holds,
+// every NIC together (bpf.Shaper.ShareSlots). Without it Build assumes
+// DefaultClassifierShares.
+func ClassifierShares(n int) Option {
+	return func(b *builder) { b.classifierShares = n }
+}
+
+const (
+	// DefaultClassifierShares is how many shares this build's classifier
+	// holds (bpf.CompiledShareSlots: its maps of 4096 entries, two a
+	// share). Build assumes it where no classifier is loaded, as `carve
+	// discover` does, so that discover prints what the agent publishes (a
+	// loaded classifier has its compiled size).
+	DefaultClassifierShares = 2048
+	// HTBClassesPerParent is how many HTB class minors netdev hands out
+	// on one parent's egress shaper, and again on its IFB: one a share and
+	// direction, 0x10 to 0xffef.
+	HTBClassesPerParent = 0xfff0 - 0x10
+)
+
 // Build makes the node's pool. Devices are ordered by name, so the output is
 // stable, and the pool is split into as many slices as the API's per-slice
 // limit requires.
-func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string) Result {
-	b := builder{cfg: cfg, kernel: inv.Kernel}
+func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string, opts ...Option) Result {
+	b := builder{cfg: cfg, kernel: inv.Kernel, classifierShares: DefaultClassifierShares}
+	for _, o := range opts {
+		o(&b)
+	}
 	var entries []Entry
+	limits := b.shareLimits(inv.NICs)
 	for i := range inv.NICs {
-		entries = append(entries, Entry{Kind: names.KindNIC, Device: b.nic(inv.NICs[i]), NIC: &inv.NICs[i]})
+		entries = append(entries, Entry{Kind: names.KindNIC, Device: b.nic(inv.NICs[i], limits[i]), NIC: &inv.NICs[i]})
 	}
 	dedupeNames(entries)
 	for i := range inv.LLCs {
@@ -76,16 +103,57 @@ func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string
 }
 
 type builder struct {
-	cfg     *nodeconfig.NodeConfig
-	kernel  discovery.KernelFeatures
-	notices []string
+	cfg    *nodeconfig.NodeConfig
+	kernel discovery.KernelFeatures
+	// classifierShares is how many shares the classifier holds, every
+	// NIC together.
+	classifierShares int
+	notices          []string
 }
 
 func (b *builder) notef(format string, args ...any) {
 	b.notices = append(b.notices, fmt.Sprintf(format, args...))
 }
 
-func (b *builder) nic(n discovery.NIC) resourceapi.Device {
+// shareLimits is the "shares" capacity of each NIC: the smallest of its part
+// of the classifier, the HTB classes a parent can hand out, and the node
+// config's netdev.maxSharesPerNIC; 0 for a NIC that can never be shared
+// here. The classifier's room is divided among the NICs this kernel could
+// share (their bandwidth known), up or not: a NIC whose link went down keeps
+// its part, as its shares may still hold their entries, and the others'
+// limits do not move with a link's state. Each gets the quotient, and the
+// first ones in the inventory's order one more each, until the remainder is
+// spent: together they never hold more than the classifier. A NIC that gets
+// none is published whole (more NICs than the classifier has shares).
+func (b *builder) shareLimits(nics []discovery.NIC) []int64 {
+	limits := make([]int64, len(nics))
+	if !b.kernel.Known || !b.kernel.CanShareNIC() {
+		return limits
+	}
+	var candidates []int
+	for i, n := range nics {
+		if _, _, known := b.bandwidth(n); known {
+			candidates = append(candidates, i)
+		}
+	}
+	if len(candidates) == 0 {
+		return limits
+	}
+	room := int64(max(b.classifierShares, 0))
+	each, rest := room/int64(len(candidates)), room%int64(len(candidates))
+	for k, i := range candidates {
+		part := each
+		if int64(k) < rest {
+			part++
+		}
+		limits[i] = min(part, HTBClassesPerParent, b.cfg.SharesPerNIC())
+	}
+	return limits
+}
+
+// nic is the device of a NIC whose "shares" capacity, where it can be
+// shared, is shareLimit.
+func (b *builder) nic(n discovery.NIC, shareLimit int64) resourceapi.Device {
 	d := newDevice(names.KindNIC, nicName(n))
 	setString(d, names.AttrIfName, n.Name)
 	setString(d, names.AttrMAC, n.MAC)
@@ -109,14 +177,32 @@ func (b *builder) nic(n discovery.NIC) resourceapi.Device {
 		return *d
 	}
 	shareable := b.nicShareable(n)
+	if shareable && shareLimit < 1 {
+		b.notef("NIC %s: the classifier's %d shares are all given to other NICs (netdev.exclude the NICs that need none); published as a whole device", n.Name, b.classifierShares)
+		shareable = false
+	}
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 		names.CapEgressBandwidth:  b.capacity(names.KindNIC, names.CapEgressBandwidth, egress, shareable, defaultBandwidthPolicy(egress)),
 		names.CapIngressBandwidth: b.capacity(names.KindNIC, names.CapIngressBandwidth, ingress, shareable, defaultBandwidthPolicy(ingress)),
 	}
 	if shareable {
+		d.Capacity[names.CapShares] = sharesCapacity(shareLimit)
 		d.AllowMultipleAllocations = ptr.To(true)
 	}
 	return *d
+}
+
+// sharesCapacity is a NIC's "shares" capacity: limit shares, of which every
+// allocation consumes exactly 1, asked or not (a claim asking for more than
+// 1 fits no device). No step: the API wants min + step within the value,
+// which a limit of 1 could not hold. Not configurable by requestPolicies.
+func sharesCapacity(limit int64) resourceapi.DeviceCapacity {
+	one := func() *resource.Quantity { return resource.NewQuantity(1, resource.DecimalSI) }
+	return resourceapi.DeviceCapacity{
+		Value: *resource.NewQuantity(limit, resource.DecimalSI),
+		RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: one(),
+			ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: one(), Max: one()}},
+	}
 }
 
 // bandwidth is the NIC's capacity in bits per second: the link speed where

@@ -31,7 +31,9 @@
 //     capacities "egressBandwidth" and "ingressBandwidth" in bits per second,
 //     from the link speed or the node config. They allow multiple
 //     allocations with a request policy only where the kernel can enforce
-//     shares and the link is up.
+//     shares and the link is up, and then have the capacity "shares" too:
+//     how many shares the NIC can hold at once, of which every allocation
+//     consumes exactly 1 (see Shares below).
 //   - LLCs have "cacheId", "cpus" and "resctrl", and capacities "ways" and
 //     "size", with "memoryBandwidth" too where resctrl offers MBA. They are
 //     shareable only where resctrl has L3 allocation (package prepare/llc).
@@ -86,6 +88,33 @@
 // devices, so the counter sets go in their own slice of the pool, and a slice
 // of devices that consume counters holds at most 64: an 8 x H100 node with
 // MIG on publishes 1 counter slice and 4 device slices (200 devices).
+//
+// # Shares
+//
+// A NIC's "shares" capacity is the smallest of:
+//
+//   - its part of the BPF classifier, which holds 2048 shares for the whole
+//     node (DefaultClassifierShares; the agent passes its loaded
+//     classifier's, ClassifierShares, which is the same: maps of 4096
+//     entries, a share taking two of shares and share_stats, one a
+//     direction, and one of share_netns). The classifier is divided among
+//     the NICs this kernel could share, whose bandwidth is known, up or
+//     down (a down NIC's shares may still hold entries): each gets
+//     floor(2048 / NICs), the first ones in the inventory's order one more
+//     until the remainder is spent, so that together they never hold more
+//     than the classifier. A NIC that gets none (more NICs than 2048) is
+//     published whole, and noted;
+//   - the HTB classes a parent can hand out, one a share and direction:
+//     65504 (HTBClassesPerParent, class minors 0x10 to 0xffef);
+//   - the node config's netdev.maxSharesPerNIC, 256 by default.
+//
+// Its request policy is default 1, valid range [1, 1]: a claim that does
+// not ask consumes 1, one that asks for more fits no NIC, and the scheduler
+// sums what the allocations consume (KEP-5075), so a NIC full of small
+// shares refuses the next one rather than one tenant's many 1 Mbit/s shares
+// filling the node's classifier. The agent refuses, at prepare, a share past
+// the limit too (package netdev). With two NICs of known bandwidth, each
+// gets min(1024, 65504, 256) = 256.
 //
 // # Request policies
 //

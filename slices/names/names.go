@@ -36,8 +36,11 @@ const (
 
 	CapEgressBandwidth  = "egressBandwidth"
 	CapIngressBandwidth = "ingressBandwidth"
-	CapWays             = "ways"
-	CapSize             = "size"
+	// CapShares is how many shares a NIC can hold at once: every
+	// allocation of a shareable NIC consumes exactly 1 of it.
+	CapShares = "shares"
+	CapWays   = "ways"
+	CapSize   = "size"
 	// CapMemoryBandwidth is an LLC share's memory bandwidth cap, in the
 	// unit of resctrl's MB schema (percent on Intel).
 	CapMemoryBandwidth = "memoryBandwidth"

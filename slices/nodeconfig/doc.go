@@ -18,6 +18,7 @@
 //	  pools:                       # addresses for NetworkConfig.pools
 //	  - {name: v4, cidr: 10.0.0.0/24, gateway: 10.0.0.1,
 //	     parent: ens1f0, vlan: 0}  # the segment: shares of another parent or VLAN are refused
+//	  maxSharesPerNIC: 256         # default; at least 1 (the "shares" capacity, package slices)
 //	requestPolicies:               # how shares may be requested
 //	  nic:
 //	    egressBandwidth: {default: 100M, min: 10M, step: 10M}

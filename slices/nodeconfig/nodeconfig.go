@@ -53,7 +53,16 @@ type Netdev struct {
 	// Pools are the node's address pools that network claims take
 	// addresses from (NetworkConfig.pools).
 	Pools []AddressPool `json:"pools,omitempty"`
+	// MaxSharesPerNIC caps how many shares each NIC holds at once
+	// (DefaultMaxSharesPerNIC when unset): its "shares" capacity is at
+	// most this, and prepare refuses a share past it.
+	MaxSharesPerNIC *int64 `json:"maxSharesPerNIC,omitempty"`
 }
+
+// DefaultMaxSharesPerNIC is netdev.maxSharesPerNIC when the file does not
+// set it: so many pods of one namespace could not fill a 25G NIC's 25,000
+// one-Mbit/s shares and with them the node's classifier.
+const DefaultMaxSharesPerNIC = 256
 
 // AddressPool is a range of addresses handed out one per share.
 type AddressPool struct {
@@ -233,6 +242,9 @@ func (c *NodeConfig) Validate() field.ErrorList {
 			errs = append(errs, positiveQuantity(p.Child("ingress"), string(bw.Ingress))...)
 		}
 	}
+	if m := c.Netdev.MaxSharesPerNIC; m != nil && *m < 1 {
+		errs = append(errs, field.Invalid(nd.Child("maxSharesPerNIC"), *m, "must be at least 1"))
+	}
 	poolNames := map[string]bool{}
 	for i, p := range c.Netdev.Pools {
 		pp := nd.Child("pools").Index(i)
@@ -333,6 +345,16 @@ func (c *NodeConfig) Policy(kind, capacity string) (Policy, bool) {
 	}
 	pol, errs := r.parse(field.NewPath("requestPolicies", kind, capacity))
 	return pol, len(errs) == 0
+}
+
+// SharesPerNIC is the most shares a NIC may hold at once by the node
+// config: netdev.maxSharesPerNIC, else (or without a config)
+// DefaultMaxSharesPerNIC.
+func (c *NodeConfig) SharesPerNIC() int64 {
+	if c != nil && c.Netdev.MaxSharesPerNIC != nil {
+		return *c.Netdev.MaxSharesPerNIC
+	}
+	return DefaultMaxSharesPerNIC
 }
 
 // Pool returns the address pool of that name.

@@ -23,6 +23,7 @@ netdev:
     ingress: 5G
   - interface: veth*
     egress: 1G
+  maxSharesPerNIC: 64
 requestPolicies:
   nic:
     egressBandwidth: {default: 100M, min: 10M, step: 10M, max: 5G}
@@ -35,7 +36,7 @@ func TestDecodeFull(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Decode: %v", err)
 	}
-	if cfg.DriverName != "net.example.com" || !cfg.Netdev.IncludeVirtual || len(cfg.Netdev.Include) != 2 {
+	if cfg.DriverName != "net.example.com" || !cfg.Netdev.IncludeVirtual || len(cfg.Netdev.Include) != 2 || cfg.SharesPerNIC() != 64 {
 		t.Errorf("decoded %+v", cfg)
 	}
 	eg, in, ok := cfg.BandwidthFor("eth0")
@@ -51,6 +52,30 @@ func TestDecodeFull(t *testing.T) {
 	pol, ok := cfg.Policy("nic", "egressBandwidth")
 	if !ok || pol.Default.String() != "100M" || pol.Step.String() != "10M" || pol.Max.String() != "5G" {
 		t.Errorf("nic egress policy = %+v %v", pol, ok)
+	}
+}
+
+// netdev.maxSharesPerNIC defaults, and is kept as written.
+func TestMaxSharesPerNIC(t *testing.T) {
+	head := "apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\n"
+	for _, tc := range []struct {
+		doc  string
+		want int64
+	}{
+		{head, nodeconfig.DefaultMaxSharesPerNIC},
+		{head + "netdev:\n  maxSharesPerNIC: 2\n", 2},
+		{head + "netdev:\n  maxSharesPerNIC: 100000\n", 100000},
+	} {
+		cfg, err := nodeconfig.Decode([]byte(tc.doc))
+		if err != nil {
+			t.Fatalf("Decode: %v\n%s", err, tc.doc)
+		}
+		if got := cfg.SharesPerNIC(); got != tc.want {
+			t.Errorf("SharesPerNIC() = %d, want %d; doc:\n%s", got, tc.want, tc.doc)
+		}
+	}
+	if nodeconfig.DefaultMaxSharesPerNIC != 256 || nodeconfig.Default().SharesPerNIC() != 256 {
+		t.Errorf("the default is %d, documented as 256", nodeconfig.Default().SharesPerNIC())
 	}
 }
 
@@ -75,6 +100,11 @@ func TestDecodeErrorsNameTheField(t *testing.T) {
 		{head + "netdev:\n  bandwidth:\n  - interface: eth0\n    egress: -1G\n", `netdev.bandwidth[0].egress`},
 		{head + "netdev:\n  bandwidth:\n  - egress: 1G\n", `netdev.bandwidth[0].interface`},
 		{head + "netdev:\n  include: ['[']\n", `netdev.include[0]`},
+		{head + "netdev:\n  maxSharesPerNIC: 0\n", `netdev.maxSharesPerNIC: Invalid value: 0: must be at least 1`},
+		{head + "netdev:\n  maxSharesPerNIC: -2\n", `netdev.maxSharesPerNIC: Invalid value: -2: must be at least 1`},
+		{head + "netdev:\n  maxSharesPerNIC: many\n", `netdev.maxSharesPerNIC`},
+		{head + "netdev:\n  maxSharesPerNIC: 2.5\n", `netdev.maxSharesPerNIC`},
+		{head + "requestPolicies:\n  nic:\n    shares: {default: 2}\n", `requestPolicies[nic][shares]`},
 		{head + "requestPolicies:\n  fpga: {}\n", `requestPolicies[fpga]`},
 		{head + "requestPolicies:\n  gpu:\n    ways: {default: 1}\n", `requestPolicies[gpu][ways]`},
 		{head + "requestPolicies:\n  nic:\n    ways: {default: 1}\n", `requestPolicies[nic][ways]`},

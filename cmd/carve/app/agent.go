@@ -25,6 +25,7 @@ import (
 	"github.com/carve-dra/carve/prepare/cdi"
 	"github.com/carve-dra/carve/prepare/checkpoint"
 	"github.com/carve-dra/carve/prepare/status"
+	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -126,6 +127,11 @@ func Run(ctx context.Context, opts Options) error {
 	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, fpgaRoot: opts.FPGARoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
 		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason), gpuMemory: k.gpus.memory.tiers,
 		kernel: (&kernelprobe.Prober{Root: opts.Root}).Probe}
+	if k.classifierShares > 0 {
+		// Its compiled size, which Build assumes without it (as
+		// `carve discover` does): a pinned map of another is refused.
+		inv.build = append(inv.build, slices.ClassifierShares(k.classifierShares))
+	}
 	if _, err := inv.rescan(ctx, discovery.AnyChange()); err != nil {
 		return err
 	}

@@ -25,8 +25,11 @@ type inventory struct {
 	fpgaRoot     string
 	cfg          *nodeconfig.NodeConfig
 	node         string
-	metrics      *prepare.Metrics
-	nvml         func(context.Context) (*nvmlinfo.Inventory, error)
+	// build are the slices' options beside the node config: the loaded
+	// classifier's room for shares.
+	build   []slices.Option
+	metrics *prepare.Metrics
+	nvml    func(context.Context) (*nvmlinfo.Inventory, error)
 	// gpuMemory gives each GPU's memory enforcement tier.
 	gpuMemory func(context.Context, *nvmlinfo.Inventory) map[string]discovery.GPUMemory
 	// kernel probes the running kernel's features once (see
@@ -70,7 +73,7 @@ func (i *inventory) rescan(ctx context.Context, changes discovery.Changes) (bool
 		return false, nil
 	}
 	i.found = inv
-	res := slices.Build(inv, i.cfg, i.node)
+	res := slices.Build(inv, i.cfg, i.node, i.build...)
 	old := i.current.Swap(&res)
 	i.mu.Lock()
 	for _, w := range i.waiters {

@@ -27,9 +27,12 @@ import (
 type kinds struct {
 	preparers  map[string]prepare.Preparer
 	linkEvents *netdev.LinkChanges
-	collectors []prometheus.Collector
-	gpus       *gpus
-	close      func()
+	// classifierShares is how many shares the loaded classifier holds;
+	// 0 where none is loaded.
+	classifierShares int
+	collectors       []prometheus.Collector
+	gpus             *gpus
+	close            func()
 }
 
 // openKinds wires the preparer of each device kind. A node without BPF
@@ -54,6 +57,7 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 		logger.Error(err, "BPF classifier unavailable; bandwidth shares will be refused")
 	} else {
 		closers = append(closers, func() { shaper.Close() })
+		k.classifierShares = shaper.ShareSlots()
 		if removed, err := bpf.CleanupDefunct(opts.BPFPinDir); err != nil {
 			logger.Error(err, "Cleaning up defunct classifier links")
 		} else if len(removed) > 0 {
