@@ -18,9 +18,9 @@ import (
 // the two to the same verdicts. vlan_present is never set by BPF_PROG_RUN,
 // so an accelerated tag is not modelled.
 type spoofModel struct {
-	share, parentMAC net.HardwareAddr
-	pod              PodShare
-	allowed          map[netip.Addr]bool
+	share   net.HardwareAddr
+	pod     PodShare
+	allowed map[netip.Addr]bool
 }
 
 func (m spoofModel) reason(f []byte) SpoofReason {
