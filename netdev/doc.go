@@ -170,7 +170,7 @@
 //     node (TestNodeShareEscapes): 92k–379k forged frames per 2 s flood
 //     dropped, at most 340 bytes (the pods' own ARP/ND) reaching the
 //     server's end, none charged to the neighbour, the server's ARP cache
-//     clean, and the attacker's own traffic at 0.991 of its share at L2. A
+//     clean, and the attacker's own TCP at 0.956 of its share (met). A
 //     share without an egress limit is recorded too, so it is checked and
 //     its frames are never charged to another share. A frame a pod forwards
 //     without a socket of its own is classified by source MAC only.

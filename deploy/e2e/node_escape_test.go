@@ -177,8 +177,8 @@ netdev:
 		t.Errorf("carve shares does not report the spoofed frames dropped:\n%s", sharesOut)
 	}
 
-	// The pod's own traffic still meets its share, at L2: the classifier's
-	// byte counts over 3 s of the transfer, from 1 s after its first
+	// The pod's own traffic still meets its share. The classifier's byte
+	// counts are read over 3 s of the transfer, from 1 s after its first
 	// bytes (kubectl exec may take seconds to start it on a busy node).
 	l2 := make(chan float64, 1)
 	k := bpf.Key{MAC: macs["raw"], Dir: bpf.Egress}
@@ -200,10 +200,13 @@ netdev:
 	if r.err != nil {
 		t.Fatalf("the pod's own iperf3: %v", r.err)
 	}
-	ratio := <-l2 / limit
-	t.Logf("the pod's own traffic after the floods: %.1f Mbit/s goodput, L2 %.3f of its 20M share", r.bps/1e6, ratio)
-	if ratio < 0.98 || ratio > 1.02 {
-		t.Errorf("the pod's own traffic: L2 %.3f of its share, want it met", ratio)
+	// A TCP flow held to a limit met within 1% measures 0.956 of it as
+	// goodput (the headers of every segment); the classifier counts GSO
+	// super-packets' headers once, so its byte rate reads about the same.
+	goodput, l2ratio := r.bps/limit, <-l2/limit
+	t.Logf("the pod's own traffic after the floods: %.1f Mbit/s goodput (%.3f of its 20M share; classifier bytes %.3f)", r.bps/1e6, goodput, l2ratio)
+	if goodput < 0.946 || goodput > 0.966 {
+		t.Errorf("the pod's own traffic: goodput %.3f of its share, want 0.956 ± 0.01 (the limit met within 1%%)", goodput)
 	}
 
 	// "Still works": traffic flows both ways, never over the share (the
