@@ -111,7 +111,7 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 				flow(b.tp.Server, b.tp.Node, "10.77.0.250", 5315), flow(b.tp.Server, b.tp.Node, "fd77::250", 5316)}
 		}
 		stats, ifbTx = nil, nil
-		res, err := nettest.RunFlows(flows, time.Second, 1500*time.Millisecond, mark)
+		res, err := nettest.RunFlows(flows, time.Second, 2500*time.Millisecond, mark)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,8 +123,12 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 			dir, limit, res[0].Goodput()/1e6, res[1].Goodput()/1e6, gpRatio, l2Ratio, res[2].Goodput()/1e6, res[3].Goodput()/1e6)
 		// As in TestSharesHoldTheirRates: 0.956 of the rate is the
 		// limit met to within 1%; IPv6's larger header costs a little.
-		if gpRatio < 0.956*0.9 || gpRatio > 0.956*1.1 || l2Ratio < 0.9 {
-			t.Errorf("%s share of %s by address: goodput ratio %.3f is outside 0.956 ± 10%%, or L2 ratio %.3f under 0.9", dir, limit, gpRatio, l2Ratio)
+		// Above it the bound is looser: a receiver starved of CPU by the
+		// neighbour's 10 Gbit/s flows reads a backlog inside the window
+		// (seen: 1.105 with the classifier's L2 at 0.947), while traffic
+		// that escaped the share would read as many times the limit.
+		if gpRatio < 0.956*0.9 || gpRatio > 0.956*1.25 || l2Ratio < 0.9 || l2Ratio > 1.05 {
+			t.Errorf("%s share of %s by address: goodput ratio %.3f is outside 0.956 -10%%/+25%%, or L2 ratio %.3f outside 0.9-1.05", dir, limit, gpRatio, l2Ratio)
 		}
 		for i := 2; i < len(flows); i++ {
 			if res[i].Goodput() < 2*rate(limit) {
