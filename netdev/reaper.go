@@ -136,10 +136,45 @@ func (r *reaper) resume() ([]reapItem, error) {
 	}
 	var out []reapItem
 	for _, it := range items {
+		it = it.sanitized()
 		out = append(out, it)
 		r.add(it)
 	}
 	return out, nil
+}
+
+// sanitized is the item with only what carve itself would have queued: the
+// queue is root's, but a reaper that deletes links, classes and files by the
+// names it reads would follow a planted or damaged entry anywhere. The link
+// (and with it the attach spec's path) is derived from the key, as prepare
+// names it; a parent that is no interface name, or a minor outside the
+// share classes' range, is dropped: nothing is removed by it, and a class it
+// named goes with its parent's shaper once that shaper holds no share.
+func (it reapItem) sanitized() reapItem {
+	it.Link = LinkName(it.Key)
+	if !validLinkName(it.Parent) {
+		it.Parent = ""
+	}
+	for _, m := range []*uint16{&it.EgressMinor, &it.IngressMinor} {
+		if *m < minMinor || *m >= maxMinor {
+			*m = 0
+		}
+	}
+	return it
+}
+
+// validLinkName is an interface name the kernel would accept (1 to 15 bytes,
+// not "." or "..", no '/', ':', white space or NUL).
+func validLinkName(name string) bool {
+	if name == "" || len(name) > 15 || name == "." || name == ".." {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c == '/' || c == ':' || c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // run reaps batches until nothing is pending.

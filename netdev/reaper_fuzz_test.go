@@ -101,9 +101,17 @@ func FuzzReaperQueue(f *testing.F) {
 			if !ok || got.Key != key {
 				t.Fatalf("share %q not pending: %+v", key, r.pending)
 			}
+			// Only what carve would have queued: the link named from
+			// the key, a parent that is an interface name, minors in
+			// the share classes' range.
+			if got.Link != LinkName(key) || (got.Parent != "" && !validLinkName(got.Parent)) ||
+				(got.EgressMinor != 0 && (got.EgressMinor < minMinor || got.EgressMinor >= maxMinor)) ||
+				(got.IngressMinor != 0 && (got.IngressMinor < minMinor || got.IngressMinor >= maxMinor)) {
+				t.Fatalf("share %q: resumed %+v, beyond what carve queues", key, got)
+			}
 			// Merged: each field is one of the share's items', and
 			// what one of them knew is not lost (the link is the
-			// newest item's, never merged).
+			// key's, never merged).
 			for _, field := range []struct {
 				get    func(reapItem) any
 				merged bool

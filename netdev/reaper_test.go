@@ -146,3 +146,50 @@ func TestSetUpIsLookedAtAgainWhenGone(t *testing.T) {
 		t.Errorf("no IFB after prepare: %v", err)
 	}
 }
+
+// A queue entry that names a link, parent or file carve would not have
+// queued (the queue is root's, but a damaged or planted entry must not point
+// the reaper elsewhere) removes only what the share's key names: a bystander
+// interface on the node and a file outside the state directory stay.
+func TestResumedQueueRemovesOnlyWhatTheKeyNames(t *testing.T) {
+	b := newBench(t)
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	bystander := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "bystander0"}, PeerName: "bystander1"}
+	if err := node.LinkAdd(bystander); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(t.TempDir(), "precious")
+	if err := os.WriteFile(outside+".json", []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(filepath.Join(b.state, "netdev"), outside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := checkpoint.Open[reapEntry](filepath.Join(b.state, "netdev", "reaper"), "boot-test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Update(func(m map[types.UID]reapEntry) error {
+		m["a"] = reapEntry{Key: "a", Link: "bystander0", Parent: "bystander1", EgressMinor: 1, IngressMinor: 0xffff}
+		m["b"] = reapEntry{Key: "b", Link: rel, Parent: "../../etc"}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	restarted := b.newPreparer("test", b.tp.Subnet, "")
+	restarted.Restore(nil, nil)
+	restarted.WaitReaped()
+	for _, name := range []string{"bystander0", "bystander1"} {
+		if _, err := node.LinkByName(name); err != nil {
+			t.Errorf("the bystander %s was removed by a planted queue entry: %v", name, err)
+		}
+	}
+	if _, err := os.Stat(outside + ".json"); err != nil {
+		t.Errorf("a file outside the state directory was removed by a planted queue entry: %v", err)
+	}
+	if left, err := q.Read(); err != nil || len(left) != 0 {
+		t.Errorf("reaper queue after the removal: %v %v", left, err)
+	}
+}

@@ -34,6 +34,10 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		if err := json.Unmarshal(raw, &u); err != nil {
 			return fmt.Errorf("undo record: %w", err)
 		}
+		// The names come from the key, as prepare made them: a
+		// damaged record must not point the removal at another link
+		// or file.
+		u.Link, u.MAC = LinkName(key), ShareMAC(key).String()
 	}
 	mac, _ := net.ParseMAC(u.MAC)
 	var errs []error

@@ -14,8 +14,9 @@ import (
 )
 
 // FuzzContainerPID reads the OCI state the runtime gives a hook on stdin.
-// A pid it returns is positive and survives an encode and a read again;
-// anything else is an error that says it is the OCI state.
+// A pid it returns is positive, from stdin that is one JSON document and
+// nothing after it, and survives an encode and a read again; anything else
+// is an error that says it is the OCI state.
 func FuzzContainerPID(f *testing.F) {
 	for _, s := range []string{
 		`{"ociVersion":"1.2.0","id":"c1","status":"created","pid":4242,"bundle":"/b","annotations":{"a":"b"}}`,
@@ -36,6 +37,10 @@ func FuzzContainerPID(f *testing.F) {
 		}
 		if pid <= 0 {
 			t.Fatalf("ContainerPID(%q) = %d without an error", in, pid)
+		}
+		// The whole of stdin is one JSON document: nothing trails it.
+		if !json.Valid(in) {
+			t.Fatalf("ContainerPID(%q) = %d: stdin is not one JSON document", in, pid)
 		}
 		b, err := json.Marshal(specs.State{Version: specs.Version, ID: "c", Status: specs.StateCreated, Pid: pid, Bundle: "/b"})
 		if err != nil {

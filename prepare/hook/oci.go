@@ -21,10 +21,24 @@ func ContainerPID(stdin io.Reader) (int, error) {
 	return state.Pid, nil
 }
 
+// maxStateBytes bounds the OCI state a hook reads: the state is a few
+// fields and the container's annotations, which Kubernetes caps at 256 KiB.
+const maxStateBytes = 4 << 20
+
 func readState(stdin io.Reader) (specs.State, error) {
 	var state specs.State
-	if err := json.NewDecoder(stdin).Decode(&state); err != nil {
+	// The whole of stdin is the state: one JSON document and nothing
+	// after it (a decoder would stop at the first value and let the
+	// rest pass unread).
+	b, err := io.ReadAll(io.LimitReader(stdin, maxStateBytes+1))
+	if err != nil {
 		return state, fmt.Errorf("OCI state on stdin: %w", err)
+	}
+	if len(b) > maxStateBytes {
+		return state, fmt.Errorf("OCI state on stdin: over %d bytes", maxStateBytes)
+	}
+	if err := json.Unmarshal(b, &state); err != nil {
+		return specs.State{}, fmt.Errorf("OCI state on stdin: %w", err)
 	}
 	if state.Pid <= 0 {
 		return state, fmt.Errorf("OCI state on stdin has no pid (container %q, status %q)", state.ID, state.Status)
