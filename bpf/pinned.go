@@ -119,7 +119,9 @@ func readShares(m *ebpf.Map) (map[Key]uint32, error) {
 	var v shaperShareVal
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		out[k.key()] = v.Classid
+		if v.Classid != 0 {
+			out[k.key()] = v.Classid
+		}
 	}
 	return out, it.Err()
 }

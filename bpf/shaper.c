@@ -38,14 +38,23 @@ struct share_key {
 };
 
 struct share_val {
-	__u32 classid; // HTB class handle, major<<16 | minor
-	__u32 flags;   // SHARE_BY_ADDR or zero
+	__u32 classid; // HTB class handle, major<<16 | minor; 0: unshaped
+	__u32 flags;   // SHARE_* bits, and the guard above SHARE_GUARD_SHIFT
 };
 
 // The share is found by its addresses (share_addrs) and its pod's netns,
 // never by a frame's MAC: an ipvlan child sends and receives with its
 // parent's MAC, and the MAC that names such a share is on no interface.
 #define SHARE_BY_ADDR 1
+// An egress entry that carries the share's source guard (its netns_val's
+// vlan_flags, in bits 16-31) for the frames its pod sends with no socket of
+// its pod's netns: the kernel's own ARP replies for an address the pod
+// added, frames the pod forwards. Such frames are found by source MAC, so
+// they get the same checks as the pod's socket frames. An entry with
+// classid 0 is a guard only (the share has no egress limit). Pins made by
+// an older carve have no guard bits: their frames pass as before.
+#define SHARE_GUARDED 2
+#define SHARE_GUARD_SHIFT 16
 
 struct share_counters {
 	__u64 bytes; // skb->len: whole frames, GSO super-packets included
@@ -150,6 +159,16 @@ struct {
 	__type(value, __u32);            // MACs learned for it
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } learned_count SEC(".maps");
+
+// Set once a MAC is first learned on the node, so that frames matching no
+// share by MAC look for a learned one only where there may be some.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} learned_used SEC(".maps");
 
 // The MACs of the node's interfaces that carry shares (the parents), each
 // with its ifindex, written by the agent: never learned for a pod, and the
@@ -434,10 +453,10 @@ static __always_inline int by_addr(const __u8 *mac)
 }
 
 // learn maps a source MAC of a pod whose class allows MAC changes to the
-// pod's share on parent (see learned_on_parent).
-static __always_inline void learn(const __u8 *src, __u32 parent, struct netns_val *n)
+// pod's share (named by share) on parent (see learned_on_parent).
+static __always_inline void learn(const __u8 *src, __u32 parent, const __u8 *share)
 {
-	if (mac_eq(src, n->mac) || by_addr(n->mac))
+	if (mac_eq(src, share) || by_addr(share))
 		return;
 	struct share_key k = { .dir = DIR_INGRESS };
 	__builtin_memcpy(k.mac, src, ETH_ALEN);
@@ -450,17 +469,17 @@ static __always_inline void learn(const __u8 *src, __u32 parent, struct netns_va
 	struct learned_on_parent_key pk = { .ifindex = parent };
 	__builtin_memcpy(pk.mac, src, ETH_ALEN);
 	struct learned_key *known = bpf_map_lookup_elem(&learned_on_parent, &pk);
-	if (known && mac_eq(known->mac, n->mac))
-		return;
 	if (known)
-		return; // another share's learned MAC stays that share's
+		return; // its own already, or another share's, which stays so
 	struct learned_key owner = {};
-	__builtin_memcpy(owner.mac, n->mac, ETH_ALEN);
+	__builtin_memcpy(owner.mac, share, ETH_ALEN);
 	__u32 *cnt = bpf_map_lookup_elem(&learned_count, &owner);
 	if (cnt && *cnt >= LEARN_CAP)
 		return;
 	if (bpf_map_update_elem(&learned_on_parent, &pk, &owner, BPF_NOEXIST) != 0)
 		return;
+	__u32 zero = 0, one = 1;
+	bpf_map_update_elem(&learned_used, &zero, &one, BPF_ANY);
 	if (cnt) {
 		__sync_fetch_and_add(cnt, 1);
 	} else {
@@ -503,24 +522,25 @@ static __always_inline int ip6_own(const __u8 *a)
 // SR-IOV's spoofchk does and further: its source MAC is the share's (unless
 // the class allows changes), it carries no VLAN tag but the one the share's
 // own VLAN device adds, and, for a share with known addresses, its IPv4 or
-// IPv6 source, ARP sender and ND target are the share's. SPOOF_OK, or why
-// it must be dropped.
-static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, struct netns_val *n)
+// IPv6 source, ARP sender and ND target are the share's. The share is named
+// by share; guard is its netns_val's vlan_flags. SPOOF_OK, or why it must be
+// dropped.
+static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, const __u8 *share, __u16 guard)
 {
 	__u8 eth[ETH_HLEN];
-	__u16 vlan = n->vlan_flags & NETNS_VLAN_MASK;
-	__u16 flags = n->vlan_flags >> NETNS_FLAGS_SHIFT;
+	__u16 vlan = guard & NETNS_VLAN_MASK;
+	__u16 flags = guard >> NETNS_FLAGS_SHIFT;
 
 	if (bpf_skb_load_bytes(skb, 0, eth, ETH_HLEN) < 0)
 		return SPOOF_OK; // nothing a runt can claim
-	if (!mac_eq(eth + ETH_ALEN, n->mac)) {
+	if (!mac_eq(eth + ETH_ALEN, share)) {
 		struct learned_key lk = {};
 		__builtin_memcpy(lk.mac, eth + ETH_ALEN, ETH_ALEN);
 		__u32 *local = bpf_map_lookup_elem(&local_macs, &lk);
-		if (local && *local == parent && by_addr(n->mac)) {
+		if (local && *local == parent && by_addr(share)) {
 			// An ipvlan child sends with its parent's MAC.
 		} else if (flags & NETNS_ALLOW_MAC_CHANGE) {
-			learn(eth + ETH_ALEN, parent, n);
+			learn(eth + ETH_ALEN, parent, share);
 		} else {
 			return SPOOF_SRC_MAC;
 		}
@@ -547,7 +567,7 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, str
 			return SPOOF_SRC_IP;
 		if ((src[0] | src[1] | src[2] | src[3]) == 0) // DHCP's 0.0.0.0
 			return SPOOF_OK;
-		return allowed(parent, 4, src, n->mac) ? SPOOF_OK : SPOOF_SRC_IP;
+		return allowed(parent, 4, src, share) ? SPOOF_OK : SPOOF_SRC_IP;
 	}
 	if (proto == bpf_htons(ETH_P_ARP) && (flags & NETNS_CHECK_IPV4)) {
 		// htype, ptype, hlen, plen, oper, sha[6], spa[4]
@@ -560,13 +580,13 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, str
 			return SPOOF_ARP; // the sender MAC is the frame's own, checked above
 		if ((arp[14] | arp[15] | arp[16] | arp[17]) == 0) // an ARP probe
 			return SPOOF_OK;
-		return allowed(parent, 4, arp + 14, n->mac) ? SPOOF_OK : SPOOF_ARP;
+		return allowed(parent, 4, arp + 14, share) ? SPOOF_OK : SPOOF_ARP;
 	}
 	if (proto == bpf_htons(ETH_P_IPV6) && (flags & NETNS_CHECK_IPV6)) {
 		__u8 ip6[40];
 		if (bpf_skb_load_bytes(skb, off, ip6, sizeof(ip6)) < 0)
 			return SPOOF_SRC_IP;
-		if (!ip6_own(ip6 + 8) && !allowed(parent, 6, ip6 + 8, n->mac))
+		if (!ip6_own(ip6 + 8) && !allowed(parent, 6, ip6 + 8, share))
 			return SPOOF_SRC_IP;
 		if (ip6[6] != 58) // ICMPv6 right after the header
 			return SPOOF_OK;
@@ -577,7 +597,7 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, str
 		// advertisement claims its target.
 		if (icmp[0] != 136)
 			return SPOOF_OK;
-		if (ip6_own(icmp + 8) || allowed(parent, 6, icmp + 8, n->mac))
+		if (ip6_own(icmp + 8) || allowed(parent, 6, icmp + 8, share))
 			return SPOOF_OK;
 		return SPOOF_ND;
 	}
@@ -633,6 +653,30 @@ static __always_inline struct share_val *ingress_share(struct __sk_buff *skb, st
 	return mac_share(key);
 }
 
+// learned_share finds the egress entry of the share whose pod took the
+// MAC in key (a class that allows MAC changes; see learned_on_parent) on
+// parent, and sets key to the share's own MAC. Only once some MAC was ever
+// learned on the node (learned_used): the host's own frames pay nothing
+// for it otherwise.
+static __always_inline struct share_val *learned_share(__u32 parent, struct share_key *key)
+{
+	__u32 zero = 0;
+	__u32 *used = bpf_map_lookup_elem(&learned_used, &zero);
+	if (!used || !*used)
+		return NULL;
+	struct learned_on_parent_key pk = { .ifindex = parent };
+	__builtin_memcpy(pk.mac, key->mac, ETH_ALEN);
+	struct learned_key *owner = bpf_map_lookup_elem(&learned_on_parent, &pk);
+	if (!owner)
+		return NULL;
+	struct share_key k = { .dir = DIR_EGRESS };
+	__builtin_memcpy(k.mac, owner->mac, ETH_ALEN);
+	struct share_val *v = mac_share(&k);
+	if (v)
+		__builtin_memcpy(key->mac, owner->mac, ETH_ALEN);
+	return v;
+}
+
 static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 {
 	struct share_key key = { .dir = dir };
@@ -643,7 +687,7 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 		if (n) {
 			// A pod's frame: its own share's, and dropped where it
 			// claims to be someone else's.
-			int reason = spoof_reason(skb, skb->ifindex, n);
+			int reason = spoof_reason(skb, skb->ifindex, n->mac, n->vlan_flags);
 			if (reason != SPOOF_OK) {
 				count_drop(n->mac, reason);
 				return TC_ACT_SHOT;
@@ -655,10 +699,23 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 			return CARVE_TCX_NEXT;
 		}
 		// Otherwise by source MAC (bytes 6..11 of the frame), else by
-		// source address.
+		// a MAC learned for a share, else by source address. A frame
+		// with no socket of its pod's (see SHARE_GUARDED) is checked
+		// here as the pod's own frames are above.
 		if (bpf_skb_load_bytes(skb, ETH_ALEN, key.mac, ETH_ALEN) < 0)
 			return CARVE_TCX_NEXT;
 		v = mac_share(&key);
+		if (!v)
+			v = learned_share(skb->ifindex, &key);
+		if (v && (v->flags & SHARE_GUARDED)) {
+			int reason = spoof_reason(skb, skb->ifindex, key.mac, v->flags >> SHARE_GUARD_SHIFT);
+			if (reason != SPOOF_OK) {
+				count_drop(key.mac, reason);
+				return TC_ACT_SHOT;
+			}
+		}
+		if (v && !v->classid)
+			return CARVE_TCX_NEXT; // a guard only: the share is unshaped
 		if (!v)
 			v = addr_share(skb, skb->ifindex, &key);
 	} else {

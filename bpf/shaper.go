@@ -140,7 +140,7 @@ func (s *Shaper) SetShare(dir Direction, mac net.HardwareAddr, classid uint32) e
 }
 
 // putShare writes a share's entry: its class, and flags such as
-// shareByAddr.
+// shareByAddr. A guard the entry carries (GuardShare) stays.
 func (s *Shaper) putShare(dir Direction, mac net.HardwareAddr, classid uint32, flags uint32) error {
 	k, err := makeKey(dir, mac)
 	if err != nil {
@@ -149,7 +149,45 @@ func (s *Shaper) putShare(dir Direction, mac net.HardwareAddr, classid uint32, f
 	if classid == 0 {
 		return errors.New("classid 0 names no class")
 	}
+	var old shaperShareVal
+	if err := s.objs.Shares.Lookup(&k, &old); err == nil {
+		flags |= old.Flags & shareGuardMask
+	}
 	return s.objs.Shares.Put(&k, &shaperShareVal{Classid: classid, Flags: flags})
+}
+
+// SHARE_GUARDED and SHARE_GUARD_SHIFT in shaper.c.
+const (
+	shareGuarded   = 2
+	shareGuardMask = shareGuarded | 0xffff<<16
+)
+
+// GuardShare gives the egress entry of the share named by mac the checks
+// its pod's frames get (g's VLAN, AllowMACChange, CheckIPv4/6; the rest of
+// g is not used), for the frames the pod sends with no socket of its own
+// namespace: the kernel's ARP replies for an address the pod added, frames
+// the pod forwards. Those are found by source MAC (or a MAC learned for the
+// share). A share with no egress class gets an entry that is a guard only.
+// DeleteShare(Egress, mac) removes it with the rest.
+func (s *Shaper) GuardShare(mac net.HardwareAddr, g PodShare) error {
+	k, err := makeKey(Egress, mac)
+	if err != nil {
+		return err
+	}
+	vf, err := g.vlanFlags()
+	if err != nil {
+		return err
+	}
+	guard := shareGuarded | uint32(vf)<<16
+	var v shaperShareVal
+	if err := s.objs.Shares.Lookup(&k, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("the egress entry of share %s: %w", mac, err)
+	}
+	v.Flags = v.Flags&^shareGuardMask | guard
+	if err := s.objs.Shares.Put(&k, &v); err != nil {
+		return fmt.Errorf("guard the egress entry of share %s: %w", mac, err)
+	}
+	return nil
 }
 
 // ShareCapacity is how many share entries (one per share and direction)
@@ -234,7 +272,8 @@ func (s *Shaper) SetRate(mac net.HardwareAddr, bitsPerSec uint64) error {
 	return s.objs.ShareRates.Put(&k, &shaperShareRate{BytesPerSec: bitsPerSec / 8})
 }
 
-// Shares returns every share's class handle.
+// Shares returns every shaped share's class handle (an entry that is a
+// guard only, GuardShare's for an unshaped share, is none).
 func (s *Shaper) Shares() (map[Key]uint32, error) { return readShares(s.objs.Shares) }
 
 // Stats returns each share's counters, summed over CPUs.

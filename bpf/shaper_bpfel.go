@@ -109,6 +109,7 @@ const (
 	shaperMapIfbOf            = "ifb_of"
 	shaperMapLearnedCount     = "learned_count"
 	shaperMapLearnedOnParent  = "learned_on_parent"
+	shaperMapLearnedUsed      = "learned_used"
 	shaperMapLocalMacs        = "local_macs"
 	shaperMapShaperReturns    = "shaper_returns"
 	shaperMapShareAddrs       = "share_addrs"
@@ -183,6 +184,7 @@ type shaperMapSpecs struct {
 	IfbOf           *ebpf.MapSpec `ebpf:"ifb_of"`
 	LearnedCount    *ebpf.MapSpec `ebpf:"learned_count"`
 	LearnedOnParent *ebpf.MapSpec `ebpf:"learned_on_parent"`
+	LearnedUsed     *ebpf.MapSpec `ebpf:"learned_used"`
 	LocalMacs       *ebpf.MapSpec `ebpf:"local_macs"`
 	ShaperReturns   *ebpf.MapSpec `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.MapSpec `ebpf:"share_addrs"`
@@ -225,6 +227,7 @@ type shaperMaps struct {
 	IfbOf           *ebpf.Map `ebpf:"ifb_of"`
 	LearnedCount    *ebpf.Map `ebpf:"learned_count"`
 	LearnedOnParent *ebpf.Map `ebpf:"learned_on_parent"`
+	LearnedUsed     *ebpf.Map `ebpf:"learned_used"`
 	LocalMacs       *ebpf.Map `ebpf:"local_macs"`
 	ShaperReturns   *ebpf.Map `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.Map `ebpf:"share_addrs"`
@@ -243,6 +246,7 @@ func (m *shaperMaps) Close() error {
 		m.IfbOf,
 		m.LearnedCount,
 		m.LearnedOnParent,
+		m.LearnedUsed,
 		m.LocalMacs,
 		m.ShaperReturns,
 		m.ShareAddrs,

@@ -110,17 +110,60 @@ func FuzzClassifyEgress(f *testing.F) {
 			f.Add(seed, flags)
 		}
 	}
+	// Bit 15 of the fuzzed flags (unused by netns_val) sends the frame
+	// with no socket of the pod's: found by source MAC, or by a MAC
+	// learned for the share, and checked by the share's guard.
+	const socketless = 1 << 15
+	if err := s.SetShare(Egress, share, class); err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range [][]byte{
+		ipFrame(gw, share, "10.9.0.6", "10.9.0.1", false),
+		arpFrame(share, share, 2, "10.9.0.1", "10.9.0.5"),
+		ipFrame(gw, mac2, "10.9.0.5", "10.9.0.1", false),
+	} {
+		for _, flags := range []uint16{socketless, socketless | 2<<12, socketless | 3<<12 | 7} {
+			f.Add(seed, flags)
+		}
+	}
 	f.Fuzz(func(t *testing.T, frame []byte, vlanFlags uint16) {
 		if len(frame) < 14 || len(frame) > 2048 {
 			return // BPF_PROG_RUN wants an Ethernet header; a frame is no larger
 		}
 		pod := PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class,
 			VLAN: int(vlanFlags&0x0fff) % 4095, AllowMACChange: vlanFlags&(1<<12) != 0, CheckIPv4: vlanFlags&(2<<12) != 0, CheckIPv6: vlanFlags&(4<<12) != 0}
-		// The same share again: its entry's flags are replaced.
-		if err := s.SetPodShare(pod); err != nil {
-			t.Fatal(err)
+		model := spoofModel{share: share, pod: pod, allowed: allowed}
+		wantClass := uint32(class)
+		if vlanFlags&socketless == 0 {
+			// The same share again: its entry's flags are replaced.
+			if err := s.SetPodShare(pod); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			k, _ := podKey(cookie, parent)
+			if err := s.objs.ShareNetns.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Fatal(err)
+			}
+			if err := s.GuardShare(share, pod); err != nil {
+				t.Fatal(err)
+			}
+			// Found by its source MAC or a MAC learned for the
+			// share (by earlier frames); any other is not the
+			// share's and passes unclassified.
+			learned, err := s.Learned()
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, mine := net.HardwareAddr(frame[6:12]), bytes.Equal(frame[6:12], share)
+			for _, l := range learned {
+				mine = mine || (l.MAC == src.String() && l.Share == share.String())
+			}
+			if !mine {
+				model.pod.AllowMACChange, model.pod.VLAN, model.pod.CheckIPv4, model.pod.CheckIPv6 = true, 0, false, false
+				wantClass = 0
+			}
 		}
-		want := spoofModel{share: share, pod: pod, allowed: allowed}.reason(frame)
+		want := model.reason(frame)
 		before, _ := s.SpoofDrops()
 		var out skbCtx
 		r, err := s.objs.ClassifyEgress.Run(&ebpf.RunOptions{Data: frame, Context: skbCtx{Ifindex: parent}, ContextOut: &out})
@@ -133,10 +176,10 @@ func FuzzClassifyEgress(f *testing.F) {
 		ret, prio := int32(r), out.Priority
 		after, _ := s.SpoofDrops()
 		switch {
-		case want == 0 && (ret != tcxNext || prio != class):
-			t.Fatalf("frame % x, share %+v: the classifier gave verdict %d priority %#x (drops %v, before %v); the model passes it in class %#x", frame, pod, ret, prio, after[share.String()], before[share.String()], class)
+		case want == 0 && (ret != tcxNext || prio != wantClass):
+			t.Fatalf("frame % x, share %+v, socketless %v: the classifier gave verdict %d priority %#x (drops %v, before %v); the model passes it in class %#x", frame, pod, vlanFlags&socketless != 0, ret, prio, after[share.String()], before[share.String()], wantClass)
 		case want != 0 && ret != tcActShot:
-			t.Fatalf("frame % x, share %+v: the classifier gave verdict %d; the model drops it (%v)", frame, pod, ret, want)
+			t.Fatalf("frame % x, share %+v, socketless %v: the classifier gave verdict %d; the model drops it (%v)", frame, pod, vlanFlags&socketless != 0, ret, want)
 		case want != 0 && after[share.String()][want] != before[share.String()][want]+1:
 			t.Fatalf("frame % x, share %+v: dropped, but not counted as %v (drops %v)", frame, pod, want, after[share.String()])
 		}

@@ -200,3 +200,111 @@ func TestMACChangeIsLearnedWithinItsCap(t *testing.T) {
 		t.Errorf("learned MACs left after the share went: %v", l)
 	}
 }
+
+// Frames a pod sends with no socket of its own namespace (its kernel's ARP
+// replies, frames it forwards) are found by source MAC, or by a MAC learned
+// for the share, and get the share's guard (GuardShare): the same checks as
+// its socket frames. BPF_PROG_RUN's frames carry this test's netns cookie,
+// so a share with no pod entry for it stands for such frames.
+func TestSocketlessFramesAreGuarded(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const parent, class = 1, 0x10010
+	shaped, unshaped, unguarded := mac1, mac2, net.HardwareAddr{0x02, 0xca, 0x7e, 0, 0, 3}
+	for _, m := range []net.HardwareAddr{shaped, unshaped} {
+		if err := s.AllowAddr(parent, netip.MustParseAddr(map[string]string{shaped.String(): "10.9.0.5", unshaped.String(): "10.9.0.6"}[m.String()]), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Guarded before and after its class is set: neither write loses
+	// the other's.
+	if err := s.GuardShare(shaped, PodShare{CheckIPv4: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetShare(Egress, shaped, class); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.GuardShare(unshaped, PodShare{VLAN: 7, CheckIPv4: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetShare(Egress, unguarded, 0x10030); err != nil { // a pin of an older carve
+		t.Fatal(err)
+	}
+	if got, _ := s.Shares(); len(got) != 2 || got[Key{MAC: unshaped.String(), Dir: Egress}] != 0 {
+		t.Errorf("shares %v: want the two shaped ones, not the guard-only entry", got)
+	}
+	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
+	for _, c := range []struct {
+		name   string
+		frame  []byte
+		reason SpoofReason // 0: passes
+		prio   uint32
+	}{
+		{"own address", ipFrame(gw, shaped, "10.9.0.5", "10.9.0.1", false), 0, class},
+		{"own ARP reply", arpFrame(shaped, shaped, 2, "10.9.0.5", "10.9.0.1"), 0, class},
+		{"forwarded from another source", ipFrame(gw, shaped, "192.0.2.9", "10.9.0.1", false), SpoofSrcIP, 0},
+		{"ARP reply for an added address", arpFrame(shaped, shaped, 2, "10.9.0.1", "10.9.0.7"), SpoofARP, 0},
+		{"in-band tag", ipFrame(gw, shaped, "10.9.0.5", "10.9.0.1", true), SpoofVLAN, 0},
+		{"unshaped share's ARP reply for an added address", arpFrame(unshaped, unshaped, 2, "10.9.0.1", "10.9.0.7"), SpoofVLAN, 0},
+		{"an older pin's share, unguarded", ipFrame(gw, unguarded, "192.0.2.9", "10.9.0.1", false), 0, 0x10030},
+		{"the host's frame", ipFrame(gw, net.HardwareAddr{0x02, 0x10, 0, 0, 0, 1}, "192.0.2.9", "10.9.0.1", false), 0, 0},
+	} {
+		ret, prio := runCtx(t, s.objs.ClassifyEgress, c.frame, skbCtx{Ifindex: parent})
+		switch {
+		case c.reason == 0 && (ret != tcxNext || prio != c.prio):
+			t.Errorf("%s: verdict %d, priority %#x; want passed at priority %#x", c.name, ret, prio, c.prio)
+		case c.reason != 0 && ret != tcActShot:
+			t.Errorf("%s: verdict %d; want dropped (%v)", c.name, ret, c.reason)
+		}
+	}
+	drops, _ := s.SpoofDrops()
+	if want := (SpoofDrops{SpoofSrcIP: 1, SpoofARP: 1, SpoofVLAN: 1}); fmt.Sprint(drops[shaped.String()]) != fmt.Sprint(want) {
+		t.Errorf("drops of the shaped share %v, want %v", drops[shaped.String()], want)
+	}
+	if want := (SpoofDrops{SpoofVLAN: 1}); fmt.Sprint(drops[unshaped.String()]) != fmt.Sprint(want) {
+		t.Errorf("drops of the unshaped share %v, want %v", drops[unshaped.String()], want)
+	}
+
+	// A pod whose class allows MAC changes takes another MAC: its socket
+	// frames teach the classifier, and its socket-less frames from that
+	// MAC are then the share's, guarded.
+	cookie, err := NetnsCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	changer := net.HardwareAddr{0x02, 0xca, 0x7e, 0, 0, 4}
+	taken := net.HardwareAddr{0x02, 0x77, 0, 0, 0, 9}
+	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.8"), changer); err != nil {
+		t.Fatal(err)
+	}
+	guard := PodShare{NetnsCookie: cookie, Parent: parent, MAC: changer.String(), ClassID: 0x10040, AllowMACChange: true, CheckIPv4: true}
+	if err := s.GuardShare(changer, guard); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetShare(Egress, changer, 0x10040); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPodShare(guard); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, taken, "10.9.0.8", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext {
+		t.Fatalf("the pod's socket frame from its new MAC: verdict %d", ret)
+	}
+	k, _ := podKey(cookie, parent)
+	if err := s.objs.ShareNetns.Delete(&k); err != nil { // from here on, socket-less
+		t.Fatal(err)
+	}
+	if ret, prio := runCtx(t, s.objs.ClassifyEgress, arpFrame(taken, taken, 2, "10.9.0.8", "10.9.0.1"), skbCtx{Ifindex: parent}); ret != tcxNext || prio != 0x10040 {
+		t.Errorf("its kernel's ARP reply from the learned MAC: verdict %d, priority %#x; want passed in its class", ret, prio)
+	}
+	if ret, _ := runCtx(t, s.objs.ClassifyEgress, arpFrame(taken, taken, 2, "10.9.0.1", "10.9.0.8"), skbCtx{Ifindex: parent}); ret != tcActShot {
+		t.Errorf("its kernel's ARP reply for an added address, from the learned MAC: verdict %d; want dropped", ret)
+	}
+	if err := s.DeleteShare(Egress, shaped); err != nil {
+		t.Fatal(err)
+	}
+	if ret, prio := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, shaped, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext || prio != 0 {
+		t.Errorf("after the share went: verdict %d, priority %#x; want passed, unclassified", ret, prio)
+	}
+}

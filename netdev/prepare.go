@@ -181,8 +181,9 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 	spec.Addresses = u.Addresses
-	if spec.PodShare != nil {
-		if err := p.guardSources(parent, mac, u.Addresses); err != nil {
+	if ps := spec.PodShare; ps != nil {
+		guard := bpf.PodShare{VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6}
+		if err := p.guardSources(parent, mac, u.Addresses, guard); err != nil {
 			return prepare.Prepared{}, err
 		}
 	}
@@ -249,8 +250,14 @@ func (p *NICPreparer) addressFamilies(cfg v1alpha1.NetworkConfig) (v4, v6 bool) 
 // guardSources records what the share's pod may send from: its addresses,
 // and the parent's MAC as the node's own (never learned for a pod; the
 // MAC an ipvlan child's frames carry). The entries go with the share's pod
-// entries at unprepare (bpf.Shaper.DeletePodShares).
-func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, addresses []string) error {
+// entries at unprepare (bpf.Shaper.DeletePodShares). The share's egress
+// entry gets guard, the checks the hook gives its pod's entry, for frames
+// the pod sends with no socket of its own (the kernel's ARP replies,
+// forwarded frames); it goes with the share's egress entry.
+func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, addresses []string, guard bpf.PodShare) error {
+	if err := p.opts.Shaper.GuardShare(mac, guard); err != nil {
+		return err
+	}
 	if hw := parent.Attrs().HardwareAddr; len(hw) == 6 {
 		if err := p.opts.Shaper.SetLocalMAC(parent.Attrs().Index, hw); err != nil {
 			return fmt.Errorf("record the MAC of parent %s: %w", parent.Attrs().Name, err)

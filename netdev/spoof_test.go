@@ -12,6 +12,7 @@ import (
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // A pod cannot leave its share by what it puts in a frame. Raw frames
@@ -197,3 +198,73 @@ func quiet(t *testing.T, ns netns.NsHandle, ifName string) {
 }
 
 func egressKey(mac string) bpf.Key { return bpf.Key{MAC: mac, Dir: bpf.Egress} }
+
+// A pod with CAP_NET_ADMIN that adds an address of no share to its
+// interface makes its own kernel answer ARP for that address. Those replies
+// have no socket of the pod's (the kernel sends them), so the classifier
+// finds them by source MAC; they get the same checks as the pod's socket
+// frames, and a peer on the wire never learns the stolen address.
+func TestKernelARPRepliesForAStolenAddressNeverLeave(t *testing.T) {
+	b := newBench(t)
+	a := b.add("thief", "20M", "20M", nil)
+	const stolen = "10.77.0.250" // in the parent's subnet, no share's
+	pod, err := netlink.NewHandleAt(a.pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	net1, _ := pod.LinkByName("net1")
+	if err := pod.AddrAdd(net1, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(stolen), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := netlink.NewHandleAt(b.tp.Server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	peer, _ := srv.LinkByName("peer0")
+	// resolved asks, from the server, who has addr (a datagram towards it
+	// makes the server's kernel ARP), and returns the MAC the server then
+	// holds for it, if any.
+	resolved := func(addr string) net.HardwareAddr {
+		t.Helper()
+		if err := hook.InNetns(b.tp.Server, func() error {
+			c, err := net.Dial("udp", net.JoinHostPort(addr, "9"))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("who"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			neighs, err := srv.NeighList(peer.Attrs().Index, netlink.FAMILY_V4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range neighs {
+				if n.IP.Equal(net.ParseIP(addr)) && len(n.HardwareAddr) == 6 && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE) != 0 {
+					return n.HardwareAddr
+				}
+			}
+		}
+		return nil
+	}
+	dropsBefore, _ := b.shaper.SpoofDrops()
+	if mac := resolved(stolen); mac != nil {
+		t.Errorf("the server learned the stolen address %s at %s: the pod's kernel's ARP reply left", stolen, mac)
+	}
+	drops, _ := b.shaper.SpoofDrops()
+	dropped := drops[a.mac][bpf.SpoofARP] - dropsBefore[a.mac][bpf.SpoofARP]
+	t.Logf("ARP replies for the stolen address dropped: %d", dropped)
+	if dropped == 0 {
+		t.Errorf("no ARP reply counted as dropped (%v)", drops[a.mac])
+	}
+	// The pod's own address still resolves: its kernel's replies for it
+	// pass.
+	if mac := resolved(a.ip); mac.String() != a.mac {
+		t.Errorf("the server holds %v for the pod's own address %s; want its share's MAC %s", mac, a.ip, a.mac)
+	}
+}
