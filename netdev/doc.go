@@ -33,6 +33,7 @@
 //	vlan: 100                  # optional: the share sits on a VLAN of the parent
 //	addresses: ["10.0.0.5/24"] # static, IPv4 or IPv6
 //	pools: [v4]                # or one address from each named pool of the node config
+//	allowedPools: [v4, v4b]    # class only: the pools its claims may name besides pools
 //	routes:
 //	- {destination: 10.1.0.0/16, gateway: 10.0.0.1}
 //	- {destination: default, gateway: 10.0.0.1}
@@ -223,8 +224,12 @@
 //
 // A claim author (whoever can create a ResourceClaim or template) chooses, in
 // a NetworkConfig, only the interface's name in the pod, its MTU and which of
-// the node config's address pools it draws from (the node config is the
-// allowlist). What touches the physical network comes only from the
+// the address pools its DeviceClass names (pools and allowedPools) it draws
+// from: pools belong to classes, and a class that names none leaves its
+// claims none. The chart's nic class names every pool of the chart's node
+// config (nicClassAllowedPools); tenants kept apart by subnet each get a
+// class naming their pools, with a ResourceQuota keeping other namespaces
+// off it. What touches the physical network comes only from the
 // DeviceClass: the interface mode, a VLAN, static addresses and routes; a
 // claim that sets them is refused at prepare with the field named
 // ("...parameters.vlan: Forbidden: set by the DeviceClass (the admin)"), and

@@ -83,6 +83,7 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 	var fromClaim *v1alpha1.NetworkConfig
 	var fromClaimDevice *v1alpha1.DeviceConfig
 	var claimFields map[string]json.RawMessage
+	var claimPath *field.Path
 	for i, c := range configs {
 		if c.Opaque == nil || c.Opaque.Driver != driver || !appliesTo(c.Requests, request) {
 			continue
@@ -117,7 +118,7 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 						"set by the DeviceClass (the admin), not the claim: a claim may set "+strings.Join(claimNetworkFields[2:], ", ")))
 				}
 			}
-			fromClaim, claimFields = own.Network, fields
+			fromClaim, claimFields, claimPath = own.Network, fields, path
 		}
 	}
 	if fromClaimDevice != nil {
@@ -133,6 +134,25 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 		eff.Device = merged
 	}
 	if fromClaim != nil {
+		if _, ok := claimFields["pools"]; ok {
+			// Pools belong to classes: a claim chooses among the
+			// pools its class names, and a class that names none
+			// leaves it none.
+			var allowed []string
+			if eff.Network != nil {
+				allowed = append(slices.Clone(eff.Network.Pools), eff.Network.AllowedPools...)
+			}
+			for i, name := range fromClaim.Pools {
+				if slices.Contains(allowed, name) {
+					continue
+				}
+				why := fmt.Sprintf("pool %q is not one the DeviceClass allows (%s)", name, strings.Join(allowed, ", "))
+				if len(allowed) == 0 {
+					why = fmt.Sprintf("pool %q: the DeviceClass allows its claims no address pool (its NetworkConfig names none in pools or allowedPools)", name)
+				}
+				return nil, fmt.Errorf("config from claim: %w", field.Forbidden(claimPath.Child("pools").Index(i), why))
+			}
+		}
 		base := fromClaim
 		if eff.Network != nil {
 			base = eff.Network.DeepCopy()
@@ -143,16 +163,6 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 				base.MTU = fromClaim.MTU
 			}
 			if _, ok := claimFields["pools"]; ok {
-				// Pools belong to classes: where the class names
-				// pools, a claim chooses among them only.
-				if len(eff.Network.Pools) > 0 {
-					for i, name := range fromClaim.Pools {
-						if !slices.Contains(eff.Network.Pools, name) {
-							return nil, fmt.Errorf("config from claim: %w", field.Forbidden(field.NewPath("pools").Index(i),
-								fmt.Sprintf("pool %q is not one the DeviceClass allows (%s)", name, strings.Join(eff.Network.Pools, ", "))))
-						}
-					}
-				}
 				base.Pools = fromClaim.Pools
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -50,6 +51,9 @@ func FuzzEffectiveConfig(f *testing.F) {
 		{class, net(`,"Vlan":9`), 1},               // a forbidden name in another case
 		{class, net(`,"interfaceName":"eth0"`), 1}, // reserved
 		{class, net(`,"pools":["a"]`), 0},          // a NetworkConfig for a GPU
+		{net(`,"pools":["a"],"allowedPools":["b"]`), net(`,"pools":["b"]`), 1},
+		{net(`,"allowedPools":["b"]`), net(`,"pools":["a"]`), 1},        // not the class's
+		{net(`,"allowedPools":["b"]`), net(`,"allowedPools":["a"]`), 1}, // the class's to set
 		{dev, []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"CARVE_CLAIM_UID":"x"}}`), 0},
 		{dev, []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"carve_x":"\n\u0000"}}`), 16},
 		{[]byte(`{}`), []byte(`[]`), 1},
@@ -156,6 +160,19 @@ func FuzzEffectiveConfig(f *testing.F) {
 		if claim.Network == nil || sel&16 != 0 {
 			return // (a second claim config, the class's bytes, wins)
 		}
+		// The pools a claim named are among those its class names (in
+		// pools or allowedPools); a class that names none allows none.
+		if _, named := jsonFields(claimRaw)["pools"]; named {
+			var allowed []string
+			if classApplies && class.Network != nil {
+				allowed = append(append(allowed, class.Network.Pools...), class.Network.AllowedPools...)
+			}
+			for _, p := range n.Pools {
+				if !slices.Contains(allowed, p) {
+					t.Fatalf("the claim %q took pool %q, which its class %q does not name", claimRaw, p, classRaw)
+				}
+			}
+		}
 		// The claim set at most interfaceName, mtu and pools: everything
 		// else is the class's or, with no class NetworkConfig, the
 		// defaults.
@@ -221,4 +238,11 @@ func TestConfigErrorSaysWhose(t *testing.T) {
 			t.Errorf("%s: %v; want %q and the field", source, err, want)
 		}
 	}
+}
+
+// jsonFields is the top-level fields of a JSON object, or none.
+func jsonFields(raw []byte) map[string]json.RawMessage {
+	fields := map[string]json.RawMessage{}
+	_ = json.Unmarshal(raw, &fields)
+	return fields
 }

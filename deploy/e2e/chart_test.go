@@ -39,7 +39,8 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// renderChart runs `helm template` on the chart with extra --set values.
+// renderChart runs `helm template` on the chart with extra --set values
+// (or other flags, given as --flag=value).
 func renderChart(t testing.TB, sets ...string) []byte {
 	t.Helper()
 	helm := os.Getenv("CARVE_HELM")
@@ -54,6 +55,10 @@ func renderChart(t testing.TB, sets ...string) []byte {
 	}
 	args := []string{"template", "carve", filepath.Join(repoRoot(), "deploy/chart/carve"), "--namespace", chartNamespace, "--kube-version", "1.37.0"}
 	for _, s := range sets {
+		if strings.HasPrefix(s, "--") {
+			args = append(args, s) // another flag, as --flag=value
+			continue
+		}
 		args = append(args, "--set", s)
 	}
 	var stderr bytes.Buffer

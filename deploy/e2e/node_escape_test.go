@@ -87,7 +87,7 @@ netdev:
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 			Expression: `device.driver == "carve.dev" && device.attributes["carve.dev"].kind == "nic"`}}},
 		Config: []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: "carve.dev", Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","allowMACChange":true}`)}}}}}}}
+			Driver: "carve.dev", Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","allowMACChange":true,"allowedPools":["esc"]}`)}}}}}}}
 	_ = cs.ResourceV1().DeviceClasses().Delete(ctx, macChange.Name, metav1.DeleteOptions{})
 	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, macChange, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -152,6 +152,10 @@ func TestBadClaimsFailCleanly(t *testing.T) {
 		{claim("u5h", "foreign-pool", []result{{request: "net", device: "nic-0000-17-00-0"}},
 			opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["tenant-a"]}`),
 			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["tenant-b"]}`)), `pool "tenant-b" is not one the DeviceClass allows (tenant-a)`},
+		{claim("u5i", "pool-of-no-class", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["tenant-b"]}`)), `pool "tenant-b": the DeviceClass allows its claims no address pool`},
+		{claim("u5j", "claim-allowed-pools", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","allowedPools":["tenant-b"]}`)), "parameters.allowedPools: Forbidden: set by the DeviceClass"},
 		{claim("u6", "over-capacity", []result{{request: "net", device: "nic-0000-17-00-0", share: "s1", consumed: bw("30G")}}), "exceeds its capacity"},
 		{claim("u7", "missing-node", []result{{request: "f", device: "fpga-0000-5e-00-0"}}), "dfl-fme.0"},
 		// What touches the physical network is the admin's (the class's).

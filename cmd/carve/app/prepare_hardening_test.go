@@ -133,7 +133,7 @@ func TestClaimNetworkConfigOverlaysTheClass(t *testing.T) {
 	}
 	e.driver = d
 	res := e.prepare(claim("overlay", "overlay", []result{{request: "net", device: "nic-0000-17-00-0"}},
-		opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","vlan":42,"macvlanMode":"vepa","interfaceName":"adm0","routes":[{"destination":"10.9.0.0/16","gateway":"10.1.0.1"}]}`),
+		opaque(resourceapi.AllocationConfigSourceClass, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","vlan":42,"macvlanMode":"vepa","interfaceName":"adm0","routes":[{"destination":"10.9.0.0/16","gateway":"10.1.0.1"}],"allowedPools":["q","p"]}`),
 		opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"data0","pools":["p"]}`)))
 	if err := res["overlay"].Err; err != nil {
 		t.Fatal(err)

@@ -37,8 +37,15 @@ type NetworkConfig struct {
 	// Addresses are static addresses in CIDR form, IPv4 or IPv6.
 	Addresses []string `json:"addresses,omitempty"`
 	// Pools name address pools of the node's config to take one address
-	// from each; the address is released on unprepare.
+	// from each; the address is released on unprepare. A claim may name
+	// only pools its DeviceClass names, here or in AllowedPools.
 	Pools []string `json:"pools,omitempty"`
+	// AllowedPools are more pools of the node's config that the class's
+	// claims may name in their pools (Pools are allowed too, and taken by
+	// claims that name none). A class that names no pool in either leaves
+	// its claims none: pools belong to classes, so that a tenant's class
+	// keeps other tenants out of its subnets. Set in the DeviceClass only.
+	AllowedPools []string `json:"allowedPools,omitempty"`
 	// Routes are added in the pod through this interface.
 	Routes []Route `json:"routes,omitempty"`
 	// AllowMACChange lets the pod send from other MACs than its share's

@@ -131,6 +131,11 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Required(path.Child("pools").Index(i), "a pool name from the node config"))
 		}
 	}
+	for i, p := range n.AllowedPools {
+		if p == "" {
+			errs = append(errs, field.Required(path.Child("allowedPools").Index(i), "a pool name from the node config"))
+		}
+	}
 	for i, r := range n.Routes {
 		errs = append(errs, validateRoute(r, path.Child("routes").Index(i))...)
 	}

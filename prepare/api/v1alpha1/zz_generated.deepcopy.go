@@ -55,6 +55,11 @@ func (in *NetworkConfig) DeepCopyInto(out *NetworkConfig) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.AllowedPools != nil {
+		in, out := &in.AllowedPools, &out.AllowedPools
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.Routes != nil {
 		in, out := &in.Routes, &out.Routes
 		*out = make([]Route, len(*in))
