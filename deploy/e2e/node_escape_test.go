@@ -39,8 +39,10 @@ const (
 // by reason, charges nothing to the neighbour, and the pod's own traffic
 // still meets its share at L2. A pod given CAP_NET_ADMIN in a DeviceClass
 // that sets allowMACChange changes its interface's MAC and still works,
-// held to its share both ways. The pods' image carries rawflood
-// (deploy/e2e/rawflood), a static Go binary.
+// held to its share both ways; when it adds an address of no share, its
+// kernel's ARP replies for it never leave; and a claim naming a pool its
+// class does not allow is refused at prepare. The pods' image carries
+// rawflood (deploy/e2e/rawflood), a static Go binary.
 func TestNodeShareEscapes(t *testing.T) {
 	cs := client(t)
 	env := clusterEnv(t)
@@ -81,6 +83,8 @@ netdev:
   - name: esc
     cidr: 10.80.0.0/24
     gateway: %s
+  - name: other-tenant
+    cidr: 10.80.1.0/24
 `, escParent, escParent, escIP))
 	// The admin's class for pods that may change their MAC.
 	macChange := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic-macchange.carve.dev"}, Spec: resourceapi.DeviceClassSpec{
@@ -208,6 +212,66 @@ netdev:
 	if goodput < 0.946 || goodput > 0.966 {
 		t.Errorf("the pod's own traffic: goodput %.3f of its share, want 0.956 ± 0.01 (the limit met within 1%%)", goodput)
 	}
+
+	// A pod with CAP_NET_ADMIN adds an address of no share: its own
+	// kernel answers ARP for it, with no socket of the pod's. The reply
+	// gets the share's checks all the same, and the server never learns
+	// the address.
+	const stolen = "10.80.0.250"
+	drops0, _ := shaper.SpoofDrops()
+	podExec(t, testNS, "admin", "main", "ip", "addr", "add", stolen+"/32", "dev", "net1")
+	run(t, "ip", "-n", escServer, "neigh", "flush", "all")
+	for range 3 { // the server's kernel asks who has it
+		run(t, "ip", "netns", "exec", escServer, "bash", "-c", "echo who > /dev/udp/"+stolen+"/9")
+		time.Sleep(400 * time.Millisecond)
+	}
+	neigh := run(t, "ip", "-n", escServer, "neigh", "show", stolen)
+	drops, _ := shaper.SpoofDrops()
+	t.Logf("the server's neighbour entry for the stolen %s: %q; the pod's kernel's ARP replies dropped: %d", stolen, strings.TrimSpace(neigh),
+		drops[macs["admin"]][bpf.SpoofARP]-drops0[macs["admin"]][bpf.SpoofARP])
+	if strings.Contains(neigh, "lladdr") {
+		t.Errorf("the server learned the address the pod stole: %s", neigh)
+	}
+	if drops[macs["admin"]][bpf.SpoofARP] == drops0[macs["admin"]][bpf.SpoofARP] {
+		t.Errorf("no ARP reply of the pod's kernel counted as dropped (%v)", drops[macs["admin"]])
+	}
+	podExec(t, testNS, "admin", "main", "ip", "addr", "del", stolen+"/32", "dev", "net1")
+
+	// A claim names a pool its class does not allow (another tenant's
+	// subnet): refused at prepare, naming the pool and the class's.
+	foreign := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "foreign-pool", Namespace: testNS},
+		Spec: shareClaimSpec(escParent, map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse("20M")},
+			`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["other-tenant"],"interfaceName":"net1"}`)}
+	foreign.Spec.Devices.Requests[0].Exactly.DeviceClassName = macChange.Name
+	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), foreign.Name, metav1.DeleteOptions{})
+	})
+	startPod(t, cs, podWithImage(foreign.Name, "carve-net-escape:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(foreign.Name)}))
+	const refusal = `pool "other-tenant" is not one the DeviceClass allows (esc)`
+	waitFor(t, "the foreign pool refused", 60*time.Second, func() (bool, error) {
+		ev, err := cs.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + foreign.Name})
+		if err != nil {
+			return false, err
+		}
+		var seen []string
+		for _, e := range ev.Items {
+			if strings.Contains(e.Message, refusal) {
+				t.Logf("pod %s: %s: %s", foreign.Name, e.Reason, e.Message)
+				return true, nil
+			}
+			seen = append(seen, e.Reason+": "+e.Message)
+		}
+		return false, fmt.Errorf("events %q", seen)
+	})
+	if p, err := cs.CoreV1().Pods(testNS).Get(ctx, foreign.Name, metav1.GetOptions{}); err != nil {
+		t.Error(err)
+	} else if p.Status.Phase == corev1.PodRunning {
+		t.Errorf("the pod of a claim naming a foreign pool is running")
+	}
+	_ = cs.CoreV1().Pods(testNS).Delete(ctx, foreign.Name, metav1.DeleteOptions{})
 
 	// "Still works": traffic flows both ways, never over the share (the
 	// first seconds after the change go to ARP and the classifier's
