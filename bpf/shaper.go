@@ -5,9 +5,9 @@ package bpf
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"

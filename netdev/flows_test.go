@@ -38,7 +38,10 @@ func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 		}
 		before := b.classPackets(t, node, dir)
 		loaded := make(chan error, 1)
-		go func() { _, err := nettest.RunFlows([]nettest.Flow{f}, 500*time.Millisecond, 2*time.Second, nil); loaded <- err }()
+		go func() {
+			_, err := nettest.RunFlows([]nettest.Flow{f}, 500*time.Millisecond, 2*time.Second, nil)
+			loaded <- err
+		}()
 		time.Sleep(700 * time.Millisecond)
 		rtts, lost, err := nettest.EchoRTT(s.pod, b.tp.Server, b.tp.ServerIP+":5302", 20*time.Millisecond, time.Second)
 		if err != nil {

@@ -110,13 +110,13 @@ type undoRecord struct {
 	EgressMinor uint16 `json:"egressMinor,omitempty"`
 	// EgressEDT is set where an older carve paced egress by EDT, with fq
 	// at the parent's root; unprepare removes such a share's rate.
-	EgressEDT    bool     `json:"egressEDT,omitempty"`
-	IngressMinor uint16   `json:"ingressMinor,omitempty"`
+	EgressEDT    bool   `json:"egressEDT,omitempty"`
+	IngressMinor uint16 `json:"ingressMinor,omitempty"`
 	// FlowClasses is set where the share's classes have children for its
 	// flows (flows.go): they go before their parent.
 	FlowClasses bool     `json:"flowClasses,omitempty"`
 	Addresses   []string `json:"addresses,omitempty"`
-	PoolAddrs    []string `json:"poolAddresses,omitempty"`
+	PoolAddrs   []string `json:"poolAddresses,omitempty"`
 	// AddressKeyed is set where the classifier tells the share apart by
 	// its addresses (ipvlan), not by its MAC.
 	AddressKeyed bool `json:"addressKeyed,omitempty"`
