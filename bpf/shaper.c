@@ -677,6 +677,9 @@ static __always_inline struct share_val *learned_share(__u32 parent, struct shar
 	return v;
 }
 
+// Flow isolation inside a share: share_flows_classify.
+#include "flows.h"
+
 static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 {
 	struct share_key key = { .dir = dir };
@@ -694,8 +697,10 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 			}
 			__builtin_memcpy(key.mac, n->mac, ETH_ALEN);
 			skb->priority = n->classid;
-			if (n->classid)
+			if (n->classid) {
+				share_flows_classify(skb, &key, n->classid);
 				count(&key, skb->len);
+			}
 			return CARVE_TCX_NEXT;
 		}
 		// Otherwise by source MAC (bytes 6..11 of the frame), else by
@@ -725,7 +730,7 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 	}
 	if (!v)
 		return CARVE_TCX_NEXT;
-	skb->priority = v->classid;
+	share_flows_classify(skb, &key, v->classid);
 	count(&key, skb->len);
 	return CARVE_TCX_NEXT;
 }

@@ -1,12 +1,13 @@
 package bpf
 
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return shaper shaper.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return -type share_queue -type flow_key -type flow_val -type flow_counters shaper shaper.c
 
 import (
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -102,7 +103,10 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range spec.Maps {
+	for name, m := range spec.Maps {
+		if strings.HasPrefix(name, ".") {
+			continue // .rodata: constants of the program, no state
+		}
 		m.Pinning = ebpf.PinByName // shaper.c says so too; state must persist
 	}
 	s := &Shaper{pinDir: pinDir}
@@ -236,7 +240,7 @@ func (s *Shaper) DeleteShare(dir Direction, mac net.HardwareAddr) error {
 	}
 	// Share first: a packet that found the share just before may still
 	// recreate a small stats entry, which the next DeleteShare removes.
-	maps := []*ebpf.Map{s.objs.Shares, s.objs.ShareStats}
+	maps := []*ebpf.Map{s.objs.Shares, s.objs.ShareStats, s.objs.ShareQueues, s.objs.ShareFlowStats}
 	if dir == Egress {
 		maps = append(maps, s.objs.ShareRates)
 	}

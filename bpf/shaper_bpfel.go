@@ -40,6 +40,27 @@ type shaperEgressShaper struct {
 	ReturnIfindex uint32
 }
 
+type shaperFlowCounters struct {
+	_      structs.HostLayout
+	Sparse uint64
+	Bulk   uint64
+}
+
+type shaperFlowKey struct {
+	_    structs.HostLayout
+	Mac  [6]uint8
+	Dir  uint8
+	Pad  uint8
+	Hash uint32
+}
+
+type shaperFlowVal struct {
+	_      structs.HostLayout
+	Vclock uint64
+	Bulk   uint32
+	Pad    uint32
+}
+
 type shaperLearnedKey struct {
 	_   structs.HostLayout
 	Mac [6]uint8
@@ -87,6 +108,11 @@ type shaperShareKey struct {
 	Pad uint8
 }
 
+type shaperShareQueue struct {
+	_           structs.HostLayout
+	BytesPerSec uint64
+}
+
 type shaperShareRate struct {
 	_           structs.HostLayout
 	BytesPerSec uint64
@@ -113,7 +139,10 @@ const (
 	shaperMapLocalMacs        = "local_macs"
 	shaperMapShaperReturns    = "shaper_returns"
 	shaperMapShareAddrs       = "share_addrs"
+	shaperMapShareFlowStats   = "share_flow_stats"
+	shaperMapShareFlows       = "share_flows"
 	shaperMapShareNetns       = "share_netns"
+	shaperMapShareQueues      = "share_queues"
 	shaperMapShareRates       = "share_rates"
 	shaperMapShareStats       = "share_stats"
 	shaperMapShares           = "shares"
@@ -188,7 +217,10 @@ type shaperMapSpecs struct {
 	LocalMacs       *ebpf.MapSpec `ebpf:"local_macs"`
 	ShaperReturns   *ebpf.MapSpec `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.MapSpec `ebpf:"share_addrs"`
+	ShareFlowStats  *ebpf.MapSpec `ebpf:"share_flow_stats"`
+	ShareFlows      *ebpf.MapSpec `ebpf:"share_flows"`
 	ShareNetns      *ebpf.MapSpec `ebpf:"share_netns"`
+	ShareQueues     *ebpf.MapSpec `ebpf:"share_queues"`
 	ShareRates      *ebpf.MapSpec `ebpf:"share_rates"`
 	ShareStats      *ebpf.MapSpec `ebpf:"share_stats"`
 	Shares          *ebpf.MapSpec `ebpf:"shares"`
@@ -231,7 +263,10 @@ type shaperMaps struct {
 	LocalMacs       *ebpf.Map `ebpf:"local_macs"`
 	ShaperReturns   *ebpf.Map `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.Map `ebpf:"share_addrs"`
+	ShareFlowStats  *ebpf.Map `ebpf:"share_flow_stats"`
+	ShareFlows      *ebpf.Map `ebpf:"share_flows"`
 	ShareNetns      *ebpf.Map `ebpf:"share_netns"`
+	ShareQueues     *ebpf.Map `ebpf:"share_queues"`
 	ShareRates      *ebpf.Map `ebpf:"share_rates"`
 	ShareStats      *ebpf.Map `ebpf:"share_stats"`
 	Shares          *ebpf.Map `ebpf:"shares"`
@@ -250,7 +285,10 @@ func (m *shaperMaps) Close() error {
 		m.LocalMacs,
 		m.ShaperReturns,
 		m.ShareAddrs,
+		m.ShareFlowStats,
+		m.ShareFlows,
 		m.ShareNetns,
+		m.ShareQueues,
 		m.ShareRates,
 		m.ShareStats,
 		m.Shares,

@@ -3,7 +3,6 @@ package netdev_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -139,69 +138,108 @@ func BenchmarkPrepareNetworkClaim(b *testing.B) {
 	}
 }
 
-// BenchmarkLatencyUnderLoad measures the round trip of small UDP probes
-// through a share that a TCP flow or a UDP flood saturates, egress (the probes queue in
-// the share's class on the parent's egress shaper) and ingress (on the IFB): the delay a
-// share's own queue adds. It reports the median and p99 in ms and the
-// number of probes lost.
+// BenchmarkLatencyUnderLoad measures what a share's own load does to its
+// other traffic and to itself, as its pod sees it: a sparse UDP ping (one
+// probe every 20 ms, its replies queued where the load is: the pod's
+// egress, or its ingress) while the share runs idle, 1, 8 or 32 TCP flows,
+// or a UDP flood (iperf3) at twice its rate; 10M and 100M shares, each way.
+// It reports the ping's p50 and p99 round trip (ms), the bulk TCP flows'
+// own smoothed RTT from TCP_INFO (p50 over flows and 100 ms samples, ms),
+// their goodput over the limit, Jain's fairness index over them, and how
+// many of the share's frames went through its sparse child (bpf/flows.h).
 func BenchmarkLatencyUnderLoad(b *testing.B) {
-	for _, proto := range []string{"tcp", "udp"} {
+	for _, load := range []string{"idle", "tcp1", "tcp8", "tcp32", "udp2x"} {
 		for _, limit := range []string{"10M", "100M"} {
 			for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-				b.Run(fmt.Sprintf("%s/%s/%s", proto, dir, limit), func(b *testing.B) { latencyUnderLoad(b, proto, dir, limit) })
+				b.Run(fmt.Sprintf("%s/%s/%s", load, dir, limit), func(b *testing.B) { latencyUnderLoad(b, load, dir, limit) })
 			}
 		}
 	}
 }
 
-func latencyUnderLoad(b *testing.B, proto string, dir bpf.Direction, limit string) {
+func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string) {
 	env := newBench(b)
 	s := env.add("lat", limit, limit, nil)
-	var p50, p99, lost float64
+	key := bpf.Key{MAC: s.mac, Dir: dir}
+	var p50, p99, srtt, goodput, jain, sparse, lost float64
 	for b.Loop() {
-		load := nettest.Flow{From: s.pod, To: env.tp.Server, ToAddr: env.tp.ServerIP + ":5301"}
-		from, to, echo := s.pod, env.tp.Server, env.tp.ServerIP+":5302"
-		if dir == bpf.Ingress {
-			load = nettest.Flow{From: env.tp.Server, To: s.pod, ToAddr: s.ip + ":5301"}
-			// Probes from the pod; it is their replies that queue.
+		// The load's flows, each to its own port.
+		var flows []nettest.Flow
+		n := 0
+		switch load {
+		case "tcp1":
+			n = 1
+		case "tcp8":
+			n = 8
+		case "tcp32":
+			n = 32
+		case "udp2x":
+			n = 1
 		}
-		loaded := make(chan error, 1)
+		for i := range n {
+			port := strconv.Itoa(5400 + i)
+			f := nettest.Flow{From: s.pod, To: env.tp.Server, ToAddr: env.tp.ServerIP + ":" + port}
+			if dir == bpf.Ingress {
+				f = nettest.Flow{From: env.tp.Server, To: s.pod, ToAddr: s.ip + ":" + port}
+			}
+			flows = append(flows, f)
+		}
+		before, _ := env.shaper.Flows()
+		type outcome struct {
+			tcp []nettest.Result
+			err error
+		}
+		loaded := make(chan outcome, 1)
 		go func() {
-			run := nettest.RunFlows
-			if proto == "udp" {
-				run = func(f []nettest.Flow, warmup, d time.Duration, mark func()) ([]nettest.Result, error) {
-					return nettest.RunUDP(f, 1400, warmup, d, mark)
-				}
+			switch {
+			case n == 0:
+				loaded <- outcome{}
+			case load == "udp2x":
+				_, err := nettest.RunIperfUDP(flows, 1400, []float64{2 * rate(limit)}, time.Second, 3*time.Second, nil)
+				loaded <- outcome{err: err}
+			default:
+				r, err := nettest.RunFlows(flows, time.Second, 3*time.Second, nil)
+				loaded <- outcome{tcp: r, err: err}
 			}
-			flows := []nettest.Flow{load}
-			if proto == "udp" {
-				// A local sender's socket buffer holds some 90
-				// datagrams; a remote sender's is no limit. Twelve
-				// sockets fill the queue as one remote sender would.
-				host, port, _ := net.SplitHostPort(load.ToAddr)
-				for i := 1; i < 12; i++ {
-					f := load
-					f.ToAddr = net.JoinHostPort(host, port[:2]+strconv.Itoa(10+i))
-					flows = append(flows, f)
-				}
-			}
-			_, err := run(flows, 0, 6*time.Second, nil)
-			loaded <- err
 		}()
-		time.Sleep(time.Second) // the flow fills the share's queue
-		rtts, l, err := nettest.EchoRTT(from, to, echo, 20*time.Millisecond, 3*time.Second)
+		time.Sleep(1200 * time.Millisecond) // the load fills the share's queues
+		// Probes from the pod; under ingress load it is their replies
+		// that queue.
+		rtts, l, err := nettest.EchoRTT(s.pod, env.tp.Server, env.tp.ServerIP+":5302", 20*time.Millisecond, 2500*time.Millisecond)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := <-loaded; err != nil {
-			b.Fatal(err)
+		out := <-loaded
+		if out.err != nil {
+			b.Fatal(out.err)
 		}
+		after, _ := env.shaper.Flows()
 		p50 += float64(nettest.Quantile(rtts, 0.5)) / 1e6
 		p99 += float64(nettest.Quantile(rtts, 0.99)) / 1e6
 		lost += float64(l)
+		sparse += float64(after[key].Sparse - before[key].Sparse)
+		if len(out.tcp) > 0 {
+			var all []time.Duration
+			var sum, sq float64
+			for _, r := range out.tcp {
+				all = append(all, r.SRTT...)
+				sum += r.Goodput()
+				sq += r.Goodput() * r.Goodput()
+			}
+			slices.Sort(all)
+			srtt += float64(nettest.Quantile(all, 0.5)) / 1e6
+			goodput += sum / rate(limit)
+			jain += sum * sum / (float64(len(out.tcp)) * sq)
+		}
 	}
-	n := float64(b.N)
-	b.ReportMetric(p50/n, "rtt-p50-ms")
-	b.ReportMetric(p99/n, "rtt-p99-ms")
-	b.ReportMetric(lost/n, "probes-lost")
+	nf := float64(b.N)
+	b.ReportMetric(p50/nf, "ping-p50-ms")
+	b.ReportMetric(p99/nf, "ping-p99-ms")
+	b.ReportMetric(lost/nf, "probes-lost")
+	if strings.HasPrefix(load, "tcp") {
+		b.ReportMetric(srtt/nf, "bulk-srtt-p50-ms")
+		b.ReportMetric(goodput/nf, "goodput/limit")
+		b.ReportMetric(jain/nf, "jain")
+	}
+	b.ReportMetric(sparse/nf, "sparse-frames")
 }

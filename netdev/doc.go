@@ -73,10 +73,14 @@
 //     IFB cvifb<ifindex>, whose HTB shapes them. Shaping (a queue) instead of
 //     policing (drops) holds TCP to its rate without the ~200 ms bursts a
 //     policer needs.
-//   - Every class has a bounded queue: fq_codel where the kernel has it, else
-//     a bfifo of 50 ms of the share's rate (never under a 64 KiB
+//   - Every class has a bounded queue: fq_codel where the kernel has it.
+//     Else (flows.go) the share's class has two children, one for its
+//     sparse flows (a ping, DNS, an RPC: served first, so that they never
+//     wait behind the share's own bulk transfer) and one for its bulk flows,
+//     each with a bfifo of 50 ms of the share's rate (never under a 64 KiB
 //     super-packet and a frame: 54 ms at 10M). HTB's default leaf, 1000
 //     frames, held 1.1 s at 10M (BenchmarkLatencyUnderLoad, MEASURED.md).
+//     A share takes an aligned block of 16 class minors, its class's first.
 //   - Traffic of no limited share never enters a qdisc of carve's, and keeps
 //     its own skb->priority.
 //   - carve leaves the parent's root qdisc alone, whatever it is: an

@@ -195,10 +195,10 @@ func (p *NICPreparer) forgetEgressShaper(parentIndex int) error {
 // deleteEgressClass removes an egress share's class from the parent's
 // egress shaper, and, for a share an older carve prepared, from the HTB it
 // put at the parent's root; removeEgressShaperIfIdle follows.
-func (p *NICPreparer) deleteEgressClass(parent netlink.Link, minor uint16) error {
+func (p *NICPreparer) deleteEgressClass(parent netlink.Link, minor uint16, flows bool) error {
 	var errs []error
 	if shaper, err := p.h.LinkByName(egressShaperName(parent.Attrs().Index)); err == nil {
-		errs = append(errs, deleteClass(p.h, shaper, minor))
+		errs = append(errs, deleteShareClass(p.h, shaper, minor, flows))
 	}
 	if ours, err := checkRootReplaceable(p.h, parent); err == nil && ours {
 		errs = append(errs, deleteClass(p.h, parent, minor))

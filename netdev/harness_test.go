@@ -114,6 +114,7 @@ type share struct {
 	pod   netns.NsHandle
 	ip    string
 	mac   string
+	undo  json.RawMessage
 }
 
 // alloc is an allocation of a share of the parent.
@@ -154,7 +155,7 @@ func (b *bench) add(name, egress, ingress string, cfg *v1alpha1.NetworkConfig) *
 			b.t.Fatalf("record %s's netns (run %d): %v", name, i, err)
 		}
 	}
-	s := &share{alloc: a, spec: spec, pod: pod, mac: spec.MAC}
+	s := &share{alloc: a, spec: spec, pod: pod, mac: spec.MAC, undo: prepared.Undo}
 	if len(spec.Addresses) > 0 {
 		s.ip = strings.Split(spec.Addresses[0], "/")[0]
 	}

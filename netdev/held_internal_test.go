@@ -11,8 +11,8 @@ import (
 // classifier's compiled maps, which slices cannot import: the numbers it
 // assumes are theirs.
 func TestSharesCapacityInputs(t *testing.T) {
-	if slices.HTBClassesPerParent != int(maxMinor-minMinor) {
-		t.Errorf("slices.HTBClassesPerParent = %d, but pickMinor hands out %d minors", slices.HTBClassesPerParent, maxMinor-minMinor)
+	if slices.HTBClassesPerParent != int(maxMinor-minMinor)/classBlock {
+		t.Errorf("slices.HTBClassesPerParent = %d, but pickMinor hands out %d blocks", slices.HTBClassesPerParent, int(maxMinor-minMinor)/classBlock)
 	}
 	compiled, err := bpf.CompiledShareSlots()
 	if err != nil {

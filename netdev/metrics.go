@@ -138,6 +138,11 @@ func (p *NICPreparer) classDrops() map[bpf.Key]uint64 {
 		}
 		for _, c := range classes {
 			k, ok := byClass[dir][c.Attrs().Handle]
+			if !ok {
+				// A share's flow child (flows.go): HTB counts
+				// drops at leaves only.
+				k, ok = byClass[dir][c.Attrs().Parent]
+			}
 			if !ok || c.Attrs().Statistics == nil || c.Attrs().Statistics.Queue == nil {
 				continue
 			}

@@ -17,30 +17,61 @@ func (p *NICPreparer) minorSet(parent string) map[uint16]string {
 }
 
 // pickMinor returns key's class minor on a device: its own if it has one
-// (own is then true: its class may exist already), else its preferred one
-// or the next free.
+// (own is then true: its class may exist already), else the first of a free
+// block of classBlock minors from its preferred one on. The whole block is
+// key's: its class's children (flows.go) are the next minors.
 func (p *NICPreparer) pickMinor(device, key string, taken map[uint16]uint64) (minor uint16, own bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	set := p.minorSet(device)
+	first, mine := uint16(0), false
 	for m, k := range set {
-		if k == key {
-			return m, true, nil
+		if k == key && (!mine || m < first) {
+			first, mine = m, true
 		}
 	}
-	start := preferredMinor(key)
-	for i := 0; i < int(maxMinor-minMinor); i++ {
-		m := minMinor + uint16((int(start-minMinor)+i)%int(maxMinor-minMinor))
-		if _, used := set[m]; used {
+	if mine {
+		return first, true, nil
+	}
+	blocks := int(maxMinor-minMinor) / classBlock
+	start := int(preferredMinor(key)-minMinor) / classBlock
+	for i := range blocks {
+		base := minMinor + uint16(((start+i)%blocks)*classBlock)
+		if !blockFree(base, set, taken) {
 			continue
 		}
-		if _, exists := taken[m]; exists {
-			continue
+		for m := base; m < base+classBlock; m++ {
+			set[m] = key
 		}
-		set[m] = key
-		return m, false, nil
+		return base, false, nil
 	}
 	return 0, false, fmt.Errorf("no free HTB class on %s", device)
+}
+
+// blockFree reports whether no minor of the block from base is in use.
+func blockFree(base uint16, set map[uint16]string, taken map[uint16]uint64) bool {
+	for m := base; m < base+classBlock; m++ {
+		if _, used := set[m]; used {
+			return false
+		}
+		if _, exists := taken[m]; exists {
+			return false
+		}
+	}
+	return true
+}
+
+// reserveBlock marks the block from minor as key's (a share's classes known
+// from its record); a share of an older carve, with one class, keeps just
+// its minor. The caller holds mu.
+func reserveBlock(set map[uint16]string, key string, minor uint16, flows bool) {
+	if !flows {
+		set[minor] = key
+		return
+	}
+	for m := minor; m < minor+classBlock && m >= minor; m++ {
+		set[m] = key
+	}
 }
 
 // freeMinors gives back every class minor key holds.
@@ -52,12 +83,15 @@ func (p *NICPreparer) freeMinors(key string) {
 	}
 }
 
-// unpickMinor gives back a minor that pickMinor handed key but that the
-// kernel says is taken.
+// unpickMinor gives back the block that pickMinor handed key from minor
+// but that the kernel says is taken.
 func (p *NICPreparer) unpickMinor(device string, minor uint16, key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.minorSet(device)[minor] == key {
-		delete(p.minorSet(device), minor)
+	set := p.minorSet(device)
+	for m := minor; m < minor+classBlock && m >= minor; m++ {
+		if set[m] == key {
+			delete(set, m)
+		}
 	}
 }

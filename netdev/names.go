@@ -34,8 +34,11 @@ func preferredMinor(key string) uint16 {
 	return minMinor + uint16((uint32(sum[5])<<8|uint32(sum[6]))%uint32(maxMinor-minMinor))
 }
 
-// Share classes take minors from 0x10 up; those below are left free.
+// Share classes take minors from 0x10 up; those below are left free. Each
+// share takes a block of classBlock minors, aligned: its class, then its
+// class's children (flows.go).
 const (
-	minMinor uint16 = 0x10
-	maxMinor uint16 = 0xfff0
+	minMinor   uint16 = 0x10
+	maxMinor   uint16 = 0xfff0
+	classBlock        = 16
 )

@@ -321,8 +321,11 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 		}
 	}()
 	mac := ShareMAC(key)
+	var flows bool
 	if egress > 0 {
-		if u.EgressMinor, err = p.shape(parent, key, egress, bpf.Egress, mac); err != nil {
+		u.EgressMinor, flows, err = p.shape(parent, key, egress, bpf.Egress, mac)
+		u.FlowClasses = u.FlowClasses || flows
+		if err != nil {
 			return fmt.Errorf("egress: %w", err)
 		}
 	}
@@ -331,7 +334,9 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 		if err != nil {
 			return fmt.Errorf("ingress: %w", err)
 		}
-		if u.IngressMinor, err = p.shape(ifb, key, ingress, bpf.Ingress, mac); err != nil {
+		u.IngressMinor, flows, err = p.shape(ifb, key, ingress, bpf.Ingress, mac)
+		u.FlowClasses = u.FlowClasses || flows
+		if err != nil {
 			return fmt.Errorf("ingress: %w", err)
 		}
 	}

@@ -110,10 +110,13 @@ type undoRecord struct {
 	EgressMinor uint16 `json:"egressMinor,omitempty"`
 	// EgressEDT is set where an older carve paced egress by EDT, with fq
 	// at the parent's root; unprepare removes such a share's rate.
-	EgressEDT    bool     `json:"egressEDT,omitempty"`
-	IngressMinor uint16   `json:"ingressMinor,omitempty"`
-	Addresses    []string `json:"addresses,omitempty"`
-	PoolAddrs    []string `json:"poolAddresses,omitempty"`
+	EgressEDT    bool   `json:"egressEDT,omitempty"`
+	IngressMinor uint16 `json:"ingressMinor,omitempty"`
+	// FlowClasses is set where the share's classes have children for its
+	// flows (flows.go): they go before their parent.
+	FlowClasses bool     `json:"flowClasses,omitempty"`
+	Addresses   []string `json:"addresses,omitempty"`
+	PoolAddrs   []string `json:"poolAddresses,omitempty"`
 	// AddressKeyed is set where the classifier tells the share apart by
 	// its addresses (ipvlan), not by its MAC.
 	AddressKeyed bool `json:"addressKeyed,omitempty"`
@@ -143,7 +146,7 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 			}
 		}
 		p.ipam.reserve(key, addrs)
-		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor)
+		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor, u.FlowClasses)
 		p.mu.Lock()
 		p.labels[u.MAC] = labelsOf(a)
 		if p.held[u.Parent] == nil {
@@ -181,7 +184,7 @@ func (p *NICPreparer) resumeReaper(ctx context.Context) {
 	}
 	queued := map[string]bool{}
 	for _, it := range items {
-		p.reserveMinors(it.Key, it.Parent, it.EgressMinor, it.IngressMinor)
+		p.reserveMinors(it.Key, it.Parent, it.EgressMinor, it.IngressMinor, it.FlowClasses)
 		queued[p.specPath(it.Link)+reapingSuffix] = true
 	}
 	// Specs set aside for a reaping that no queue holds (an earlier
@@ -200,7 +203,7 @@ func (p *NICPreparer) resumeReaper(ctx context.Context) {
 // reserveMinors marks a share's class minors as taken. Minors are per
 // device: egress classes live on the parent's egress shaper, ingress ones
 // on its IFB.
-func (p *NICPreparer) reserveMinors(key, parentName string, egress, ingress uint16) {
+func (p *NICPreparer) reserveMinors(key, parentName string, egress, ingress uint16, flows bool) {
 	ifb, shaper := "", ""
 	if parent, err := p.h.LinkByName(parentName); err == nil {
 		ifb, shaper = ifbName(parent), egressShaperName(parent.Attrs().Index)
@@ -208,10 +211,10 @@ func (p *NICPreparer) reserveMinors(key, parentName string, egress, ingress uint
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if egress != 0 && shaper != "" {
-		p.minorSet(shaper)[egress] = key
+		reserveBlock(p.minorSet(shaper), key, egress, flows)
 	}
 	if ingress != 0 && ifb != "" {
-		p.minorSet(ifb)[ingress] = key
+		reserveBlock(p.minorSet(ifb), key, ingress, flows)
 	}
 }
 

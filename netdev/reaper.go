@@ -44,6 +44,8 @@ type reapItem struct {
 	Link         string `json:"link"`
 	EgressMinor  uint16 `json:"egressMinor,omitempty"`
 	IngressMinor uint16 `json:"ingressMinor,omitempty"`
+	// FlowClasses: the share's classes have flow children (flows.go).
+	FlowClasses bool `json:"flowClasses,omitempty"`
 }
 
 // merge fills what it does not know from an older item of the same share.
@@ -54,6 +56,7 @@ func (it reapItem) merge(old reapItem) reapItem {
 	it.Parent = cmp.Or(it.Parent, old.Parent)
 	it.EgressMinor = cmp.Or(it.EgressMinor, old.EgressMinor)
 	it.IngressMinor = cmp.Or(it.IngressMinor, old.IngressMinor)
+	it.FlowClasses = it.FlowClasses || old.FlowClasses
 	return it
 }
 
@@ -344,11 +347,11 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	for _, i := range idx {
 		if m := items[i].EgressMinor; m != 0 {
 			egress = true
-			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m))
+			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m, items[i].FlowClasses))
 		}
 		if m := items[i].IngressMinor; m != 0 && ifbErr == nil {
 			ingress = true
-			errs[i] = errors.Join(errs[i], deleteClass(p.h, ifb, m))
+			errs[i] = errors.Join(errs[i], deleteShareClass(p.h, ifb, m, items[i].FlowClasses))
 		}
 	}
 	var out []error

@@ -14,50 +14,57 @@ import (
 // shape gives the share a class of rate bits/s and points the classifier
 // on dev at it: for egress dev is the parent and the class is on its egress
 // shaper; for ingress dev is the parent's IFB, which holds the class too.
-func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr) (uint16, error) {
+func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr) (minor uint16, flows bool, err error) {
 	classDev := dev
 	if dir == bpf.Egress {
 		// The parent's root qdisc stays the kernel's: the class goes on
 		// its egress shaper.
-		var err error
 		if classDev, err = p.ensureEgressShaper(dev); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	} else if !p.setUp.has("htb", dev.Attrs().Index) {
 		// The device's HTB is made once and then known (under the
 		// parent's lock): a steady-state prepare makes no qdisc dump.
 		if err := ensureHTB(p.h, dev); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		p.setUp.add("htb", dev.Attrs().Index)
 	}
-	minor, err := p.addClass(classDev, key, rate)
+	minor, err = p.addClass(classDev, key, rate)
 	if err != nil {
 		if dir == bpf.Egress {
 			p.setUp.forgetCompanion(companionEgressShaper, dev.Attrs().Index)
 		} else {
 			p.setUp.forget("htb", dev.Attrs().Index)
 		}
-		return 0, err
+		return 0, false, err
 	}
 	// From here on the class exists: the minor is returned with any
-	// error, so that the undo removes the class. The classifier entry,
-	// the only other record of it, is written last and may never be.
-	if err := p.setLeaf(classDev, minor, rate); err != nil {
-		return minor, err
+	// error, so that the undo removes the class (and its children, with
+	// flows). The classifier entry, the only other record of it, is
+	// written last and may never be.
+	if flows, err = p.setQueues(classDev, minor, rate); err != nil {
+		return minor, flows, err
 	}
 	// Attached (and checked to be first on the hook) once per device
 	// while it is set up, not by every share.
 	if what := "classifier-" + dir.String(); !p.setUp.has(what, dev.Attrs().Index) {
 		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
-			return minor, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
+			return minor, flows, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
 		}
 		p.setUp.add(what, dev.Attrs().Index)
 	}
-	if err := p.opts.Shaper.SetShare(dir, mac, uint32(netlink.MakeHandle(1, minor))); err != nil {
-		return minor, fmt.Errorf("classifier entry: %w", err)
+	// The queue entry first: from the share entry on, its frames go to
+	// its children.
+	if flows {
+		if err := p.opts.Shaper.SetShareQueue(dir, mac, rate); err != nil {
+			return minor, flows, fmt.Errorf("classifier entry: %w", err)
+		}
 	}
-	return minor, nil
+	if err := p.opts.Shaper.SetShare(dir, mac, uint32(netlink.MakeHandle(1, minor))); err != nil {
+		return minor, flows, fmt.Errorf("classifier entry: %w", err)
+	}
+	return minor, flows, nil
 }
 
 // addClass gives key a class of rate bits/s on dev and returns its minor.

@@ -129,7 +129,10 @@ func shareClasses(h *netlink.Handle, link netlink.Link) (map[uint16]uint64, erro
 			continue
 		}
 		major, minor := netlink.MajorMinor(c.Attrs().Handle)
-		if major == 1 && minor >= minMinor {
+		// Shares' classes only, not their flow children: those are
+		// in the same block of minors.
+		pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent)
+		if major == 1 && minor >= minMinor && (pmajor != 1 || pminor == 0) {
 			out[minor] = htb.Rate * 8
 		}
 	}

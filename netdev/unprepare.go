@@ -77,7 +77,7 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 	if err := os.Rename(p.specPath(u.Link), p.specPath(u.Link)+reapingSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("set the attach spec of %s aside: %w", u.Link, err)
 	}
-	if err := p.reaper.enqueue(reapItem{Key: key, Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor}); err != nil {
+	if err := p.reaper.enqueue(reapItem{Key: key, Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor, FlowClasses: u.FlowClasses}); err != nil {
 		return err
 	}
 	p.ipam.release(key)

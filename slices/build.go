@@ -58,10 +58,11 @@ const (
 	// discover` does, so that discover prints what the agent publishes (a
 	// loaded classifier has its compiled size).
 	DefaultClassifierShares = 2048
-	// HTBClassesPerParent is how many HTB class minors netdev hands out
-	// on one parent's egress shaper, and again on its IFB: one a share and
-	// direction, 0x10 to 0xffef.
-	HTBClassesPerParent = 0xfff0 - 0x10
+	// HTBClassesPerParent is how many shares' HTB classes netdev hands
+	// out on one parent's egress shaper, and again on its IFB: a block of
+	// 16 class minors a share and direction (its class and its flow
+	// children), from 0x10 to 0xffef.
+	HTBClassesPerParent = (0xfff0 - 0x10) / 16
 )
 
 // Build makes the node's pool. Devices are ordered by name, so the output is

@@ -104,8 +104,9 @@
 //     until the remainder is spent, so that together they never hold more
 //     than the classifier. A NIC that gets none (more NICs than 2048) is
 //     published whole, and noted;
-//   - the HTB classes a parent can hand out, one a share and direction:
-//     65504 (HTBClassesPerParent, class minors 0x10 to 0xffef);
+//   - the HTB classes a parent can hand out, a block of 16 class minors a
+//     share and direction (its class and its flow children): 4094
+//     (HTBClassesPerParent, class minors 0x10 to 0xffef);
 //   - the node config's netdev.maxSharesPerNIC, 256 by default.
 //
 // Its request policy is default 1, valid range [1, 1]: a claim that does
@@ -114,7 +115,7 @@
 // shares refuses the next one rather than one tenant's many 1 Mbit/s shares
 // filling the node's classifier. The agent refuses, at prepare, a share past
 // the limit too (package netdev). With two NICs of known bandwidth, each
-// gets min(1024, 65504, 256) = 256.
+// gets min(1024, 4094, 256) = 256.
 //
 // # Request policies
 //

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Flow is one TCP stream from a sender namespace to a receiver namespace.
@@ -19,6 +20,9 @@ type Flow struct {
 type Result struct {
 	Bytes    int64
 	Duration time.Duration
+	// SRTT is the sender's smoothed round-trip time (TCP_INFO), sampled
+	// every 100 ms over the measured window: TCP flows only.
+	SRTT []time.Duration
 }
 
 // Goodput is in bits per second.
@@ -89,7 +93,61 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 	for i, r := range runs {
 		totals[i] = r.total.Load
 	}
-	return window(totals, warmup, d, mark), nil
+	// The senders' smoothed RTT, sampled over the measured window.
+	var measuring atomic.Bool
+	srtts := make([][]time.Duration, len(conns))
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			if !measuring.Load() {
+				continue
+			}
+			for i, c := range conns {
+				if rtt, ok := smoothedRTT(c); ok {
+					srtts[i] = append(srtts[i], rtt)
+				}
+			}
+		}
+	}()
+	out := window(totals, warmup, d, func() {
+		measuring.Store(!measuring.Load())
+		if mark != nil {
+			mark()
+		}
+	})
+	close(stop)
+	<-sampled
+	for i := range out {
+		out[i].SRTT = srtts[i]
+	}
+	return out, nil
+}
+
+// smoothedRTT is a TCP connection's smoothed RTT, from TCP_INFO.
+func smoothedRTT(c net.Conn) (time.Duration, bool) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return 0, false
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var info *unix.TCPInfo
+	var gerr error
+	if err := raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || gerr != nil {
+		return 0, false
+	}
+	return time.Duration(info.Rtt) * time.Microsecond, true
 }
 
 // window waits out the warm-up, then counts what each receiver got over d,

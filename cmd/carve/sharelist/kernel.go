@@ -91,7 +91,12 @@ func (n *kernelNode) classDrops(ifindex int) (map[uint32]uint64, error) {
 		if s := c.Attrs().Statistics; s != nil && s.Queue != nil {
 			drops = uint64(s.Queue.Drops)
 		}
-		out[c.Attrs().Handle] = drops
+		out[c.Attrs().Handle] += drops
+		// A share's flow children (netdev/flows.go) count their drops
+		// as the share's: HTB counts drops at leaves only.
+		if pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent); pmajor == 1 && pminor != 0 {
+			out[c.Attrs().Parent] += drops
+		}
 	}
 	return out, nil
 }
