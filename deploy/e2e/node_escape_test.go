@@ -13,10 +13,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/utils/ptr"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -71,21 +69,7 @@ func TestNodeShareEscapes(t *testing.T) {
 
 	buildAgentImage(t, "carve:e2e")
 	buildEscapeImage(t)
-	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 10G
-  pools:
-  - name: esc
-    cidr: 10.80.0.0/24
-    gateway: %s
-  - name: other-tenant
-    cidr: 10.80.1.0/24
-`, escParent, escParent, escIP))
+	installChart(t, env, stateDir, nicNodeConfig(escParent, "esc", "10.80.0.0/24", escIP, "  - name: other-tenant\n    cidr: 10.80.1.0/24\n"))
 	// The admin's class for pods that may change their MAC.
 	macChange := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic-macchange.carve.dev"}, Spec: resourceapi.DeviceClassSpec{
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
@@ -101,25 +85,11 @@ netdev:
 	})
 
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["esc"],"interfaceName":"net1"}`
-	for _, name := range []string{"raw", "admin"} {
-		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
-			Spec: shareClaimSpec(escParent, map[resourceapi.QualifiedName]resource.Quantity{
-				"egressBandwidth": resource.MustParse("20M"), "ingressBandwidth": resource.MustParse("20M")}, netCfg)}
-		if name == "admin" {
-			c.Spec.Devices.Requests[0].Exactly.DeviceClassName = macChange.Name
-		}
-		if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
-		})
-		p := podWithImage(name, "carve-net-escape:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(name)})
-		if name == "admin" {
+	sharePod{name: "raw", parent: escParent, capacity: bothWays("20M"), netCfg: netCfg, image: "carve-net-escape:e2e"}.start(t, cs)
+	sharePod{name: "admin", parent: escParent, capacity: bothWays("20M"), netCfg: netCfg, class: macChange.Name, image: "carve-net-escape:e2e",
+		mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}}
-		}
-		startPod(t, cs, p)
-	}
+		}}.start(t, cs)
 	ips, macs := map[string]string{}, map[string]string{}
 	for _, name := range []string{"raw", "admin"} {
 		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
@@ -239,39 +209,31 @@ netdev:
 
 	// A claim names a pool its class does not allow (another tenant's
 	// subnet): refused at prepare, naming the pool and the class's.
-	foreign := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "foreign-pool", Namespace: testNS},
-		Spec: shareClaimSpec(escParent, map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse("20M")},
-			`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["other-tenant"],"interfaceName":"net1"}`)}
-	foreign.Spec.Devices.Requests[0].Exactly.DeviceClassName = macChange.Name
-	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), foreign.Name, metav1.DeleteOptions{})
-	})
-	startPod(t, cs, podWithImage(foreign.Name, "carve-net-escape:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(foreign.Name)}))
+	foreign := sharePod{name: "foreign-pool", parent: escParent, capacity: bothWays("20M"), class: macChange.Name, image: "carve-net-escape:e2e",
+		netCfg: `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["other-tenant"],"interfaceName":"net1"}`}
+	foreign.start(t, cs)
 	const refusal = `pool "other-tenant" is not one the DeviceClass allows (esc)`
 	waitFor(t, "the foreign pool refused", 60*time.Second, func() (bool, error) {
-		ev, err := cs.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + foreign.Name})
+		ev, err := cs.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + foreign.name})
 		if err != nil {
 			return false, err
 		}
 		var seen []string
 		for _, e := range ev.Items {
 			if strings.Contains(e.Message, refusal) {
-				t.Logf("pod %s: %s: %s", foreign.Name, e.Reason, e.Message)
+				t.Logf("pod %s: %s: %s", foreign.name, e.Reason, e.Message)
 				return true, nil
 			}
 			seen = append(seen, e.Reason+": "+e.Message)
 		}
 		return false, fmt.Errorf("events %q", seen)
 	})
-	if p, err := cs.CoreV1().Pods(testNS).Get(ctx, foreign.Name, metav1.GetOptions{}); err != nil {
+	if p, err := cs.CoreV1().Pods(testNS).Get(ctx, foreign.name, metav1.GetOptions{}); err != nil {
 		t.Error(err)
 	} else if p.Status.Phase == corev1.PodRunning {
 		t.Errorf("the pod of a claim naming a foreign pool is running")
 	}
-	_ = cs.CoreV1().Pods(testNS).Delete(ctx, foreign.Name, metav1.DeleteOptions{})
+	_ = cs.CoreV1().Pods(testNS).Delete(ctx, foreign.name, metav1.DeleteOptions{})
 
 	// "Still works": traffic flows both ways, never over the share (the
 	// first seconds after the change go to ARP and the classifier's

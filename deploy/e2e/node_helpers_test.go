@@ -252,3 +252,59 @@ func scrapeAgent(t testing.TB) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// nicNodeConfig is the node config of a real-node NIC test: parent shared,
+// its bandwidth set to 10G (a veth has none of its own), and one address
+// pool, name with cidr and gateway; extra is more YAML under netdev, each
+// line indented as netdev's fields are ("  pools:" items or
+// "  maxSharesPerNIC: 2").
+func nicNodeConfig(parent, pool, cidr, gateway, extra string) string {
+	return fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: ["%s"]
+  includeVirtual: true
+  bandwidth:
+  - interface: "%s"
+    egress: 10G
+  pools:
+  - name: %s
+    cidr: %s
+    gateway: %s
+%s`, parent, parent, pool, cidr, gateway, extra)
+}
+
+// sharePod is a pod holding a claim of its own name: a bandwidth share of
+// parent with capacity, the claim's NetworkConfig netCfg, of the
+// DeviceClass class ("" for nic.carve.dev), running image.
+type sharePod struct {
+	name, parent, netCfg, class, image string
+	capacity                           map[resourceapi.QualifiedName]resource.Quantity
+	// mutate, when set, changes the pod before it is created.
+	mutate func(*corev1.Pod)
+}
+
+// start creates the claim and the pod; both are deleted when the test ends.
+func (s sharePod) start(t testing.TB, cs kubernetes.Interface) {
+	t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: testNS}, Spec: shareClaimSpec(s.parent, s.capacity, s.netCfg)}
+	if s.class != "" {
+		c.Spec.Devices.Requests[0].Exactly.DeviceClassName = s.class
+	}
+	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), s.name, metav1.DeleteOptions{})
+	})
+	p := podWithImage(s.name, s.image, &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(s.name)})
+	if s.mutate != nil {
+		s.mutate(p)
+	}
+	startPod(t, cs, p)
+}
+
+// bothWays is a share's capacity of rate each way.
+func bothWays(rate string) map[resourceapi.QualifiedName]resource.Quantity {
+	return map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(rate), "ingressBandwidth": resource.MustParse(rate)}
+}

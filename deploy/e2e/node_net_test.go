@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,33 +43,12 @@ func TestNodeNetworkShares(t *testing.T) {
 
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
-	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 10G
-  pools:
-  - name: e2e
-    cidr: 10.79.0.0/24
-    gateway: %s
-`, netParent, netParent, serverIP))
+	installChart(t, env, stateDir, nicNodeConfig(netParent, "e2e", "10.79.0.0/24", serverIP, ""))
 
 	limits := map[string]string{"pa": "100M", "pb": "300M"}
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["e2e"],"interfaceName":"net1"}`
 	for name, limit := range limits {
-		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
-			Spec: shareClaimSpec(netParent, map[resourceapi.QualifiedName]resource.Quantity{
-				"egressBandwidth": resource.MustParse(limit), "ingressBandwidth": resource.MustParse(limit)}, netCfg)}
-		if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
-		})
-		startPod(t, cs, podWithImage(name, "carve-net-test:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(name)}))
+		sharePod{name: name, parent: netParent, capacity: bothWays(limit), netCfg: netCfg, image: "carve-net-test:e2e"}.start(t, cs)
 	}
 	macs := map[string]string{}
 	for name := range limits {

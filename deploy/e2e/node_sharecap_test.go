@@ -10,8 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -39,20 +37,7 @@ func TestNodeShareLimit(t *testing.T) {
 	trafficServer(t, capParent, "carve-e2c1", capServer, capIP, "5201", "5202")
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
-	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 10G
-  pools:
-  - name: cap
-    cidr: 10.81.0.0/24
-    gateway: %s
-  maxSharesPerNIC: 2
-`, capParent, capParent, capIP))
+	installChart(t, env, stateDir, nicNodeConfig(capParent, "cap", "10.81.0.0/24", capIP, "  maxSharesPerNIC: 2\n"))
 
 	// Published as the agent built it, through the API server's
 	// validation: 2 shares, each claim taking exactly 1.
@@ -79,16 +64,7 @@ netdev:
 
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["cap"],"interfaceName":"net1"}`
 	share := func(name string) {
-		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
-			Spec: shareClaimSpec(capParent, map[resourceapi.QualifiedName]resource.Quantity{
-				"egressBandwidth": resource.MustParse("50M"), "ingressBandwidth": resource.MustParse("50M")}, netCfg)}
-		if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
-		})
-		startPod(t, cs, podWithImage(name, "carve-net-test:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To(name)}))
+		sharePod{name: name, parent: capParent, capacity: bothWays("50M"), netCfg: netCfg, image: "carve-net-test:e2e"}.start(t, cs)
 	}
 	for _, name := range []string{"cap-a", "cap-b"} {
 		share(name)
