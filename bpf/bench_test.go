@@ -19,6 +19,8 @@ import (
 //   - hit: the source MAC is a share's (lookup, priority, per-CPU count);
 //   - hit-guarded: the same share with its guard (a socket-less frame of
 //     its pod, with its IPv4 source checked against its addresses);
+//   - hit-flows: the share with flow isolation (flows.h: its rate, its
+//     flow's entry, a child class), one flow;
 //   - pod: a pod's socket frame, found by its netns, no checks but its MAC;
 //   - pod-guarded: the same with the share's VLAN and address checks.
 func BenchmarkClassify(b *testing.B) {
@@ -28,20 +30,22 @@ func BenchmarkClassify(b *testing.B) {
 		pod     bool
 		guard   bool
 		learned bool
+		flows   bool
 		counted bool
 	}{
 		{name: "miss", src: mac2},
 		{name: "miss-learned", src: mac2, learned: true},
 		{name: "hit", src: mac1, counted: true},
 		{name: "hit-guarded", src: mac1, guard: true, counted: true},
+		{name: "hit-flows", src: mac1, flows: true, counted: true},
 		{name: "pod", src: mac1, pod: true, counted: true},
 		{name: "pod-guarded", src: mac1, pod: true, guard: true, counted: true},
 	} {
-		b.Run(c.name, func(b *testing.B) { benchClassify(b, c.src, c.pod, c.guard, c.learned, c.counted) })
+		b.Run(c.name, func(b *testing.B) { benchClassify(b, c.src, c.pod, c.guard, c.learned, c.flows, c.counted) })
 	}
 }
 
-func benchClassify(b *testing.B, src []byte, pod, guard, learned, counted bool) {
+func benchClassify(b *testing.B, src []byte, pod, guard, learned, flows, counted bool) {
 	needRoot(b)
 	s := openShaper(b, testPinDir(b))
 	defer s.Close()
@@ -65,6 +69,11 @@ func benchClassify(b *testing.B, src []byte, pod, guard, learned, counted bool) 
 		}
 		share.NetnsCookie = cookie
 		if err := s.SetPodShare(share); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if flows {
+		if err := s.SetShareQueue(Egress, mac1, 100e6); err != nil {
 			b.Fatal(err)
 		}
 	}
