@@ -188,9 +188,17 @@ func ifindex(t testing.TB, dev string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// countClasses counts the shares' classes on dev: HTB classes at its root,
+// not the flow children under a share's class (netdev/flows.go).
 func countClasses(dev string) int {
 	out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
-	return strings.Count(string(out), "class htb")
+	n := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "class htb") && strings.Contains(l, " root ") {
+			n++
+		}
+	}
+	return n
 }
 
 func rate(s string) float64 {
