@@ -2,9 +2,7 @@ package app
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -21,15 +19,10 @@ import (
 
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
-	"github.com/carve-dra/carve/prepare/atomicfile"
 	"github.com/carve-dra/carve/prepare/health"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
-
-// HealthFile is the file in the state directory where the agent writes
-// each device's health after every change, for `carve shares`.
-const HealthFile = "health.json"
 
 // sourcePresence is the Condition.Source of a device discovery no longer
 // finds.
@@ -210,20 +203,6 @@ func (h *deviceHealth) report(devices map[string]slices.Entry) kubeletplugin.Dev
 	return rep
 }
 
-// DeviceHealthFile is a device's entry in the health file.
-type DeviceHealthFile struct {
-	Kind     string    `json:"kind,omitempty"`
-	Severity string    `json:"severity"`
-	Reason   string    `json:"reason,omitempty"`
-	Message  string    `json:"message,omitempty"`
-	Taint    string    `json:"taint,omitempty"`
-	Since    time.Time `json:"since,omitzero"`
-	ClearAt  time.Time `json:"clearAt,omitzero"`
-	Flaps    int       `json:"flaps,omitempty"`
-	Changes  int       `json:"changes,omitempty"`
-	Gone     bool      `json:"gone,omitempty"`
-}
-
 // changed handles a change of the tracker: metrics, events on the pods of
 // the claims on each device whose taint changed, and the health file.
 func (h *deviceHealth) changed(ctx context.Context) {
@@ -242,7 +221,7 @@ func (h *deviceHealth) changed(ctx context.Context) {
 	for n := range h.last {
 		names[n] = true
 	}
-	file := map[string]DeviceHealthFile{}
+	file := map[string]health.FileEntry{}
 	for n := range names {
 		after, ok := snap[n]
 		if !ok {
@@ -261,14 +240,14 @@ func (h *deviceHealth) changed(ctx context.Context) {
 		if after.Tainted {
 			t := h.taint(after)
 			_, gone := h.ghosts[n]
-			file[n] = DeviceHealthFile{Kind: kind, Severity: after.Severity.String(), Reason: after.Reason, Message: message(after),
+			file[n] = health.FileEntry{Kind: kind, Severity: after.Severity.String(), Reason: after.Reason, Message: message(after),
 				Taint: fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect), Since: after.Since, ClearAt: after.ClearAt,
 				Flaps: after.Flaps, Changes: after.Changes, Gone: gone}
 		}
 	}
 	h.mu.Unlock()
-	if b, err := json.Marshal(map[string]any{"updated": time.Now().UTC(), "devices": file}); err == nil && h.stateDir != "" {
-		if err := atomicfile.Replace(filepath.Join(h.stateDir, HealthFile), b, 0o644); err != nil {
+	if h.stateDir != "" {
+		if err := health.WriteFile(h.stateDir, health.File{Updated: time.Now().UTC(), Devices: file}); err != nil {
 			logger.Error(err, "Writing the health file")
 		}
 	}
@@ -355,4 +334,14 @@ func (h *deviceHealth) watch(devices func() map[string]slices.Entry, wake func()
 			}
 		}
 	}
+}
+
+// WithHealth is res as the agent would publish it now: with the taint of
+// every device its health sources call unhealthy at a first look (a NIC
+// whose link is down). It is what `carve discover` prints; reasons of
+// events (a GPU's XIDs) need the running agent.
+func WithHealth(cfg *nodeconfig.NodeConfig, node, root string, res slices.Result) (resourceslice.DriverResources, map[string]health.Status) {
+	h := newDeviceHealth(cfg, node, "", root, nil)
+	h.rescanned(nil, res.Index)
+	return h.publishable(res.Resources), h.tracker.Snapshot()
 }

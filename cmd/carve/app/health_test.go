@@ -13,9 +13,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/prepare/health"
 	"github.com/carve-dra/carve/slices"
-	"github.com/carve-dra/carve/slices/nodeconfig"
 	"github.com/carve-dra/carve/slices/names"
+	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
 func nicEntry(name string, up bool) slices.Entry {
@@ -89,7 +90,7 @@ health: {holdDown: 200ms, reasons: {LinkDown: NoExecute}}
 			t.Errorf("report %+v, want %s", d, want)
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, HealthFile)); err != nil || !strings.Contains(string(b), `"taint":"net.example.com/unhealthy=LinkDown:NoExecute"`) {
+	if b, err := os.ReadFile(filepath.Join(dir, health.FileName)); err != nil || !strings.Contains(string(b), `"taint":"net.example.com/unhealthy=LinkDown:NoExecute"`) {
 		t.Errorf("health file %s (%v)", b, err)
 	}
 
