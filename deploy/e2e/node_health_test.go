@@ -51,12 +51,13 @@ func carveTaint(ts []resourceapi.DeviceTaint) *resourceapi.DeviceTaint {
 }
 
 // healthClaim asks for a 10M share of the health test's parent; tolerant
-// claims tolerate carve's taint.
+// claims tolerate carve's taint (the eviction controller honours only tolerations
+// that name NoExecute).
 func healthClaim(t *testing.T, cs kubernetes.Interface, name string, tolerant bool) {
 	t.Helper()
 	spec := shareClaimSpec(healthParent, map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse("10M")}, "")
 	if tolerant {
-		spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: healthKey, Operator: resourceapi.DeviceTolerationOpExists}}
+		spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: healthKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoExecute}}
 	}
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS}, Spec: spec}
 	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {

@@ -130,19 +130,31 @@ func (h *deviceHealth) dropGhosts() {
 }
 
 func (h *deviceHealth) effect(s health.Status) resourceapi.DeviceTaintEffect {
-	sev := nodeconfig.SeverityDegraded
-	if s.Severity == health.Lost {
-		sev = nodeconfig.SeverityLost
-	}
-	return resourceapi.DeviceTaintEffect(h.cfg.Effect(sev, s.Reason))
+	return Effect(h.cfg, s)
 }
 
 // taint is the taint of a tainted device.
 func (h *deviceHealth) taint(s health.Status) resourceapi.DeviceTaint {
+	return Taint(h.driverName, h.cfg, s)
+}
+
+// Effect is the taint effect the node config gives a tainted device's
+// severity and reason.
+func Effect(cfg nodeconfig.Health, s health.Status) resourceapi.DeviceTaintEffect {
+	sev := nodeconfig.SeverityDegraded
+	if s.Severity == health.Lost {
+		sev = nodeconfig.SeverityLost
+	}
+	return resourceapi.DeviceTaintEffect(cfg.Effect(sev, s.Reason))
+}
+
+// Taint is carve's taint on a tainted device: <driver>/unhealthy, its
+// reason the value, the effect the node config's.
+func Taint(driverName string, cfg nodeconfig.Health, s health.Status) resourceapi.DeviceTaint {
 	// TimeAdded is kept to the second, as the API stores it, so the
 	// published slice does not differ from the stored one.
 	t := metav1.NewTime(s.Since.Truncate(time.Second))
-	return resourceapi.DeviceTaint{Key: slices.TaintKey(h.driverName), Value: s.Reason, Effect: h.effect(s), TimeAdded: &t}
+	return resourceapi.DeviceTaint{Key: slices.TaintKey(driverName), Value: s.Reason, Effect: Effect(cfg, s), TimeAdded: &t}
 }
 
 // publishable is res with the taints and the ghosts.
