@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/gpuopen"
 	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/prepare"
@@ -218,6 +219,16 @@ func Run(ctx context.Context, opts Options) error {
 			logger.Error(err, "NIC error counters")
 		}
 	}()
+	if k.gpus.session != nil {
+		gpuHealth := &gpu.HealthSource{NVML: k.gpus.session.Lane(), Devices: inv.devices}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := gpuHealth.Run(ctx, devHealth.tracker); err != nil {
+				logger.Error(err, "GPU health is not watched")
+			}
+		}()
+	}
 	devHealth.changed(ctx)
 	ghosts := time.NewTicker(10 * time.Second)
 	defer ghosts.Stop()
