@@ -25,7 +25,10 @@ import (
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/cdi"
 	"github.com/carve-dra/carve/prepare/checkpoint"
+	"github.com/carve-dra/carve/prepare/fpga"
 	"github.com/carve-dra/carve/prepare/health"
+	"github.com/carve-dra/carve/prepare/llc"
+	"github.com/carve-dra/carve/prepare/llc/resctrl"
 	"github.com/carve-dra/carve/prepare/status"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -219,6 +222,18 @@ func Run(ctx context.Context, opts Options) error {
 			logger.Error(err, "NIC error counters")
 		}
 	}()
+	for name, src := range map[string]health.Source{
+		"FPGA": &fpga.HealthSource{Root: firstSet(opts.FPGARoot, opts.Root), Devices: inv.devices},
+		"LLC":  &llc.HealthSource{Dir: string(resctrl.HostDir(firstSet(opts.CPUCacheRoot, opts.Root))), Devices: inv.devices, Records: records.Read},
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := src.Run(ctx, devHealth.tracker); err != nil {
+				logger.Error(err, "Health not watched", "kind", name)
+			}
+		}()
+	}
 	if k.gpus.session != nil {
 		gpuHealth := &gpu.HealthSource{NVML: k.gpus.session.Lane(), Devices: inv.devices}
 		wg.Add(1)

@@ -19,14 +19,25 @@ import (
 
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/fpga"
 	"github.com/carve-dra/carve/prepare/health"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
 // sourcePresence is the Condition.Source of a device discovery no longer
-// finds.
-const sourcePresence = "presence"
+// finds; sourceAFU of an FPGA's AFU changing under a claim.
+const (
+	sourcePresence = "presence"
+	sourceAFU      = "fpga-afu"
+)
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
 
 // deviceHealth ties the health sources to the tracker, and the tracker's
 // decisions to the slices' taints, the kubelet's health stream, the pods'
@@ -70,11 +81,24 @@ func (h *deviceHealth) rescanned(old, cur map[string]slices.Entry) {
 	h.nic.Links(cur, h.tracker)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	var held map[string][]prepare.ClaimRecord
 	for name, e := range cur {
 		h.kinds[name] = e.Kind
 		if _, ok := h.ghosts[name]; ok {
 			delete(h.ghosts, name)
 			h.tracker.Observe(health.Condition{Device: name, Source: sourcePresence})
+		}
+		// An FPGA whose AFU changed under a claim: the claim's pods run
+		// against a function they did not ask for.
+		if o, ok := old[name]; ok && e.FPGA != nil && o.FPGA != nil && o.FPGA.AFUID != e.FPGA.AFUID {
+			if held == nil {
+				held = h.held()
+			}
+			if len(held[name]) > 0 {
+				h.tracker.Observe(health.Condition{Device: name, Source: sourceAFU, Severity: health.Degraded, Reason: fpga.ReasonAFUChanged,
+					Message: fmt.Sprintf("FPGA %s: AFU %s replaced by %s under %d claim(s)", e.FPGA.Address, orNone(o.FPGA.AFUID), orNone(e.FPGA.AFUID), len(held[name]))})
+				h.tracker.Observe(health.Condition{Device: name, Source: sourceAFU})
+			}
 		}
 	}
 	for name, e := range old {

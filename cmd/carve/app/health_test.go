@@ -9,10 +9,12 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/health"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/names"
@@ -117,5 +119,30 @@ health: {holdDown: 200ms, reasons: {LinkDown: NoExecute}}
 	time.Sleep(300 * time.Millisecond)
 	if ts := taintsOf(h.publishable(resourcesOf(healthy))); len(ts["nic-b"]) != 0 {
 		t.Errorf("nic-b back, still tainted after the hold-down: %v", ts["nic-b"])
+	}
+}
+
+// An FPGA's AFU changing under a claim taints it; without a claim it is a
+// reconfiguration like any other.
+func TestAFUChangedUnderClaim(t *testing.T) {
+	cfg := nodeconfig.Default()
+	cfg.Health.HoldDown = "1h"
+	h := newDeviceHealth(cfg, "node-a", "", t.TempDir(), nil)
+	card := func(afu string) map[string]slices.Entry {
+		return map[string]slices.Entry{
+			"fpga-a": {Kind: names.KindFPGA, Device: resourceapi.Device{Name: "fpga-a"}, FPGA: &discovery.FPGA{PCIFunction: discovery.PCIFunction{Address: "0000:3b:00.0"}, AFUID: afu}},
+			"fpga-b": {Kind: names.KindFPGA, Device: resourceapi.Device{Name: "fpga-b"}, FPGA: &discovery.FPGA{PCIFunction: discovery.PCIFunction{Address: "0000:3c:00.0"}, AFUID: afu}},
+		}
+	}
+	h.records = func() (map[types.UID]prepare.ClaimRecord, error) {
+		return map[types.UID]prepare.ClaimRecord{"c": {UID: "c", Devices: []prepare.PreparedDevice{{Pool: "node-a", Device: "fpga-a"}}}}, nil
+	}
+	h.rescanned(nil, card("aaaa"))
+	h.rescanned(card("aaaa"), card("bbbb"))
+	if s := h.tracker.Status("fpga-a"); !s.Tainted || s.Reason != "AFUChanged" {
+		t.Errorf("fpga-a, held, AFU changed: %+v", s)
+	}
+	if s := h.tracker.Status("fpga-b"); s.Tainted {
+		t.Errorf("fpga-b, not held, AFU changed: %+v", s)
 	}
 }
