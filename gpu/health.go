@@ -44,12 +44,15 @@ var fatalXIDs = map[uint64]string{
 var benignXIDs = map[uint64]bool{13: true, 31: true, 43: true, 45: true}
 
 // ClassifyXID says what an XID does to its GPU: healthy for benign and
-// unknown XIDs, degraded for fatal ones, lost for 79 (off the bus).
+// unknown XIDs, degraded for fatal ones, lost for 79 (off the bus); with
+// the taint's reason and what the XID means.
 func ClassifyXID(xid uint64) (health.Severity, string, string) {
 	what, fatal := fatalXIDs[xid]
 	switch {
+	case benignXIDs[xid]:
+		return health.Healthy, "", "an application's fault"
 	case !fatal:
-		return health.Healthy, "", ""
+		return health.Healthy, "", "not known to harm the GPU"
 	case xid == 79:
 		return health.Lost, fmt.Sprintf("XID%d", xid), what
 	}
@@ -137,7 +140,7 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 		return fmt.Errorf("watch GPU health: %w", err)
 	}
 	defer func() {
-		_ = h.NVML.Do(context.WithoutCancel(ctx), "event set free", func(Library) error { set.Free(); return nil })
+		_ = h.NVML.Do(context.WithoutCancel(ctx), "event set free", func(Library) error { _ = set.Free(); return nil })
 	}()
 	lastPoll := time.Time{}
 	for ctx.Err() == nil {
@@ -179,7 +182,7 @@ func (h *HealthSource) event(ctx context.Context, sink health.Sink, uuid string,
 	case data.EventType&nvml.EventTypeXidCriticalError != 0:
 		sev, reason, what := ClassifyXID(data.EventData)
 		if sev == health.Healthy {
-			klog.FromContext(ctx).V(2).Info("GPU XID, not fatal to the GPU", "gpu", uuid, "xid", data.EventData)
+			klog.FromContext(ctx).V(2).Info("GPU XID, not fatal to the GPU", "gpu", uuid, "xid", data.EventData, "why", what)
 			return
 		}
 		c = health.Condition{Source: SourceEvents, Severity: sev, Reason: reason, Message: fmt.Sprintf("%s: XID %d, %s", uuid, data.EventData, what)}
