@@ -19,7 +19,17 @@ func TestShareMetricsFromShapersAndIFBs(t *testing.T) {
 		t.Fatal(err)
 	}
 	drops := map[string]bool{}
+	allocated := map[string]float64{}
 	for _, f := range families {
+		if f.GetName() == "carve_share_allocated_bits_per_second" {
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "direction" {
+						allocated[l.GetValue()] = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
 		if f.GetName() != "carve_share_drops_total" {
 			continue
 		}
@@ -32,6 +42,9 @@ func TestShareMetricsFromShapersAndIFBs(t *testing.T) {
 				drops[labels["direction"]] = true
 			}
 		}
+	}
+	if allocated["egress"] != 10e6 || allocated["ingress"] != 20e6 {
+		t.Errorf("allocated %v, want egress 10M, ingress 20M", allocated)
 	}
 	if !drops["egress"] || !drops["ingress"] {
 		t.Errorf("drops reported for %v, want egress and ingress", drops)
