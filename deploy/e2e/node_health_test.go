@@ -105,7 +105,8 @@ func podGone(cs kubernetes.Interface, name string) func() (bool, error) {
 // LinkDown the pod whose claim does not is evicted, and the stock scheduler
 // leaves a new one Pending while the taint stays, also after the link is
 // back, until the hold-down passes. A link flapping every second for 30 s
-// makes one taint.
+// makes one taint. The chart's dashboard's metrics are all in the agent's
+// /metrics.
 func TestNodeDeviceHealth(t *testing.T) {
 	cs := client(t)
 	env := clusterEnv(t)
@@ -199,6 +200,11 @@ func TestNodeDeviceHealth(t *testing.T) {
 		h, m, err := claimHealth(cs, "ha")
 		return h == "Healthy", fmt.Errorf("health %q message %q: %v", h, m, err)
 	})
+	// The chart's dashboard queries what the real agent exports, with the
+	// labels it uses: its health and NIC share metrics, now that shares
+	// run and a taint came and went. This node has no GPU: the GPU share
+	// metrics are gpu/police's (unit-tested there).
+	checkDashboardMetrics(t, scrapeAgent(t), func(name string) bool { return strings.HasPrefix(name, "carve_gpu_share_") })
 
 	// Flapping: down and up every second for 30 s makes one taint.
 	stop := make(chan struct{})
