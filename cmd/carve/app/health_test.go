@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -144,5 +146,39 @@ func TestAFUChangedUnderClaim(t *testing.T) {
 	}
 	if s := h.tracker.Status("fpga-b"); s.Tainted {
 		t.Errorf("fpga-b, not held, AFU changed: %+v", s)
+	}
+}
+
+// The health metrics follow each device's taint: its state with reason and
+// effect, and its changes.
+func TestDeviceHealthMetrics(t *testing.T) {
+	cfg := nodeconfig.Default()
+	cfg.Health.HoldDown = "100ms"
+	reg := prometheus.NewRegistry()
+	h := newDeviceHealth(cfg, "node-a", "", t.TempDir(), health.NewMetrics(reg))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.tracker.Run(ctx)
+	up := map[string]slices.Entry{"nic-a": nicEntry("a", true)}
+	down := map[string]slices.Entry{"nic-a": nicEntry("a", false)}
+	h.rescanned(nil, down)
+	h.changed(ctx)
+	if got := testutil.ToFloat64(h.metrics.State.WithLabelValues("nic-a", "nic", "LinkDown", "NoSchedule")); got != 1 {
+		t.Errorf("state while down = %v, want 1 (degraded)", got)
+	}
+	h.rescanned(down, up)
+	deadline := time.Now().Add(5 * time.Second)
+	for h.tracker.Status("nic-a").Tainted && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.changed(ctx)
+	if got := testutil.ToFloat64(h.metrics.State.WithLabelValues("nic-a", "nic", "", "")); got != 0 {
+		t.Errorf("state once cleared = %v, want 0", got)
+	}
+	if n := testutil.CollectAndCount(h.metrics.State); n != 1 {
+		t.Errorf("%d state series, want 1 (the old reason's removed)", n)
+	}
+	if got := testutil.ToFloat64(h.metrics.Changes.WithLabelValues("nic-a", "nic")); got != 2 {
+		t.Errorf("changes = %v, want 2 (made, cleared)", got)
 	}
 }
