@@ -10,6 +10,7 @@ import (
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 var (
@@ -19,20 +20,30 @@ var (
 		"Packets (GSO super-packets count once) of a NIC share seen by the classifier, by direction.", []string{"claim", "share_id", "direction"}, nil)
 	shareDrops = prometheus.NewDesc("carve_share_drops_total",
 		"Packets the share's HTB class dropped, by direction.", []string{"claim", "share_id", "direction"}, nil)
+	shareAllocated = prometheus.NewDesc("carve_share_allocated_bits_per_second",
+		"A NIC share's allocated bandwidth, by direction (the dashboard's line against its measured rate).", []string{"claim", "share_id", "direction"}, nil)
 	shareSpoofDrops = prometheus.NewDesc("carve_share_spoofed_frames_dropped_total",
 		"Frames a pod sent through its NIC share that the classifier dropped for claiming another's identity, by reason "+
 			"(source-mac, vlan-tag, source-ip, arp-sender, nd-target).", []string{"claim", "share_id", "reason"}, nil)
 )
 
-// shareLabels name a share in metrics.
+// shareLabels name a share in metrics, with its allocated bandwidth (bits
+// per second, 0 where it asked for none).
 type shareLabels struct {
-	claim, shareID string
+	claim, shareID          string
+	egressBits, ingressBits int64
 }
 
 func labelsOf(a prepare.Allocation) shareLabels {
 	l := shareLabels{claim: a.ClaimNamespace + "/" + a.ClaimName}
 	if a.ShareID != nil {
 		l.shareID = string(*a.ShareID)
+	}
+	if q, ok := a.Consumed[names.CapEgressBandwidth]; ok {
+		l.egressBits = q.Value()
+	}
+	if q, ok := a.Consumed[names.CapIngressBandwidth]; ok {
+		l.ingressBits = q.Value()
 	}
 	return l
 }
@@ -45,6 +56,7 @@ func (p *NICPreparer) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sharePackets
 	ch <- shareDrops
 	ch <- shareSpoofDrops
+	ch <- shareAllocated
 }
 
 // Collect reports every prepared share's counters, read from the BPF maps
@@ -60,6 +72,13 @@ func (p *NICPreparer) Collect(ch chan<- prometheus.Metric) {
 	p.mu.Lock()
 	labels := maps.Clone(p.labels)
 	p.mu.Unlock()
+	for _, l := range labels {
+		for dir, bits := range map[string]int64{"egress": l.egressBits, "ingress": l.ingressBits} {
+			if bits > 0 {
+				ch <- prometheus.MustNewConstMetric(shareAllocated, prometheus.GaugeValue, float64(bits), l.claim, l.shareID, dir)
+			}
+		}
+	}
 	for key, c := range stats {
 		l, ok := labels[key.MAC]
 		if !ok {

@@ -17,36 +17,39 @@ func TestShareMetricsFromShapersAndIFBs(t *testing.T) {
 	s := b.add("metered", "10M", "20M", nil)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(b.p)
-	// dropsOf is what a scrape reports for the share, by direction.
-	dropsOf := func() map[string]float64 {
+	// scrape is what a scrape reports for the share, by direction: its
+	// drops and its allocated rate.
+	scrape := func() (drops, allocated map[string]float64) {
 		t.Helper()
 		families, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
-		drops := map[string]float64{}
+		drops, allocated = map[string]float64{}, map[string]float64{}
 		for _, f := range families {
-			if f.GetName() != "carve_share_drops_total" {
-				continue
-			}
 			for _, m := range f.GetMetric() {
 				labels := map[string]string{}
 				for _, l := range m.GetLabel() {
 					labels[l.GetName()] = l.GetValue()
 				}
-				if labels["claim"] == "default/metered" && labels["share_id"] == string(*s.alloc.ShareID) {
+				switch {
+				case f.GetName() == "carve_share_allocated_bits_per_second":
+					allocated[labels["direction"]] = m.GetGauge().GetValue()
+				case f.GetName() == "carve_share_drops_total" && labels["claim"] == "default/metered" && labels["share_id"] == string(*s.alloc.ShareID):
 					drops[labels["direction"]] = m.GetCounter().GetValue()
 				}
 			}
 		}
-		return drops
+		return drops, allocated
 	}
-	drops := dropsOf()
-	if _, ok := drops["egress"]; !ok {
-		t.Errorf("drops reported for %v, want egress and ingress", drops)
+	drops, allocated := scrape()
+	if allocated["egress"] != 10e6 || allocated["ingress"] != 20e6 {
+		t.Errorf("allocated %v, want egress 10M, ingress 20M", allocated)
 	}
-	if _, ok := drops["ingress"]; !ok {
-		t.Errorf("drops reported for %v, want egress and ingress", drops)
+	for _, dir := range []string{"egress", "ingress"} {
+		if _, ok := drops[dir]; !ok {
+			t.Errorf("drops reported for %v, want egress and ingress", drops)
+		}
 	}
 	// A UDP flood past the egress limit overflows the share's queue: the
 	// drops are counted where they happen, in its flow children's queues
@@ -54,7 +57,7 @@ func TestShareMetricsFromShapersAndIFBs(t *testing.T) {
 	if _, err := nettest.RunUDP([]nettest.Flow{{From: s.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5401"}}, 1400, 0, time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
-	after := dropsOf()
+	after, _ := scrape()
 	t.Logf("egress drops after a UDP flood of the 10M share: %.0f", after["egress"]-drops["egress"])
 	if after["egress"] <= drops["egress"] {
 		t.Errorf("a UDP flood of the share dropped nothing by the metrics: %v, then %v", drops, after)

@@ -83,8 +83,10 @@
 //
 // # Health
 //
-// Health is reported to the kubelet for NICs (a link that is down is
-// unhealthy); other kinds say nothing yet.
+// Every kind's health sources feed package health's tracker; an unhealthy
+// device is tainted carve.dev/unhealthy in its slice and reported unhealthy
+// to the kubelet, with the reason, until it has been healthy for the
+// hold-down (health/README.md).
 //
 // # Packages below
 //

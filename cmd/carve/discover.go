@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/carve-dra/carve/cmd/carve/app"
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/discovery/snapshot"
 	"github.com/carve-dra/carve/gpu/gpuopen"
@@ -113,7 +114,11 @@ func runDiscover(ctx context.Context, f discoverFlags, stdout io.Writer) error {
 	for _, n := range res.Notices {
 		logger.Info("Notice", "msg", n)
 	}
-	out, err := slices.Encode(slices.Objects(cfg.DriverName, f.nodeName, res.Resources), f.output)
+	published, unhealthy := app.WithHealth(cfg, f.nodeName, f.root, res)
+	for name, s := range unhealthy {
+		logger.Info("Device unhealthy; published with a taint", "device", name, "severity", s.Severity, "reason", s.Reason, "message", s.Message)
+	}
+	out, err := slices.Encode(slices.Objects(cfg.DriverName, f.nodeName, published), f.output)
 	if err != nil {
 		return err
 	}

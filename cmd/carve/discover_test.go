@@ -34,6 +34,10 @@ func TestDiscoverCommand(t *testing.T) {
 				t.Errorf("-o %s output lacks %q", format, want)
 			}
 		}
+		// The down link is published tainted, as the agent would.
+		if strings.Count(out, "test.carve.dev/unhealthy") != 1 || !strings.Contains(out, "LinkDown") || !strings.Contains(out, "NoSchedule") {
+			t.Errorf("-o %s: want one taint test.carve.dev/unhealthy=LinkDown:NoSchedule (ens1f1np1's link is down):\n%s", format, out)
+		}
 		// What cannot be offered is said, on stderr.
 		if !strings.Contains(stderr.String(), "ens1f1np1") {
 			t.Errorf("stderr does not report the down link ens1f1np1:\n%s", stderr.String())

@@ -22,7 +22,7 @@ func newSharesCommand() *cobra.Command {
 			"(no API server needed): claim, share, parent and interface, allocated and measured bandwidth, drops, " +
 			"and whether its class, classifier entry and links are all in place; and every GPU memory share: " +
 			"GPU, tier, slice, used memory (from NVML now, else the agent's last reading, else unknown, saying why), " +
-			"kills so far, and whether its MPS daemon runs (mps-policed) or its pods' dmem.max holds the slice (dmem). " +
+			"kills so far, each share's device's health and carve's taint on it (from the agent's health file), and whether its MPS daemon runs (mps-policed) or its pods' dmem.max holds the slice (dmem). " +
 			"A share that is not enforced makes the command exit 1, so it serves as a node check.",
 		Args: noArgs,
 		PreRunE: func(*cobra.Command, []string) error {
@@ -44,6 +44,9 @@ func newSharesCommand() *cobra.Command {
 			}}
 			rows, err := sharelist.List(cmd.Context(), &sharelist.NICSource{StateDir: stateDir, PinDir: pinDir, Interval: interval}, gpus)
 			if err != nil {
+				return err
+			}
+			if err := sharelist.AddHealth(rows, stateDir); err != nil {
 				return err
 			}
 			if err := sharelist.Write(cmd.OutOrStdout(), rows, output); err != nil {

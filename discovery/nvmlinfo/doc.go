@@ -37,6 +37,18 @@
 //     1_SLICE_REV2), with a warning where that was a guess; one without
 //     engines gives the +me profiles the GPU's one OFA. Absent: go-nvml's
 //     mock table for that product, with a warning that says so.
+//   - events: optional, replay files only (`carve snapshot` writes none,
+//     and a file without it reads as before): what the replay delivers over
+//     time, the way the card would, each {"afterMs": 500, "uuid": "GPU-...",
+//     "type": "xid", "xid": 79}, afterMs counted from when the replay is
+//     loaded (the agent's start). Types: xid (with its xid) and doubleBitEcc
+//     come through NVML's event sets (EventSetCreate, RegisterEvents, Wait);
+//     rowRemapPending and rowRemapFailed change what GetRemappedRows answers
+//     from then on; gpuLost makes the GPU answer GPU_IS_LOST (and a waiting
+//     event set return it); recovered undoes those three (a reset). The
+//     agent's GPU health source (package gpu, health.go) reads them as it
+//     reads a real card's; tests also inject events at once (nvmlreplay's
+//     Replay.Inject).
 //
 // Package nvmltest builds the test nodes' inventories (an 8 x H100 node as a
 // real H100 reports on driver 580, an A100 node from go-nvml's mock table).

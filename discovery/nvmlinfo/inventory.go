@@ -16,6 +16,9 @@ type Inventory struct {
 	// CUDADriverVersion is NVML's integer form: 13000 is CUDA 13.0.
 	CUDADriverVersion int      `json:"cudaDriverVersion"`
 	Devices           []Device `json:"devices"`
+	// Events are what a replay delivers over time (see Event); absent in
+	// what carve reads from a real NVML.
+	Events []Event `json:"events,omitempty"`
 }
 
 // Device is one GPU.
@@ -140,6 +143,9 @@ var computeCapability = regexp.MustCompile(`^[0-9]+\.[0-9]+$`)
 // Validate checks what carve relies on: unique indexes, minors and UUIDs,
 // parseable bus IDs and compute capabilities, and placements that fit.
 func (inv *Inventory) Validate() error {
+	if err := inv.validateEvents(); err != nil {
+		return err
+	}
 	seen := map[string]bool{}
 	for i, d := range inv.Devices {
 		field := fmt.Sprintf("devices[%d]", i)

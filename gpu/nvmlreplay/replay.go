@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
@@ -23,6 +24,8 @@ type Replay struct {
 	Warnings []string
 	// names are the file's profile names by GPU UUID and profile index.
 	names map[string]map[int]string
+	// events are the file's events, from when it was loaded.
+	events *events
 }
 
 // Load reads a replay file (strictly: see nvmlinfo.Decode).
@@ -70,8 +73,11 @@ func New(inv *nvmlinfo.Inventory) (*Replay, error) {
 		configs[i] = cfg
 	}
 	r.Server = server.NewServerWithGPUs(inv.DriverVersion, "replay", inv.CUDADriverVersion, configs...)
+	r.events = newEvents(time.Now(), inv.Events)
+	r.Server.EventSetCreateFunc = r.events.newSet
 	for i, d := range devs {
 		r.device(r.Server.Devices[i].(*server.Device), d)
+		r.events.device(r.Server.Devices[i].(*server.Device), d.UUID)
 	}
 	return r, nil
 }

@@ -133,6 +133,9 @@ func TestNewestProcessOfTheShareOverItsSliceIsKilled(t *testing.T) {
 	if got := testutil.ToFloat64(p.metrics.kills.WithLabelValues("ca", "s1")); got != 1 {
 		t.Errorf("kills metric = %v", got)
 	}
+	if got := testutil.ToFloat64(p.metrics.slice.WithLabelValues("ca", "s1")); got != float64(10*gib) {
+		t.Errorf("slice metric = %v, want 10 GiB", got)
+	}
 	u := p.Usage()
 	if u["ca/gpu/s1"].UsedBytes != 8*gib || u["ca/gpu/s1"].Kills != 1 || u["cb/gpu/s2"].UsedBytes != 20*gib || u["cb/gpu/s2"].Kills != 0 {
 		t.Errorf("usage %+v", u)

@@ -194,6 +194,7 @@ func (p *Police) enforce(ctx context.Context, pl *pool) {
 	p.mu.Unlock()
 	for _, st := range pl.shares {
 		p.metrics.used.WithLabelValues(string(st.ClaimUID), st.ShareID).Set(float64(total))
+		p.metrics.slice.WithLabelValues(string(st.ClaimUID), st.ShareID).Set(float64(st.Slice))
 	}
 }
 

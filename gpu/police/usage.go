@@ -95,6 +95,7 @@ func ReadUsage(path string) (Usage, error) {
 type metrics struct {
 	kills      *prometheus.CounterVec
 	used       *prometheus.GaugeVec
+	slice      *prometheus.GaugeVec
 	suppressed *prometheus.CounterVec
 }
 
@@ -108,6 +109,10 @@ func newMetrics() *metrics {
 			Name: "carve_gpu_share_used_bytes",
 			Help: "Device memory a GPU share's processes hold, as NVML last reported.",
 		}, []string{"claim", "share_id"}),
+		slice: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "carve_gpu_share_slice_bytes",
+			Help: "A GPU share's memory slice, the line its used bytes are held to.",
+		}, []string{"claim", "share_id"}),
 		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_gpu_share_kill_reports_suppressed_total",
 			Help: "Kills of a GPU share's processes not logged or recorded as a pod event, past the one report per share per interval.",
@@ -118,6 +123,7 @@ func newMetrics() *metrics {
 func (m *metrics) forget(claim, share string) {
 	m.kills.DeleteLabelValues(claim, share)
 	m.used.DeleteLabelValues(claim, share)
+	m.slice.DeleteLabelValues(claim, share)
 	m.suppressed.DeleteLabelValues(claim, share)
 }
 
@@ -125,6 +131,7 @@ func (m *metrics) forget(claim, share string) {
 func (p *Police) Describe(ch chan<- *prometheus.Desc) {
 	p.metrics.kills.Describe(ch)
 	p.metrics.used.Describe(ch)
+	p.metrics.slice.Describe(ch)
 	p.metrics.suppressed.Describe(ch)
 }
 
@@ -132,5 +139,6 @@ func (p *Police) Describe(ch chan<- *prometheus.Desc) {
 func (p *Police) Collect(ch chan<- prometheus.Metric) {
 	p.metrics.kills.Collect(ch)
 	p.metrics.used.Collect(ch)
+	p.metrics.slice.Collect(ch)
 	p.metrics.suppressed.Collect(ch)
 }

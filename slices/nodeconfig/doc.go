@@ -27,6 +27,12 @@
 //	    ways: {default: 1, min: 1, step: 1}
 //	  gpu:
 //	    memory: {default: 10Gi, min: 5Gi, step: 5Gi, max: 40Gi}
+//	health:                        # device health taints (package prepare/health)
+//	  holdDown: 30s                # default; healthy this long before a taint clears
+//	  maxHoldDown: 4m              # default 8 x holdDown; a flapping device's hold-down doubles up to it
+//	  effects: {degraded: NoSchedule, lost: NoExecute}   # the defaults, by severity
+//	  reasons: {LinkDown: NoExecute}                     # per reason (the taint's value); NoSchedule, NoExecute or None
+//	  errorsPerSecond: 1000        # default; a NIC's rx/tx errors or drops past it degrade it; negative: off
 //
 // A claim draws addresses from the pools its NetworkConfig names; where the
 // DeviceClass's NetworkConfig names pools, the claim chooses among those

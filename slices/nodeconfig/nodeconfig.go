@@ -36,6 +36,9 @@ type NodeConfig struct {
 	// RequestPolicies set how shares of a device kind may be requested,
 	// by kind ("nic", "llc", "gpu") and capacity name.
 	RequestPolicies map[string]map[string]RequestPolicy `json:"requestPolicies,omitempty"`
+	// Health sets how unhealthy devices are tainted and when the taint
+	// clears.
+	Health Health `json:"health,omitempty"`
 }
 
 // Netdev selects the netdevs to publish and fills in what the kernel does
@@ -218,6 +221,7 @@ func (c *NodeConfig) Validate() field.ErrorList {
 	for _, msg := range validation.IsDNS1123Subdomain(c.DriverName) {
 		errs = append(errs, field.Invalid(field.NewPath("driverName"), c.DriverName, msg))
 	}
+	errs = append(errs, c.Health.validate(field.NewPath("health"))...)
 	nd := field.NewPath("netdev")
 	for name, globs := range map[string][]string{"include": c.Netdev.Include, "exclude": c.Netdev.Exclude} {
 		for i, g := range globs {

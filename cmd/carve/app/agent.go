@@ -19,11 +19,16 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/gpuopen"
 	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/cdi"
 	"github.com/carve-dra/carve/prepare/checkpoint"
+	"github.com/carve-dra/carve/prepare/fpga"
+	"github.com/carve-dra/carve/prepare/health"
+	"github.com/carve-dra/carve/prepare/llc"
+	"github.com/carve-dra/carve/prepare/llc/resctrl"
 	"github.com/carve-dra/carve/prepare/status"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -132,13 +137,20 @@ func Run(ctx context.Context, opts Options) error {
 		// `carve discover` does): a pinned map of another is refused.
 		inv.build = append(inv.build, slices.ClassifierShares(k.classifierShares))
 	}
+	devHealth := newDeviceHealth(opts.Config, opts.NodeName, opts.StateDir, opts.Root, health.NewMetrics(reg))
+	devHealth.records = records.Read
+	devHealth.client = opts.KubeClient
+	if opts.KubeClient != nil {
+		devHealth.events = recorderEvents(podEvents(opts.KubeClient, opts.NodeName).rec)
+	}
+	inv.health = devHealth
 	if _, err := inv.rescan(ctx, discovery.AnyChange()); err != nil {
 		return err
 	}
 	k.gpus.prep.Devices = inv.devices
 	driver, err := prepare.NewDriver(prepare.Options{
 		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: records, CDI: cdiWriter,
-		Preparers: k.preparers, Devices: inv.devices, Metrics: metrics, Health: inv.watchHealth,
+		Preparers: k.preparers, Devices: inv.devices, Metrics: metrics, Health: devHealth.watch(inv.devices, inv.subscribe),
 		StatusClient: status.NewAsync(ctx, status.ClaimStatusWriter{Client: opts.KubeClient}),
 		Fatal:        func(err error) { cancel(err) },
 	})
@@ -172,7 +184,7 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	defer helper.Stop()
-	if err := helper.PublishResources(ctx, inv.resources()); err != nil {
+	if err := helper.PublishResources(ctx, devHealth.publishable(inv.resources())); err != nil {
 		return fmt.Errorf("publish resource slices: %w", err)
 	}
 	metrics.Publishes.Inc()
@@ -202,8 +214,42 @@ func Run(ctx context.Context, opts Options) error {
 	if k.linkEvents != nil {
 		linkEvents = k.linkEvents.C
 	}
+	wg.Add(2)
+	go func() { defer wg.Done(); devHealth.tracker.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		if err := devHealth.nic.Run(ctx, devHealth.tracker); err != nil {
+			logger.Error(err, "NIC error counters")
+		}
+	}()
+	for name, src := range map[string]health.Source{
+		"FPGA": &fpga.HealthSource{Root: firstSet(opts.FPGARoot, opts.Root), Devices: inv.devices},
+		"LLC":  &llc.HealthSource{Dir: string(resctrl.HostDir(firstSet(opts.CPUCacheRoot, opts.Root))), Devices: inv.devices, Records: records.Read},
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := src.Run(ctx, devHealth.tracker); err != nil {
+				logger.Error(err, "Health not watched", "kind", name)
+			}
+		}()
+	}
+	if k.gpus.session != nil {
+		gpuHealth := &gpu.HealthSource{NVML: k.gpus.session.Lane(), Devices: inv.devices}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := gpuHealth.Run(ctx, devHealth.tracker); err != nil {
+				logger.Error(err, "GPU health is not watched")
+			}
+		}()
+	}
+	devHealth.changed(ctx)
+	ghosts := time.NewTicker(10 * time.Second)
+	defer ghosts.Stop()
 	for {
 		changes := discovery.AnyChange()
+		rescan, healthChanged := true, false
 		select {
 		case <-ctx.Done():
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
@@ -218,16 +264,38 @@ func Run(ctx context.Context, opts Options) error {
 			if names, all := k.linkEvents.Take(); !all {
 				changes = discovery.LinksChanged(names...)
 			}
-		}
-		changed, err := inv.rescan(ctx, changes)
-		if err != nil {
-			logger.Error(err, "Rediscovery failed; keeping the published slices")
+		case <-devHealth.tracker.Changed():
+			rescan, healthChanged = false, true
+		case <-ghosts.C:
+			devHealth.dropGhosts()
 			continue
 		}
-		if changed {
-			logger.Info("Hardware changed; publishing slices again")
+		publish := false
+		if rescan {
+			changed, err := inv.rescan(ctx, changes)
+			if err != nil {
+				logger.Error(err, "Rediscovery failed; keeping the published slices")
+				continue
+			}
+			if changed {
+				logger.Info("Hardware changed; publishing slices again")
+				publish = true
+			}
+			// What the rescan made the tracker decide goes out with it.
+			select {
+			case <-devHealth.tracker.Changed():
+				healthChanged = true
+			default:
+			}
+		}
+		if healthChanged {
+			devHealth.changed(ctx)
+			inv.wake()
+			publish = true
+		}
+		if publish {
 			metrics.Publishes.Inc()
-			if err := helper.PublishResources(ctx, inv.resources()); err != nil {
+			if err := helper.PublishResources(ctx, devHealth.publishable(inv.resources())); err != nil {
 				metrics.PublishErrors.Inc()
 				logger.Error(err, "Publishing slices")
 			}

@@ -69,6 +69,8 @@
 // carve_checkpoint_corrupt_total, the NIC shares' carve_share_bytes_total,
 // carve_share_packets_total and carve_share_drops_total (package netdev), the
 // GPU shares' carve_gpu_share_kills_total, carve_gpu_share_used_bytes and
-// carve_gpu_share_kill_reports_suppressed_total (package gpu/police), and the
-// gRPC server histograms (grpc_server_handling_seconds).
+// carve_gpu_share_kill_reports_suppressed_total (package gpu/police), every
+// device's carve_device_health_state and carve_device_health_changes_total
+// (package prepare/health, wired in health.go), and the gRPC server
+// histograms (grpc_server_handling_seconds).
 package app

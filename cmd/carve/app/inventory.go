@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
@@ -45,6 +44,8 @@ type inventory struct {
 	// something new.
 	mu      sync.Mutex
 	waiters []chan struct{}
+	// health, when set, is told what each rescan found.
+	health *deviceHealth
 }
 
 // rescan discovers the hardware again, reading again what changes says
@@ -75,14 +76,14 @@ func (i *inventory) rescan(ctx context.Context, changes discovery.Changes) (bool
 	i.found = inv
 	res := slices.Build(inv, i.cfg, i.node, i.build...)
 	old := i.current.Swap(&res)
-	i.mu.Lock()
-	for _, w := range i.waiters {
-		select {
-		case w <- struct{}{}:
-		default:
+	if i.health != nil {
+		var before map[string]slices.Entry
+		if old != nil {
+			before = old.Index
 		}
+		i.health.rescanned(before, res.Index)
 	}
-	i.mu.Unlock()
+	i.wake()
 	if old == nil {
 		for _, n := range res.Notices {
 			klog.FromContext(ctx).Info("Not offered in full", "reason", n)
@@ -96,15 +97,14 @@ func (i *inventory) devices() map[string]slices.Entry { return i.current.Load().
 
 func (i *inventory) resources() resourceslice.DriverResources { return i.current.Load().Resources }
 
-// watchHealth reports NIC health: a NIC whose link is down is unhealthy.
-// Other kinds have nothing this agent can observe yet and are left out of
-// the reports. Reports are re-sent within the kubelet's 30 s lease.
-func (i *inventory) watchHealth(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+// subscribe returns a channel woken after each rescan that found
+// something new, and its cancel.
+func (i *inventory) subscribe() (<-chan struct{}, func()) {
 	wake := make(chan struct{}, 1)
 	i.mu.Lock()
 	i.waiters = append(i.waiters, wake)
 	i.mu.Unlock()
-	defer func() {
+	return wake, func() {
 		i.mu.Lock()
 		defer i.mu.Unlock()
 		for n, w := range i.waiters {
@@ -113,31 +113,17 @@ func (i *inventory) watchHealth(ctx context.Context, reports chan<- kubeletplugi
 				break
 			}
 		}
-	}()
-	refresh := time.NewTicker(20 * time.Second)
-	defer refresh.Stop()
-	for {
-		report := kubeletplugin.DeviceHealthReport{}
-		for name, e := range i.devices() {
-			if e.NIC == nil {
-				continue
-			}
-			h := kubeletplugin.HealthStatusHealthy
-			if !e.NIC.LinkUsable() {
-				h = kubeletplugin.HealthStatusUnhealthy
-			}
-			report.Devices = append(report.Devices, kubeletplugin.DeviceHealth{PoolName: i.node, DeviceName: name, Health: h, LastUpdated: time.Now()})
-		}
+	}
+}
+
+// wake wakes the subscribers.
+func (i *inventory) wake() {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	for _, w := range i.waiters {
 		select {
-		case <-ctx.Done():
-			return nil
-		case reports <- report:
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-refresh.C:
+		case w <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -45,6 +45,12 @@ type Row struct {
 	// allocation is in place; Problems says what is missing where not.
 	Enforced bool     `json:"enforced"`
 	Problems []string `json:"problems,omitempty"`
+	// Health is the device's health as the agent last wrote it
+	// (healthy, degraded, lost), with Taint (key=value:effect) and its
+	// HealthMessage where it is tainted.
+	Health        string `json:"health,omitempty"`
+	HealthMessage string `json:"healthMessage,omitempty"`
+	Taint         string `json:"taint,omitempty"`
 	// GPU is set on GPU memory shares (kind gpu), whose Parent is the
 	// GPU's UUID and whose network fields are zero.
 	GPU *GPU `json:"gpu,omitempty"`
@@ -103,25 +109,33 @@ func Write(w io.Writer, rows []Row, format string) error {
 		}
 		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 		if len(nics) > 0 || len(gpus) == 0 {
-			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tSPOOFED\tENFORCED")
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tSPOOFED\tHEALTH\tENFORCED")
 			for _, r := range nics {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
-					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, spoofed(r), enforced(r))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
+					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, spoofed(r), healthOf(r), enforced(r))
 			}
 		}
 		if len(gpus) > 0 {
 			if len(nics) > 0 {
 				fmt.Fprintln(tw)
 			}
-			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tGPU\tTIER\tSLICE\tUSED\tKILLS\tENFORCED")
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tGPU\tTIER\tSLICE\tUSED\tKILLS\tHEALTH\tENFORCED")
 			for _, r := range gpus {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.GPU.UUID), orDash(r.GPU.Tier),
-					iec(r.GPU.SliceBytes), r.GPU.used(), r.GPU.Kills, enforced(r))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.GPU.UUID), orDash(r.GPU.Tier),
+					iec(r.GPU.SliceBytes), r.GPU.used(), r.GPU.Kills, healthOf(r), enforced(r))
 			}
 		}
 		return tw.Flush()
 	}
 	return fmt.Errorf("output format %q: want table or json", format)
+}
+
+// healthOf is the HEALTH column: healthy, or the taint.
+func healthOf(r Row) string {
+	if r.Taint != "" {
+		return r.Health + " (" + r.Taint + ")"
+	}
+	return orDash(r.Health)
 }
 
 func enforced(r Row) string {

@@ -1,0 +1,192 @@
+package nvmlreplay
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
+)
+
+// events delivers the file's events as the card would: XIDs and ECC errors
+// through event sets, lost GPUs and row remaps in the device's answers.
+type events struct {
+	mu    sync.Mutex
+	start time.Time
+	// due are the events not yet happened, by time.
+	due   []timedEvent
+	devs  map[string]*server.Device
+	state map[string]*deviceState
+	sets  map[nvml.EventSet]*eventSet
+}
+
+type timedEvent struct {
+	at time.Time
+	e  nvmlinfo.Event
+}
+
+type deviceState struct{ lost, remapPending, remapFailed bool }
+
+type eventSet struct {
+	// regs are the event types registered, by GPU UUID.
+	regs  map[string]uint64
+	queue []queued
+	wake  chan struct{}
+}
+
+type queued struct {
+	data nvml.EventData
+	ret  nvml.Return
+}
+
+func newEvents(start time.Time, evs []nvmlinfo.Event) *events {
+	x := &events{start: start, devs: map[string]*server.Device{}, state: map[string]*deviceState{}, sets: map[nvml.EventSet]*eventSet{}}
+	for _, e := range evs {
+		x.due = append(x.due, timedEvent{at: start.Add(time.Duration(e.AfterMs) * time.Millisecond), e: e})
+	}
+	sort.SliceStable(x.due, func(i, j int) bool { return x.due[i].at.Before(x.due[j].at) })
+	return x
+}
+
+// Inject makes the event happen now, whatever its AfterMs.
+func (r *Replay) Inject(e nvmlinfo.Event) {
+	x := r.events
+	x.mu.Lock()
+	x.due = append([]timedEvent{{at: time.Now(), e: e}}, x.due...)
+	x.happen(time.Now())
+	x.mu.Unlock()
+}
+
+// happen applies the events due by now; x.mu is held.
+func (x *events) happen(now time.Time) {
+	for len(x.due) > 0 && !x.due[0].at.After(now) {
+		e := x.due[0].e
+		x.due = x.due[1:]
+		dev, ok := x.devs[e.UUID]
+		if !ok {
+			continue
+		}
+		st := x.state[e.UUID]
+		var data nvml.EventData
+		ret := nvml.SUCCESS
+		switch e.Type {
+		case nvmlinfo.EventXID:
+			data = nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: e.XID}
+		case nvmlinfo.EventDoubleBitECC:
+			data = nvml.EventData{Device: dev, EventType: nvml.EventTypeDoubleBitEccError}
+		case nvmlinfo.EventRowRemapPending:
+			st.remapPending = true
+			continue
+		case nvmlinfo.EventRowRemapFailed:
+			st.remapFailed = true
+			continue
+		case nvmlinfo.EventRecovered:
+			*st = deviceState{}
+			continue
+		case nvmlinfo.EventGPULost:
+			st.lost = true
+			// A waiter learns of it from Wait's answer, as from a card.
+			data, ret = nvml.EventData{Device: dev}, nvml.ERROR_GPU_IS_LOST
+		}
+		for _, s := range x.sets {
+			mask, ok := s.regs[e.UUID]
+			if !ok || (ret == nvml.SUCCESS && mask&data.EventType == 0) {
+				continue
+			}
+			s.queue = append(s.queue, queued{data, ret})
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// next is when the next event is due; zero where none is.
+func (x *events) next() time.Time {
+	if len(x.due) == 0 {
+		return time.Time{}
+	}
+	return x.due[0].at
+}
+
+// supportedEvents are the event types a replayed GPU takes.
+const supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
+
+func (x *events) newSet() (nvml.EventSet, nvml.Return) {
+	s := &eventSet{regs: map[string]uint64{}, wake: make(chan struct{}, 1)}
+	m := &mock.EventSet{}
+	m.FreeFunc = func() nvml.Return {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		delete(x.sets, m)
+		return nvml.SUCCESS
+	}
+	m.WaitFunc = func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+		deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
+		for {
+			x.mu.Lock()
+			x.happen(time.Now())
+			if len(s.queue) > 0 {
+				q := s.queue[0]
+				s.queue = s.queue[1:]
+				x.mu.Unlock()
+				return q.data, q.ret
+			}
+			until := deadline
+			if n := x.next(); !n.IsZero() && n.Before(until) {
+				until = n
+			}
+			x.mu.Unlock()
+			wait := time.Until(until)
+			if wait <= 0 && !time.Now().Before(deadline) {
+				return nvml.EventData{}, nvml.ERROR_TIMEOUT
+			}
+			t := time.NewTimer(max(wait, 0))
+			select {
+			case <-t.C:
+			case <-s.wake:
+			}
+			t.Stop()
+		}
+	}
+	x.mu.Lock()
+	x.sets[m] = s
+	x.mu.Unlock()
+	return m, nvml.SUCCESS
+}
+
+// device makes a mock device take event registrations and answer as its
+// state says.
+func (x *events) device(m *server.Device, uuid string) {
+	x.devs[uuid] = m
+	x.state[uuid] = &deviceState{}
+	m.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return supportedEvents, nvml.SUCCESS }
+	m.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		s, ok := x.sets[set]
+		if !ok {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		if types&^supportedEvents != 0 {
+			return nvml.ERROR_NOT_SUPPORTED
+		}
+		s.regs[uuid] |= types
+		return nvml.SUCCESS
+	}
+	m.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		x.happen(time.Now())
+		st := x.state[uuid]
+		if st.lost {
+			return 0, 0, false, false, nvml.ERROR_GPU_IS_LOST
+		}
+		return 0, 0, st.remapPending, st.remapFailed, nvml.SUCCESS
+	}
+}
