@@ -45,10 +45,6 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	defer s.Close()
 	const parent, class = 1, 0x10010
 	share, neighbour := mac1, mac2
-	cookie, err := NetnsCookie()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, a := range []string{"10.9.0.5", "fd09::5"} {
 		if err := s.AllowAddr(parent, netip.MustParseAddr(a), share); err != nil {
 			t.Fatal(err)
@@ -60,9 +56,7 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	if err := s.SetShare(Ingress, neighbour, 0x10020); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class, CheckIPv4: true, CheckIPv6: true}); err != nil {
-		t.Fatal(err)
-	}
+	setOwnPodShare(t, s, PodShare{Parent: parent, MAC: share.String(), ClassID: class, CheckIPv4: true, CheckIPv6: true})
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
 	tagged := ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true)
 	for _, c := range []struct {
@@ -124,16 +118,10 @@ func TestIPv4OnlyShareKeepsItsIPv6(t *testing.T) {
 	s := openShaper(t, testPinDir(t))
 	defer s.Close()
 	const parent, class = 1, 0x10010
-	cookie, err := NetnsCookie()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: mac1.String(), ClassID: class, CheckIPv4: true}); err != nil {
-		t.Fatal(err)
-	}
+	setOwnPodShare(t, s, PodShare{Parent: parent, MAC: mac1.String(), ClassID: class, CheckIPv4: true})
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
 	if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, mac1, "2001:db8::a8bb:ccff:fedd:eeff", "2001:db8::1", false), skbCtx{Ifindex: parent}); ret != tcxNext {
 		t.Errorf("a SLAAC IPv6 source of an IPv4-only share: verdict %d, want passed", ret)
@@ -152,10 +140,6 @@ func TestMACChangeIsLearnedWithinItsCap(t *testing.T) {
 	s := openShaper(t, testPinDir(t))
 	defer s.Close()
 	const parent, class = 1, 0x10010
-	cookie, err := NetnsCookie()
-	if err != nil {
-		t.Fatal(err)
-	}
 	neighbour, local := mac2, net.HardwareAddr{0x02, 0x10, 0xca, 0, 0, 1}
 	if err := s.SetShare(Ingress, neighbour, 0x10020); err != nil {
 		t.Fatal(err)
@@ -163,9 +147,7 @@ func TestMACChangeIsLearnedWithinItsCap(t *testing.T) {
 	if err := s.SetLocalMAC(parent, local); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: mac1.String(), ClassID: class, AllowMACChange: true}); err != nil {
-		t.Fatal(err)
-	}
+	setOwnPodShare(t, s, PodShare{Parent: parent, MAC: mac1.String(), ClassID: class, AllowMACChange: true})
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
 	for _, src := range []net.HardwareAddr{neighbour, local} {
 		if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, src, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext {
@@ -269,29 +251,23 @@ func TestSocketlessFramesAreGuarded(t *testing.T) {
 	// A pod whose class allows MAC changes takes another MAC: its socket
 	// frames teach the classifier, and its socket-less frames from that
 	// MAC are then the share's, guarded.
-	cookie, err := NetnsCookie()
-	if err != nil {
-		t.Fatal(err)
-	}
 	changer := net.HardwareAddr{0x02, 0xca, 0x7e, 0, 0, 4}
 	taken := net.HardwareAddr{0x02, 0x77, 0, 0, 0, 9}
 	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.8"), changer); err != nil {
 		t.Fatal(err)
 	}
-	guard := PodShare{NetnsCookie: cookie, Parent: parent, MAC: changer.String(), ClassID: 0x10040, AllowMACChange: true, CheckIPv4: true}
+	guard := PodShare{Parent: parent, MAC: changer.String(), ClassID: 0x10040, AllowMACChange: true, CheckIPv4: true}
 	if err := s.GuardShare(changer, guard); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.SetShare(Egress, changer, 0x10040); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetPodShare(guard); err != nil {
-		t.Fatal(err)
-	}
+	guard = setOwnPodShare(t, s, guard)
 	if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, taken, "10.9.0.8", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext {
 		t.Fatalf("the pod's socket frame from its new MAC: verdict %d", ret)
 	}
-	k, _ := podKey(cookie, parent)
+	k, _ := podKey(guard.NetnsCookie, parent)
 	if err := s.objs.ShareNetns.Delete(&k); err != nil { // from here on, socket-less
 		t.Fatal(err)
 	}
@@ -307,4 +283,20 @@ func TestSocketlessFramesAreGuarded(t *testing.T) {
 	if ret, prio := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, shaped, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext || prio != 0 {
 		t.Errorf("after the share went: verdict %d, priority %#x; want passed, unclassified", ret, prio)
 	}
+}
+
+// setOwnPodShare records p as the share of this test's own network
+// namespace, whose cookie BPF_PROG_RUN's frames carry (they stand for a
+// pod's socket frames), and returns it with the cookie set.
+func setOwnPodShare(t testing.TB, s *Shaper, p PodShare) PodShare {
+	t.Helper()
+	cookie, err := NetnsCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.NetnsCookie = cookie
+	if err := s.SetPodShare(p); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
