@@ -86,8 +86,9 @@ func (m *Manager) daemon(claim types.UID, uuid string, tier Tier) mps.Daemon {
 }
 
 // setUp brings a claim's daemon of a GPU to serve its shares (all): the
-// GPU's state file and compute mode, the daemon's owner record, the
-// claim's tmpfs, the daemon and its ceiling. Every step is idempotent, and
+// GPU's state file and compute mode, the daemon's owner record and its
+// shares' records (records.go), the claim's tmpfs, the daemon and its
+// ceiling. Every step is idempotent, and
 // each is recorded on disk before it is taken.
 func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
 	if err := m.holdComputeMode(ctx, r.UUID, r.Choice.Tier); err != nil {
@@ -101,6 +102,11 @@ func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
 	data, _ := json.Marshal(owner{ClaimUID: r.ClaimUID, UUID: r.UUID, Tier: r.Choice.Tier})
 	if err := atomicfile.Write(filepath.Join(d.Dir, ownerFile), data, 0o644); err != nil {
 		return fmt.Errorf("GPU %s: claim %s: record its daemon: %w", r.UUID, r.ClaimUID, err)
+	}
+	for _, s := range all {
+		if err := writeShareFile(d.Dir, s); err != nil {
+			return err
+		}
 	}
 	crashPoint("gpushare-daemon-recorded")
 	if err := m.shm(d.ShmDir); err != nil {

@@ -114,15 +114,21 @@
 // # State and crashes
 //
 // A GPU's gpu.json (its former compute mode) is written before the mode is
-// changed, and a claim daemon's owner.json (claim, GPU, tier) before its
+// changed, and a claim daemon's owner.json (claim, GPU, tier) and each of
+// its shares' records (share-<key>.json: the whole request) before its
 // tmpfs is mounted or it is started; each teardown step finds what an
-// interrupted one left. At start the shares the checkpoint holds get their
-// mode, their claim's daemon (a running one is adopted; a dead or deaf one
-// restarted) and ceiling back and are policed again; a daemon directory no
-// share holds (a crash after it was made and before the claim was recorded)
-// has its daemon stopped, its claim's tmpfs unmounted with the claim's last
-// daemon, and a GPU directory no share holds is given back (mode restored).
-// The last unprepare of a claim on a GPU, and of a GPU, do the same.
+// interrupted one left. At start the shares the checkpoint holds, and any
+// share recorded on the node that it does not (a lost or corrupt
+// checkpoint, or a claim that crashed before its record, which the driver
+// then rolls back), get their mode, their claim's daemon (a running one is
+// adopted; a dead or deaf one restarted) and ceiling back and are policed
+// again: losing the checkpoint never tears down what runs. A daemon
+// directory no record explains is kept and logged. The kubelet's unprepare
+// of a claim the checkpoint does not know reaches UnprepareClaim (through
+// gpu/prep, a prepare.ClaimCleaner), which finds the claim's shares and
+// daemons by its derived directory and takes them back. A GPU directory
+// that no share or daemon holds is given back (mode restored), and so is a
+// GPU after its last share and daemon go.
 // CARVE_CRASH_AT fault points: gpushare-mode-held, gpushare-daemon-recorded,
 // gpushare-shm-mounted, gpushare-daemon-started, gpushare-daemon-stopped,
 // gpushare-shm-unmounted, gpushare-claim-released. Kill counts survive

@@ -179,6 +179,11 @@ func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdit
 		}
 	}
 	if err := m.setUp(ctx, r, append(mine, r)); err != nil {
+		if _, again := m.shares[r.Key]; !again && len(mine) > 0 {
+			if terr := removeShareFile(m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier).Dir, r.Key); terr != nil {
+				err = errors.Join(err, terr)
+			}
+		}
 		if len(mine) == 0 {
 			if terr := m.stopDaemon(ctx, m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier)); terr != nil {
 				err = errors.Join(err, fmt.Errorf("stopping the daemon of claim %s on GPU %s: %w", r.ClaimUID, r.UUID, terr))

@@ -49,8 +49,9 @@ type Preparer struct {
 }
 
 var (
-	_ prepare.Preparer = (*Preparer)(nil)
-	_ prepare.Restorer = (*Preparer)(nil)
+	_ prepare.Preparer     = (*Preparer)(nil)
+	_ prepare.Restorer     = (*Preparer)(nil)
+	_ prepare.ClaimCleaner = (*Preparer)(nil)
 )
 
 // New returns the GPU preparer.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
@@ -98,4 +100,16 @@ func (p *Preparer) restoreShares(ctx context.Context, allocs []prepare.Allocatio
 	if err := p.opts.Shares.Restore(ctx, shares); err != nil {
 		p.opts.Logger.Error(err, "Restoring GPU shares")
 	}
+}
+
+// UnprepareClaim takes back the GPU shares of a claim the checkpoint does
+// not know (it was lost or corrupt: Restore adopted them from the node's
+// records, and they stayed enforced), found by the claim's derived
+// directory. A MIG instance of such a claim has no record that names its
+// claim: it stays, reported by Restore as unowned.
+func (p *Preparer) UnprepareClaim(ctx context.Context, claim types.UID) error {
+	if p.opts.Shares == nil {
+		return nil
+	}
+	return p.opts.Shares.UnprepareClaim(ctx, claim)
 }
