@@ -74,6 +74,8 @@ type Options struct {
 	NVIDIACDIHook string
 	// NVMLReplay answers NVML from a replay file (tests, what-if).
 	NVMLReplay string
+	// NVMLReplayProcesses is the replay's processes file (tests).
+	NVMLReplayProcesses string
 	// NVMLTimeout bounds every NVML call (gpu.DefaultTimeout when 0).
 	NVMLTimeout time.Duration
 	// MPSShmSize bounds each claim's tmpfs, its GPU memory shares'
