@@ -222,3 +222,25 @@ func TestConfigErrorSaysWhose(t *testing.T) {
 		}
 	}
 }
+
+// A GPUConfig applies to GPUs only; a claim's sizes its own /dev/shm over
+// its class's.
+func TestGPUConfig(t *testing.T) {
+	cfg := func(source resourceapi.AllocationConfigSource, size string) resourceapi.DeviceAllocationConfiguration {
+		raw := []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"` + size + `"}`)
+		return resourceapi.DeviceAllocationConfiguration{Source: source, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: fuzzDriver, Parameters: runtime.RawExtension{Raw: raw}}}}
+	}
+	configs := []resourceapi.DeviceAllocationConfiguration{cfg(resourceapi.AllocationConfigSourceClass, "2Gi"), cfg(resourceapi.AllocationConfigSourceClaim, "4Gi")}
+	raw, err := effectiveConfig(fuzzDriver, configs, "r", names.KindGPU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eff EffectiveConfig
+	if err := json.Unmarshal(raw, &eff); err != nil || eff.GPU == nil || eff.GPU.SharedMemorySize.Value() != 4<<30 {
+		t.Errorf("effective %s: %v", raw, err)
+	}
+	if _, err := effectiveConfig(fuzzDriver, configs[:1], "r", names.KindNIC); err == nil || !strings.Contains(err.Error(), "applies to gpu devices, not to a nic device") {
+		t.Errorf("a GPUConfig on a NIC: %v", err)
+	}
+}

@@ -109,7 +109,7 @@ func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
 		}
 	}
 	crashPoint("gpushare-daemon-recorded")
-	if err := m.shm(d.ShmDir); err != nil {
+	if err := m.shm(d.ShmDir, m.claimShmSize(r)); err != nil {
 		return err
 	}
 	crashPoint("gpushare-shm-mounted")
@@ -222,12 +222,36 @@ func (m *Manager) releaseClaim(claimDir string) error {
 // CheckShm mounts a probe tmpfs at ShmDir, checks that the host sees it
 // where containers would mount a claim's from, and unmounts it.
 func (m *Manager) CheckShm() error {
-	err := m.shm(m.opts.ShmDir)
+	err := m.shm(m.opts.ShmDir, m.opts.ShmSize)
 	return errors.Join(err, mps.UnmountShm(m.opts.ShmDir))
 }
 
-func (m *Manager) shm(dir string) error {
-	if err := mps.MountShm(dir, m.opts.ShmSize); err != nil {
+// claimShmSize is the size of r's claim's tmpfs, with m.mu held: the
+// largest any of its shares asks, Options.ShmSize for those that ask none.
+func (m *Manager) claimShmSize(r Request) uint64 {
+	size := func(s Request) uint64 {
+		if s.ShmSize > 0 {
+			return s.ShmSize
+		}
+		if m.opts.ShmSize > 0 {
+			return m.opts.ShmSize
+		}
+		return mps.DefaultShmSize
+	}
+	n := size(r)
+	for _, s := range m.shares {
+		if s.ClaimUID == r.ClaimUID {
+			n = max(n, size(s))
+		}
+	}
+	return n
+}
+
+func (m *Manager) shm(dir string, size uint64) error {
+	if err := mps.MountShm(dir, size); err != nil {
+		return err
+	}
+	if err := mps.GrowShm(dir, size); err != nil {
 		return err
 	}
 	if r := m.opts.HostRoot; r != "" && !mps.SameShm(dir, filepath.Join(r, dir)) {

@@ -71,9 +71,10 @@
 // MPS clients meet their control daemon and server in the pipe directory and
 // in POSIX shared memory under /dev/shm; a pod has a /dev/shm of its own, so
 // a client in a pod could not attach to a daemon the agent started. The
-// agent therefore mounts a tmpfs per claim (size --mps-shm-size, 1Gi; its
-// pages are charged to the pods that write them; the claim config has no GPU
-// field to size it from yet), starts each of the claim's daemons in a mount
+// agent therefore mounts a tmpfs per claim (the size its config's
+// GPUConfig.sharedMemorySize asks, the largest of its shares', grown as they
+// come and never shrunk; --mps-shm-size, 1Gi, where it asks none; its pages
+// are charged to the pods that write them), starts each of the claim's daemons in a mount
 // namespace of its own in which that tmpfs is /dev/shm (mounts are slaves,
 // so the bind never reaches the agent or the host), and each share's CDI
 // edits mount it over the container's /dev/shm, as NVIDIA's own MPS support
@@ -142,10 +143,9 @@
 //
 // # Known gaps
 //
-// A claim's pods have its tmpfs as /dev/shm instead of their own: it is
-// --mps-shm-size for every claim (a workload that needs a large /dev/shm,
-// PyTorch's DataLoader workers for one, needs it sized for that), shared by
-// the claim's pods. Not yet run on a real GPU in a pod: the acceptance run
+// A claim's pods have its tmpfs as /dev/shm instead of their own, shared by
+// the claim's pods: a workload that needs a large /dev/shm (PyTorch's
+// DataLoader workers for one) sizes it in its claim's GPUConfig. Not yet run on a real GPU in a pod: the acceptance run
 // (package gpu/acceptance) starts its clients with the share's /dev/shm
 // through the same mps.StartWithShm, as host processes, and that is where
 // the read-only pipe directory and one daemon per claim were measured. The

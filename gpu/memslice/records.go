@@ -37,6 +37,7 @@ type shareFile struct {
 	Tier      Tier      `json:"tier"`
 	Region    string    `json:"region,omitempty"`
 	EnvPrefix string    `json:"envPrefix"`
+	ShmSize   uint64    `json:"shmSizeBytes,omitempty"`
 }
 
 func shareFileName(key string) string { return shareFilePrefix + fileName(key) + ".json" }
@@ -44,7 +45,7 @@ func shareFileName(key string) string { return shareFilePrefix + fileName(key) +
 // writeShareFile records a share in its daemon directory.
 func writeShareFile(daemonDir string, r Request) error {
 	data, err := json.Marshal(shareFile{Key: r.Key, ClaimUID: r.ClaimUID, Namespace: r.Namespace, Name: r.Name, ShareID: r.ShareID,
-		UUID: r.UUID, Slice: r.Slice, Tier: r.Choice.Tier, Region: r.Choice.Region, EnvPrefix: r.EnvPrefix})
+		UUID: r.UUID, Slice: r.Slice, Tier: r.Choice.Tier, Region: r.Choice.Region, EnvPrefix: r.EnvPrefix, ShmSize: r.ShmSize})
 	if err != nil {
 		return err
 	}
@@ -115,7 +116,7 @@ func (m *Manager) readDaemon(dir string) daemonOnNode {
 			continue
 		}
 		d.shares = append(d.shares, Request{Key: f.Key, ClaimUID: f.ClaimUID, Namespace: f.Namespace, Name: f.Name, ShareID: f.ShareID,
-			UUID: f.UUID, Slice: f.Slice, EnvPrefix: f.EnvPrefix, Choice: Choice{Tier: f.Tier, Region: f.Region}})
+			UUID: f.UUID, Slice: f.Slice, EnvPrefix: f.EnvPrefix, ShmSize: f.ShmSize, Choice: Choice{Tier: f.Tier, Region: f.Region}})
 	}
 	return d
 }

@@ -52,7 +52,17 @@ func shareRequest(a prepare.Allocation, dev slices.Entry) (memslice.Request, err
 		return memslice.Request{}, fmt.Errorf("GPU %s: share %s consumes no memory", a.Device, *a.ShareID)
 	}
 	m := dev.GPU.Memory
-	return memslice.Request{
+	var shm uint64
+	if len(a.Config) > 0 {
+		var cfg prepare.EffectiveConfig
+		if err := json.Unmarshal(a.Config, &cfg); err != nil {
+			return memslice.Request{}, fmt.Errorf("GPU %s: share %s: config: %w", a.Device, *a.ShareID, err)
+		}
+		if cfg.GPU != nil && cfg.GPU.SharedMemorySize != nil {
+			shm = uint64(cfg.GPU.SharedMemorySize.Value())
+		}
+	}
+	return memslice.Request{ShmSize: shm,
 		Key: a.ShareKey(), ClaimUID: a.ClaimUID, Namespace: a.ClaimNamespace, Name: a.ClaimName, ShareID: string(*a.ShareID),
 		UUID: dev.GPU.Device.UUID, Slice: uint64(q.Value()), EnvPrefix: a.EnvPrefix(),
 		Choice: memslice.Choice{Tier: memslice.Tier(m.Enforcement), Reason: m.Reason, Region: m.Region},
@@ -93,7 +103,7 @@ func (p *Preparer) restoreShares(ctx context.Context, allocs []prepare.Allocatio
 			continue
 		}
 		r := memslice.Request{Key: a.ShareKey(), ClaimUID: a.ClaimUID, Namespace: a.ClaimNamespace, Name: a.ClaimName,
-			ShareID: string(*a.ShareID), UUID: rec.UUID, Slice: rec.Slice, EnvPrefix: a.EnvPrefix(),
+			ShareID: string(*a.ShareID), UUID: rec.UUID, Slice: rec.Slice, EnvPrefix: a.EnvPrefix(), ShmSize: rec.ShmSize,
 			Choice: memslice.Choice{Tier: rec.Tier, Region: rec.Region}}
 		shares = append(shares, r)
 	}

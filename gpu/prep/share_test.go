@@ -71,6 +71,8 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	a := alloc("c1", name, names.KindGPU)
 	a.ShareID = &sid
 	a.Consumed = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}
+	// The claim sizes its /dev/shm (GPUConfig).
+	a.Config = json.RawMessage(`{"gpu":{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"256Mi"}}`)
 	out, err := p.Prepare(ctx, a, e)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +91,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 		t.Error("the share's container lacks the GPU's device node")
 	}
 	var rec memslice.Record
-	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != nvmltest.H100UUID(1) {
+	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != nvmltest.H100UUID(1) || rec.ShmSize != 256<<20 {
 		t.Fatalf("undo %s: %v", out.Undo, err)
 	}
 	// Default while shared: every claim's daemon runs an MPS server.
