@@ -37,6 +37,10 @@
 //     1_SLICE_REV2), with a warning where that was a guess; one without
 //     engines gives the +me profiles the GPU's one OFA. Absent: go-nvml's
 //     mock table for that product, with a warning that says so.
+//   - instances: optional, MIG enabled only: the GPU instances that exist
+//     (profileId, start, size), whoever made them. The replay makes them;
+//     the agent keeps the placements of those it did not make out of the
+//     published pool.
 //
 // Package nvmltest builds the test nodes' inventories (an 8 x H100 node as a
 // real H100 reports on driver 580, an A100 node from go-nvml's mock table).

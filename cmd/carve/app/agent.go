@@ -134,6 +134,10 @@ func Run(ctx context.Context, opts Options) error {
 		// `carve discover` does): a pinned map of another is refused.
 		inv.build = append(inv.build, slices.ClassifierShares(k.classifierShares))
 	}
+	// Instances that no claim made keep their placements out of the
+	// pool; which claims made which is known once the driver has read
+	// the checkpoint (Restore), and the pool is built again then.
+	inv.build = append(inv.build, slices.MIGOwned(k.gpus.prep.OwnsInstance))
 	if _, err := inv.rescan(ctx, discovery.AnyChange()); err != nil {
 		return err
 	}
@@ -147,6 +151,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	inv.rebuild()
 
 	pluginDir := filepath.Join(opts.PluginsDir, driverName)
 	for _, dir := range []string{opts.RegistrarDir, pluginDir} {
