@@ -50,7 +50,9 @@ func main() {
 	raw, err := os.ReadFile(pidFile)
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
 	if err != nil || pid <= 0 || syscall.Kill(pid, 0) != nil {
-		fail(fmt.Errorf("Cannot find MPS control daemon process"))
+		// The real binary's words, which nothing parses.
+		fmt.Fprintln(os.Stderr, "Cannot find MPS control daemon process")
+		os.Exit(1)
 	}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
