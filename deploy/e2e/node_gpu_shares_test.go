@@ -289,6 +289,17 @@ func TestNodeGPUShares(t *testing.T) {
 		t.Fatalf("memoryEnforcement = %q, want mps-policed; agent log:\n%s", got, agentLog(t, "enforcement"))
 	}
 
+	// On failure: what the kubelet and the agent said of the test's pods.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		evs, _ := cs.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{})
+		for _, e := range evs.Items {
+			t.Logf("event %s/%s %s: %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+		t.Logf("agent log (prepare, GPU):\n%s", agentLog(t, "repar"))
+	})
 	gpuShareClaim(t, cs, "gpu-a", "2Gi")
 	gpuShareClaim(t, cs, "gpu-b", "2Gi")
 	a := pod("gpu-a", &corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr.To("gpu-a")})

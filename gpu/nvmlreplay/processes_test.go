@@ -63,3 +63,32 @@ func TestProcessesFromFile(t *testing.T) {
 		t.Errorf("strict read: %v", err)
 	}
 }
+
+// A replayed GPU answers its compute mode, Default, and keeps one that is
+// set, as a GPU memory share sets and restores it.
+func TestComputeMode(t *testing.T) {
+	r, err := nvmlreplay.Load(results + "h100-580-carve-snapshot-nvml.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := gpu.Open(ctx, r.Library(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	inv, err := s.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := inv.Devices[0].UUID
+	if m, err := s.ComputeMode(ctx, uuid); err != nil || m != gpu.ComputeModeDefault {
+		t.Fatalf("compute mode %d %v", m, err)
+	}
+	if err := s.SetComputeMode(ctx, uuid, gpu.ComputeModeExclusiveProcess); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.ComputeMode(ctx, uuid); err != nil || m != gpu.ComputeModeExclusiveProcess {
+		t.Fatalf("compute mode after set %d %v", m, err)
+	}
+}
