@@ -298,7 +298,14 @@ func TestNodeGPUShares(t *testing.T) {
 		for _, e := range evs.Items {
 			t.Logf("event %s/%s %s: %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
 		}
-		t.Logf("agent log (prepare, GPU):\n%s", agentLog(t, "repar"))
+		t.Logf("agent log (prepare, restore):\n%s\n%s", agentLog(t, "repar"), agentLog(t, "estor"))
+		if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+			for _, l := range strings.Split(string(mi), "\n") {
+				if strings.Contains(l, memslice.SharesDir) {
+					t.Logf("host mount: %s", l)
+				}
+			}
+		}
 	})
 	gpuShareClaim(t, cs, "gpu-a", "2Gi")
 	gpuShareClaim(t, cs, "gpu-b", "2Gi")
