@@ -93,7 +93,35 @@ func readDevice(lib Library, dev nvml.Device, index int) (nvmlinfo.Device, error
 		return nvmlinfo.Device{}, fmt.Errorf("device %d (%s): %w", index, d.UUID, err)
 	}
 	d.MIGProfiles = profiles
+	if d.MIGEnabled {
+		d.Instances = readInstances(dev, profiles)
+	}
 	return d, nil
+}
+
+// readInstances lists the GPU instances that exist on a MIG-enabled device,
+// by profile (asked by its index, recorded by its Id), in placement order.
+// A profile whose instances cannot be listed is skipped: what is unknown is
+// not published as taken.
+func readInstances(dev nvml.Device, profiles []nvmlinfo.MIGProfile) []nvmlinfo.MIGInstance {
+	var out []nvmlinfo.MIGInstance
+	for _, p := range profiles {
+		info, ret := dev.GetGpuInstanceProfileInfo(p.ProfileIndex)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		gis, ret := dev.GetGpuInstances(&info)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		for _, gi := range gis {
+			if gii, ret := gi.GetInfo(); ret == nvml.SUCCESS {
+				out = append(out, nvmlinfo.MIGInstance{ProfileID: int(info.Id), Start: int(gii.Placement.Start), Size: int(gii.Placement.Size)})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Start < out[j].Start })
+	return out
 }
 
 // readProfiles lists the GPU-instance profiles the device supports, with

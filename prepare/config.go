@@ -22,6 +22,7 @@ import (
 type EffectiveConfig struct {
 	Device  *v1alpha1.DeviceConfig  `json:"device,omitempty"`
 	Network *v1alpha1.NetworkConfig `json:"network,omitempty"`
+	GPU     *v1alpha1.GPUConfig     `json:"gpu,omitempty"`
 }
 
 // DeviceEnv is the DeviceConfig's Env as sorted NAME=value strings.
@@ -42,6 +43,7 @@ func (c EffectiveConfig) DeviceEnv() []string {
 var configKinds = map[string][]string{
 	v1alpha1.DeviceConfigKind:  nil,
 	v1alpha1.NetworkConfigKind: {names.KindNIC},
+	v1alpha1.GPUConfigKind:     {names.KindGPU},
 }
 
 // decodeConfig decodes one opaque parameter through the API's scheme and
@@ -61,6 +63,8 @@ func decodeConfig(raw []byte, deviceKind string, path *field.Path, into *Effecti
 		into.Device = c
 	case *v1alpha1.NetworkConfig:
 		into.Network = c
+	case *v1alpha1.GPUConfig:
+		into.GPU = c
 	}
 	return nil
 }
@@ -108,6 +112,11 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 				}
 			}
 			fromClaimDevice = own.Device
+		}
+		if own.GPU != nil {
+			// The claim's own /dev/shm, whose pages its pods are
+			// charged for: the claim's to size, over its class.
+			eff.GPU = own.GPU
 		}
 		if own.Network != nil {
 			fields := map[string]json.RawMessage{}
@@ -168,7 +177,7 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 		}
 		eff.Network = base
 	}
-	if eff.Device == nil && eff.Network == nil {
+	if eff.Device == nil && eff.Network == nil && eff.GPU == nil {
 		return nil, nil
 	}
 	return json.Marshal(eff)

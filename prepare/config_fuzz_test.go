@@ -181,7 +181,8 @@ func FuzzEffectiveConfig(f *testing.F) {
 			want = &v1alpha1.NetworkConfig{}
 			v1alpha1.SetDefaultsNetworkConfig(want)
 		}
-		if !reflect.DeepEqual(n.Addresses, want.Addresses) || !reflect.DeepEqual(n.Routes, want.Routes) ||
+		// (An empty list and none are the same setting: JSON omits both.)
+		if !sameList(n.Addresses, want.Addresses) || !sameList(n.Routes, want.Routes) ||
 			n.Mode != want.Mode || n.MacvlanMode != want.MacvlanMode || n.IPVlanMode != want.IPVlanMode || n.VLAN != want.VLAN {
 			t.Fatalf("the claim %q changed what the class %q sets:\nclass %+v\neffective %+v", claimRaw, classRaw, want, n)
 		}
@@ -245,4 +246,32 @@ func jsonFields(raw []byte) map[string]json.RawMessage {
 	fields := map[string]json.RawMessage{}
 	_ = json.Unmarshal(raw, &fields)
 	return fields
+}
+
+// A GPUConfig applies to GPUs only; a claim's sizes its own /dev/shm over
+// its class's.
+func TestGPUConfig(t *testing.T) {
+	cfg := func(source resourceapi.AllocationConfigSource, size string) resourceapi.DeviceAllocationConfiguration {
+		raw := []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"` + size + `"}`)
+		return resourceapi.DeviceAllocationConfiguration{Source: source, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: fuzzDriver, Parameters: runtime.RawExtension{Raw: raw}}}}
+	}
+	configs := []resourceapi.DeviceAllocationConfiguration{cfg(resourceapi.AllocationConfigSourceClass, "2Gi"), cfg(resourceapi.AllocationConfigSourceClaim, "4Gi")}
+	raw, err := effectiveConfig(fuzzDriver, configs, "r", names.KindGPU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eff EffectiveConfig
+	if err := json.Unmarshal(raw, &eff); err != nil || eff.GPU == nil || eff.GPU.SharedMemorySize.Value() != 4<<30 {
+		t.Errorf("effective %s: %v", raw, err)
+	}
+	if _, err := effectiveConfig(fuzzDriver, configs[:1], "r", names.KindNIC); err == nil || !strings.Contains(err.Error(), "applies to gpu devices, not to a nic device") {
+		t.Errorf("a GPUConfig on a NIC: %v", err)
+	}
+}
+
+// sameList reports whether two lists hold the same items, none and an empty
+// list being the same.
+func sameList[T any](a, b []T) bool {
+	return (len(a) == 0 && len(b) == 0) || reflect.DeepEqual(a, b)
 }

@@ -61,6 +61,10 @@
 //	kind: NetworkConfig       # NICs (package netdev has every field)
 //	interfaceName: net1
 //	mtu: 1500
+//	---
+//	apiVersion: carve.dev/v1alpha1
+//	kind: GPUConfig           # GPU memory shares
+//	sharedMemorySize: 4Gi     # the claim's /dev/shm; --mps-shm-size when unset
 //
 // # Crash safety
 //
@@ -90,7 +94,7 @@
 //
 // # Packages below
 //
-// api/v1alpha1 (the claim config users write: DeviceConfig, NetworkConfig;
+// api/v1alpha1 (the claim config users write: DeviceConfig, NetworkConfig, GPUConfig;
 // scheme, defaults, validation, deepcopy), checkpoint, cdi, status,
 // atomicfile (atomic files), crash (fault points), hostmount (the host's side
 // of the chart's mounts, `carve host-mounts`, and entering the runtime's

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -105,8 +106,15 @@ func countCompleted(recs map[types.UID]ClaimRecord) int {
 // still holds of a claim the checkpoint does not know.
 func (d *Driver) cleanUnknown(ctx context.Context, c kubeletplugin.NamespacedObject) error {
 	var errs []error
+	asked := map[ClaimCleaner]bool{} // one preparer may serve several kinds (gpu, mig)
 	for kind, p := range d.opts.Preparers {
 		if cleaner, ok := p.(ClaimCleaner); ok {
+			if reflect.TypeOf(cleaner).Comparable() {
+				if asked[cleaner] {
+					continue
+				}
+				asked[cleaner] = true
+			}
 			if err := cleaner.UnprepareClaim(ctx, c.UID); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", kind, err))
 			}

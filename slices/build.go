@@ -51,6 +51,16 @@ func ClassifierShares(n int) Option {
 	return func(b *builder) { b.classifierShares = n }
 }
 
+// MIGOwned tells Build which existing GPU instances the agent made (a
+// claim's, by its parent's UUID, its profile's Id and its placement's
+// start): those keep their placements published, allocated to their claims.
+// The placements of every other instance (made by hand, or by another
+// tool) are left out of the pool, since the driver would refuse them. Without
+// it, every existing instance is taken as another's (carve discover).
+func MIGOwned(owned func(uuid string, profileID, start int) bool) Option {
+	return func(b *builder) { b.migOwned = owned }
+}
+
 const (
 	// DefaultClassifierShares is how many shares this build's classifier
 	// holds (bpf.CompiledShareSlots: its maps of 4096 entries, two a
@@ -109,7 +119,9 @@ type builder struct {
 	// classifierShares is how many shares the classifier holds, every
 	// NIC together.
 	classifierShares int
-	notices          []string
+	// migOwned tells the GPU instances the agent made (MIGOwned).
+	migOwned func(uuid string, profileID, start int) bool
+	notices  []string
 }
 
 func (b *builder) notef(format string, args ...any) {

@@ -69,7 +69,10 @@
 // GetGpuInstanceProfileInfo knows) as a partitionable device (KEP-4815).
 // Nothing comes from a built-in table: a real H100 on driver 580 spans 8
 // memory slices (7g.80gb spans 8, 3g.40gb 4, 1g.20gb 2 with 4 placements),
-// which is not go-nvml's mock table.
+// which is not go-nvml's mock table. A placement that overlaps a GPU
+// instance which exists and which no claim made (by hand, or another tool;
+// the agent tells which through MIGOwned, from its checkpoint) is left out,
+// with a notice: the driver would refuse it.
 //
 // # MIG counters
 //

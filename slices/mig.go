@@ -30,12 +30,21 @@ func mediaExtensions(p nvmlinfo.MIGProfile) uint64 {
 	return uint64(p.Engines.OFAs)
 }
 
+func describeInstances(ins []nvmlinfo.MIGInstance) string {
+	parts := make([]string, 0, len(ins))
+	for _, in := range ins {
+		parts = append(parts, fmt.Sprintf("profile Id %d at %d+%d", in.ProfileID, in.Start, in.Size))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // migs publishes every placement NVML reports for a MIG-enabled GPU, and the
 // GPU's counter set: one counter per memory slice (capacity 1), plus memory,
 // multiprocessors and, where a profile holds some, media extensions. Each
 // MIG device consumes the slices its placement spans, so overlapping
 // placements can never be allocated together and disjoint ones can unless
-// they want more media extensions than the GPU has. The capacity of media
+// they want more media extensions than the GPU has. Placements that overlap
+// an existing GPU instance the agent did not make (MIGOwned) are left out. The capacity of media
 // extensions is the most one profile holds: the whole-GPU profile holds
 // every engine of the card.
 func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry, *resourceapi.CounterSet) {
@@ -61,10 +70,26 @@ func (b *builder) migs(gpuName string, g GPU, inv *nvmlinfo.Inventory) ([]Entry,
 	if me := maxOf(d, mediaExtensions); me > 0 {
 		set.Counters[CounterMediaExtensions] = resourceapi.Counter{Value: *resource.NewQuantity(int64(me), resource.DecimalSI)}
 	}
+	var others []nvmlinfo.MIGInstance
+	for _, in := range d.Instances {
+		if b.migOwned == nil || !b.migOwned(d.UUID, in.ProfileID, in.Start) {
+			others = append(others, in)
+		}
+	}
+	if len(others) > 0 {
+		b.notef("GPU %d (%s): %d GPU instance(s) that carve did not make hold memory slices (%s); the placements they overlap are not published",
+			d.Index, d.UUID, len(others), describeInstances(others))
+	}
 	var entries []Entry
 	seen := map[string]bool{}
 	for _, p := range d.MIGProfiles {
+	placements:
 		for _, pl := range p.Placements {
+			for _, in := range others {
+				if in.Overlaps(pl) {
+					continue placements
+				}
+			}
 			name := fmt.Sprintf("%s-%s-%d", strings.Replace(gpuName, names.KindGPU+"-", names.KindMIG+"-", 1), sanitize(p.Name), pl.Start)
 			if seen[name] {
 				name = fmt.Sprintf("%s-p%d", name, p.ProfileID)

@@ -24,6 +24,7 @@ type agentFlags struct {
 	metricsAddr, healthAddr, podUID, hostNetns, bpfPinDir string
 	profiling                                             bool
 	nvidiaDriverRoot, nvidiaCDIHook, nvmlReplay           string
+	nvmlReplayProcesses                                   string
 	mpsShmSize                                            string
 	rescan, nvmlTimeout                                   time.Duration
 	qps                                                   float64
@@ -63,6 +64,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.nvidiaDriverRoot, "nvidia-driver-root", "/", "where the host's NVIDIA driver is installed (libnvidia-ml.so.1, libcuda, nvidia-smi are searched below it), e.g. /usr/local/nvidia; read below --root")
 	fs.StringVar(&f.nvidiaCDIHook, "nvidia-cdi-hook", "", "the host's nvidia-cdi-hook, to run the NVIDIA container hooks; without it carve mounts the libraries' soname links and sets LD_LIBRARY_PATH itself")
 	fs.StringVar(&f.nvmlReplay, "nvml-replay", "", "answer NVML from this replay file instead of the library (tests, what-if)")
+	fs.StringVar(&f.nvmlReplayProcesses, "nvml-replay-processes", "", "with --nvml-replay: answer the GPUs' processes from this file, read on every query (format: go doc ./gpu/nvmlreplay ProcessesFile)")
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs each claim's GPU memory shares' containers and MPS daemons have as /dev/shm, one per claim (a quantity); pages are charged to the pods that write them")
 	must(cmd.MarkFlagFilename("kubeconfig"))
@@ -96,7 +98,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
 		MetricsAddr: f.metricsAddr, Profiling: f.profiling, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
-		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLTimeout: f.nvmlTimeout,
+		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLReplayProcesses: f.nvmlReplayProcesses, NVMLTimeout: f.nvmlTimeout,
 		MPSShmSize: uint64(shm.Value()),
 	})
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -47,6 +48,17 @@ func TestChartAgentForGPUMemoryShares(t *testing.T) {
 	}
 	if got := propagation(pod); got != "Bidirectional" {
 		t.Errorf("state volume propagation %v, want Bidirectional", got)
+	}
+	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--nvml-replay") }) {
+		t.Errorf("args %v replay NVML by default", args)
+	}
+	replay := agentPod(t, "nvmlReplayFile=/r/nvml.json", "nvmlReplayProcessesFile=/r/processes.json")
+	containers, _, _ = unstructured.NestedSlice(replay, "containers")
+	args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+	for _, want := range []string{"--nvml-replay=/host/r/nvml.json", "--nvml-replay-processes=/host/r/processes.json"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args %v lack %s", args, want)
+		}
 	}
 	off := agentPod(t, "hostPID=false", "stateDirPropagation=None", "mpsShmSize=256Mi")
 	if _, set := off["hostPID"]; set {

@@ -49,6 +49,10 @@
 //     agent's GPU health source (package gpu, health.go) reads them as it
 //     reads a real card's; tests also inject events at once (nvmlreplay's
 //     Replay.Inject).
+//   - instances: optional, MIG enabled only: the GPU instances that exist
+//     (profileId, start, size), whoever made them. The replay makes them;
+//     the agent keeps the placements of those it did not make out of the
+//     published pool.
 //
 // Package nvmltest builds the test nodes' inventories (an 8 x H100 node as a
 // real H100 reports on driver 580, an A100 node from go-nvml's mock table).

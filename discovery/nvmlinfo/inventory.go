@@ -38,6 +38,22 @@ type Device struct {
 	// reports. Nil (absent) in a replay file means "use the mock's table
 	// for this product"; an empty list means the GPU reports none.
 	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
+	// Instances are the GPU instances that exist on a MIG-enabled GPU, as
+	// NVML lists them (whoever made them).
+	Instances []MIGInstance `json:"instances,omitempty"`
+}
+
+// MIGInstance is a GPU instance that exists: its profile's Id and its
+// placement.
+type MIGInstance struct {
+	ProfileID int `json:"profileId"`
+	Start     int `json:"start"`
+	Size      int `json:"size"`
+}
+
+// Overlaps reports whether the instance holds any memory slice of pl.
+func (in MIGInstance) Overlaps(pl Placement) bool {
+	return in.Start < pl.End() && pl.Start < in.Start+in.Size
 }
 
 // MIGProfile is one GPU-instance profile. NVML numbers a profile twice:
@@ -182,6 +198,11 @@ func (inv *Inventory) Validate() error {
 				if pl.Start < 0 || pl.Size <= 0 || pl.End() > MaxMemorySlices {
 					return fmt.Errorf("%s.placements[%d]: start %d size %d outside 0..%d", pf, k, pl.Start, pl.Size, MaxMemorySlices)
 				}
+			}
+		}
+		for j, in := range d.Instances {
+			if in.ProfileID < 0 || in.Start < 0 || in.Size <= 0 || in.Start+in.Size > MaxMemorySlices || !d.MIGEnabled {
+				return fmt.Errorf("%s.instances[%d]: profileId %d start %d size %d: needs MIG enabled, a profileId >= 0 and a placement within 0..%d", field, j, in.ProfileID, in.Start, in.Size, MaxMemorySlices)
 			}
 		}
 	}

@@ -18,6 +18,9 @@ import (
 type Options struct {
 	// Replay, when set, is a replay file answered instead of the library.
 	Replay string
+	// ReplayProcesses, with Replay, is the file the replay answers its
+	// GPUs' processes from (nvmlreplay.ProcessesFile).
+	ReplayProcesses string
 	// DriverRoot is where the host's libnvidia-ml.so.1 is looked for.
 	DriverRoot string
 	Timeout    time.Duration
@@ -37,6 +40,9 @@ func Open(ctx context.Context, opts Options) (*gpu.Session, error, error) {
 		}
 		for _, w := range r.Warnings {
 			logger.Info("Warning: NVML replay", "file", opts.Replay, "warning", w)
+		}
+		if opts.ReplayProcesses != "" {
+			r.ProcessesFrom(opts.ReplayProcesses)
 		}
 		lib = r.Library()
 	}

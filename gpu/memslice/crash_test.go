@@ -12,7 +12,7 @@ import (
 // The crash matrix of a claim's daemon: the agent dies at every step of
 // set-up and of teardown, beside another claim's share of the GPU. A new
 // agent, restored from a checkpoint that holds the share or not (prepare
-// had not returned), then unprepares; whatever the step, the crashed
+// had not returned, or the checkpoint was lost), then unprepares; whatever the step, the crashed
 // claim's daemon, tmpfs and directories are gone, the other claim's daemon
 // runs on, and the GPU's mode comes back after the last share.
 func TestCrashAtEveryStepConverges(t *testing.T) {
@@ -64,12 +64,20 @@ func TestCrashAtEveryStepConverges(t *testing.T) {
 				if err := next.Restore(ctx, held); err != nil {
 					t.Fatalf("restore: %v", err)
 				}
-				// The driver's rollback (or the kubelet's unprepare).
-				if err := next.Unprepare(ctx, r.Key, r.UUID); err != nil {
-					t.Fatalf("unprepare: %v", err)
-				}
-				if err := next.Unprepare(ctx, r.Key, r.UUID); err != nil {
-					t.Fatalf("unprepare again: %v", err)
+				// The driver's rollback of the started claim, or the
+				// kubelet's unprepare; of a claim the checkpoint lost
+				// during its unprepare, UnprepareClaim (the driver's
+				// cleanup of a claim it does not know).
+				for _, again := range []string{"", " again"} {
+					var err error
+					if unprep && !checkpointed {
+						err = next.UnprepareClaim(ctx, r.ClaimUID)
+					} else {
+						err = next.Unprepare(ctx, r.Key, r.UUID)
+					}
+					if err != nil {
+						t.Fatalf("unprepare%s: %v", again, err)
+					}
 				}
 				if _, err := os.Stat(ClaimDir(e.dir, r.ClaimUID)); !os.IsNotExist(err) {
 					t.Errorf("the crashed claim's directory is left")

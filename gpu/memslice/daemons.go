@@ -86,8 +86,9 @@ func (m *Manager) daemon(claim types.UID, uuid string, tier Tier) mps.Daemon {
 }
 
 // setUp brings a claim's daemon of a GPU to serve its shares (all): the
-// GPU's state file and compute mode, the daemon's owner record, the
-// claim's tmpfs, the daemon and its ceiling. Every step is idempotent, and
+// GPU's state file and compute mode, the daemon's owner record and its
+// shares' records (records.go), the claim's tmpfs, the daemon and its
+// ceiling. Every step is idempotent, and
 // each is recorded on disk before it is taken.
 func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
 	if err := m.holdComputeMode(ctx, r.UUID, r.Choice.Tier); err != nil {
@@ -102,8 +103,13 @@ func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
 	if err := atomicfile.Write(filepath.Join(d.Dir, ownerFile), data, 0o644); err != nil {
 		return fmt.Errorf("GPU %s: claim %s: record its daemon: %w", r.UUID, r.ClaimUID, err)
 	}
+	for _, s := range all {
+		if err := writeShareFile(d.Dir, s); err != nil {
+			return err
+		}
+	}
 	crashPoint("gpushare-daemon-recorded")
-	if err := m.shm(d.ShmDir); err != nil {
+	if err := m.shm(d.ShmDir, m.claimShmSize(r)); err != nil {
 		return err
 	}
 	crashPoint("gpushare-shm-mounted")
@@ -216,12 +222,36 @@ func (m *Manager) releaseClaim(claimDir string) error {
 // CheckShm mounts a probe tmpfs at ShmDir, checks that the host sees it
 // where containers would mount a claim's from, and unmounts it.
 func (m *Manager) CheckShm() error {
-	err := m.shm(m.opts.ShmDir)
+	err := m.shm(m.opts.ShmDir, m.opts.ShmSize)
 	return errors.Join(err, mps.UnmountShm(m.opts.ShmDir))
 }
 
-func (m *Manager) shm(dir string) error {
-	if err := mps.MountShm(dir, m.opts.ShmSize); err != nil {
+// claimShmSize is the size of r's claim's tmpfs, with m.mu held: the
+// largest any of its shares asks, Options.ShmSize for those that ask none.
+func (m *Manager) claimShmSize(r Request) uint64 {
+	size := func(s Request) uint64 {
+		if s.ShmSize > 0 {
+			return s.ShmSize
+		}
+		if m.opts.ShmSize > 0 {
+			return m.opts.ShmSize
+		}
+		return mps.DefaultShmSize
+	}
+	n := size(r)
+	for _, s := range m.shares {
+		if s.ClaimUID == r.ClaimUID {
+			n = max(n, size(s))
+		}
+	}
+	return n
+}
+
+func (m *Manager) shm(dir string, size uint64) error {
+	if err := mps.MountShm(dir, size); err != nil {
+		return err
+	}
+	if err := mps.GrowShm(dir, size); err != nil {
 		return err
 	}
 	if r := m.opts.HostRoot; r != "" && !mps.SameShm(dir, filepath.Join(r, dir)) {

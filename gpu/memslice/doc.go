@@ -71,9 +71,10 @@
 // MPS clients meet their control daemon and server in the pipe directory and
 // in POSIX shared memory under /dev/shm; a pod has a /dev/shm of its own, so
 // a client in a pod could not attach to a daemon the agent started. The
-// agent therefore mounts a tmpfs per claim (size --mps-shm-size, 1Gi; its
-// pages are charged to the pods that write them; the claim config has no GPU
-// field to size it from yet), starts each of the claim's daemons in a mount
+// agent therefore mounts a tmpfs per claim (the size its config's
+// GPUConfig.sharedMemorySize asks, the largest of its shares', grown as they
+// come and never shrunk; --mps-shm-size, 1Gi, where it asks none; its pages
+// are charged to the pods that write them), starts each of the claim's daemons in a mount
 // namespace of its own in which that tmpfs is /dev/shm (mounts are slaves,
 // so the bind never reaches the agent or the host), and each share's CDI
 // edits mount it over the container's /dev/shm, as NVIDIA's own MPS support
@@ -114,15 +115,21 @@
 // # State and crashes
 //
 // A GPU's gpu.json (its former compute mode) is written before the mode is
-// changed, and a claim daemon's owner.json (claim, GPU, tier) before its
+// changed, and a claim daemon's owner.json (claim, GPU, tier) and each of
+// its shares' records (share-<key>.json: the whole request) before its
 // tmpfs is mounted or it is started; each teardown step finds what an
-// interrupted one left. At start the shares the checkpoint holds get their
-// mode, their claim's daemon (a running one is adopted; a dead or deaf one
-// restarted) and ceiling back and are policed again; a daemon directory no
-// share holds (a crash after it was made and before the claim was recorded)
-// has its daemon stopped, its claim's tmpfs unmounted with the claim's last
-// daemon, and a GPU directory no share holds is given back (mode restored).
-// The last unprepare of a claim on a GPU, and of a GPU, do the same.
+// interrupted one left. At start the shares the checkpoint holds, and any
+// share recorded on the node that it does not (a lost or corrupt
+// checkpoint, or a claim that crashed before its record, which the driver
+// then rolls back), get their mode, their claim's daemon (a running one is
+// adopted; a dead or deaf one restarted) and ceiling back and are policed
+// again: losing the checkpoint never tears down what runs. A daemon
+// directory no record explains is kept and logged. The kubelet's unprepare
+// of a claim the checkpoint does not know reaches UnprepareClaim (through
+// gpu/prep, a prepare.ClaimCleaner), which finds the claim's shares and
+// daemons by its derived directory and takes them back. A GPU directory
+// that no share or daemon holds is given back (mode restored), and so is a
+// GPU after its last share and daemon go.
 // CARVE_CRASH_AT fault points: gpushare-mode-held, gpushare-daemon-recorded,
 // gpushare-shm-mounted, gpushare-daemon-started, gpushare-daemon-stopped,
 // gpushare-shm-unmounted, gpushare-claim-released. Kill counts survive
@@ -136,10 +143,9 @@
 //
 // # Known gaps
 //
-// A claim's pods have its tmpfs as /dev/shm instead of their own: it is
-// --mps-shm-size for every claim (a workload that needs a large /dev/shm,
-// PyTorch's DataLoader workers for one, needs it sized for that), shared by
-// the claim's pods. Not yet run on a real GPU in a pod: the acceptance run
+// A claim's pods have its tmpfs as /dev/shm instead of their own, shared by
+// the claim's pods: a workload that needs a large /dev/shm (PyTorch's
+// DataLoader workers for one) sizes it in its claim's GPUConfig. Not yet run on a real GPU in a pod: the acceptance run
 // (package gpu/acceptance) starts its clients with the share's /dev/shm
 // through the same mps.StartWithShm, as host processes, and that is where
 // the read-only pipe directory and one daemon per claim were measured. The

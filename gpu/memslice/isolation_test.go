@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/carve-dra/carve/gpu/mps"
 )
@@ -187,4 +188,52 @@ func run(fn func()) bool {
 		done <- true
 	}()
 	return <-done
+}
+
+// A claim's tmpfs is the size its config asks (GPUConfig.sharedMemorySize),
+// the largest of its shares' where they differ, grown and never shrunk;
+// a claim that asks none gets Options.ShmSize.
+func TestClaimSizedSharedMemory(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	e.opts.ShmSize = 32 << 20
+	m := New(e.opts)
+	size := func(claim types.UID) uint64 {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(ClaimShmDir(e.dir, claim), &fs); err != nil {
+			t.Fatal(err)
+		}
+		return uint64(fs.Blocks) * uint64(fs.Bsize)
+	}
+	a := share("a", 10*gib, TierMPSPoliced)
+	a.ShmSize = 64 << 20
+	a2 := a
+	a2.Key, a2.ShareID, a2.UUID, a2.ShmSize = "a2", "s-a2", "GPU-2", 128<<20
+	a3 := a
+	a3.Key, a3.ShareID, a3.ShmSize = "a3", "s-a3", 0
+	b := share("b", 10*gib, TierMPSPoliced)
+	_, rec, err := m.Prepare(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := size(a.ClaimUID); got != 64<<20 || rec.ShmSize != 64<<20 {
+		t.Errorf("claim a's tmpfs %d bytes, record %d; want 64Mi", got, rec.ShmSize)
+	}
+	for _, r := range []Request{a2, a3, b} {
+		if _, _, err := m.Prepare(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := size(a.ClaimUID); got != 128<<20 {
+		t.Errorf("claim a's tmpfs %d bytes after a share asking 128Mi", got)
+	}
+	if got := size(b.ClaimUID); got != 32<<20 {
+		t.Errorf("claim b's tmpfs %d bytes, want the agent's 32Mi", got)
+	}
+	for _, k := range []string{"a", "a2", "a3", "b"} {
+		if err := m.Unprepare(ctx, k, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertNothingLeft(t, e)
 }

@@ -91,6 +91,10 @@ type Request struct {
 	Choice    Choice
 	// EnvPrefix is the allocation's CARVE_<REQUEST>_.
 	EnvPrefix string
+	// ShmSize is what the claim's config (GPUConfig.sharedMemorySize) asks
+	// of its tmpfs; Options.ShmSize when 0. The claim's tmpfs holds the
+	// largest its shares ask.
+	ShmSize uint64
 }
 
 // Record is a share's undo record, kept in the checkpoint.
@@ -101,6 +105,7 @@ type Record struct {
 	Region    string `json:"region,omitempty"`
 	Namespace string `json:"namespace,omitempty"`
 	Name      string `json:"name,omitempty"`
+	ShmSize   uint64 `json:"shmSizeBytes,omitempty"`
 }
 
 // gpuState is a shared GPU's file: written before its compute mode is
@@ -156,7 +161,7 @@ func (m *Manager) ofClaim(claim types.UID, uuid, key string) []Request {
 func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdits, Record, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	rec := Record{Tier: r.Choice.Tier, UUID: r.UUID, Slice: r.Slice, Region: r.Choice.Region, Namespace: r.Namespace, Name: r.Name}
+	rec := Record{Tier: r.Choice.Tier, UUID: r.UUID, Slice: r.Slice, Region: r.Choice.Region, Namespace: r.Namespace, Name: r.Name, ShmSize: r.ShmSize}
 	switch r.Choice.Tier {
 	case TierDMEM, TierMPSPoliced:
 	default:
@@ -179,6 +184,11 @@ func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdit
 		}
 	}
 	if err := m.setUp(ctx, r, append(mine, r)); err != nil {
+		if _, again := m.shares[r.Key]; !again && len(mine) > 0 {
+			if terr := removeShareFile(m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier).Dir, r.Key); terr != nil {
+				err = errors.Join(err, terr)
+			}
+		}
 		if len(mine) == 0 {
 			if terr := m.stopDaemon(ctx, m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier)); terr != nil {
 				err = errors.Join(err, fmt.Errorf("stopping the daemon of claim %s on GPU %s: %w", r.ClaimUID, r.UUID, terr))

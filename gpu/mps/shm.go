@@ -52,6 +52,23 @@ func MountShm(dir string, size uint64) error {
 	return nil
 }
 
+// GrowShm raises the size of the tmpfs mounted at dir to size bytes where
+// it is smaller; it never shrinks one (a claim's pods may hold its pages).
+func GrowShm(dir string, size uint64) error {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return fmt.Errorf("MPS shared memory %s: %w", dir, err)
+	}
+	if uint64(fs.Blocks)*uint64(fs.Bsize) >= size {
+		return nil
+	}
+	opts := "mode=1777,size=" + strconv.FormatUint(size, 10)
+	if err := unix.Mount("carve-mps-shm", dir, "tmpfs", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("grow the MPS shared memory tmpfs at %s to %d bytes: %w", dir, size, err)
+	}
+	return nil
+}
+
 // IsShm reports whether dir is the mount point of a tmpfs: a tmpfs whose
 // device differs from its parent's (a directory on a tmpfs, as /dev/shm
 // itself is, is not one).

@@ -1,6 +1,8 @@
 package nvmlreplay
 
 import (
+	"sync"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
@@ -26,6 +28,27 @@ func (r *Replay) device(m *server.Device, d nvmlinfo.Device) {
 		return p, nvml.SUCCESS
 	}
 	m.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
+	// Compute mode Default, as a card comes up; a set one is kept (the
+	// mock has none, and a GPU memory share sets and restores it).
+	var modeMu sync.Mutex
+	mode := nvml.COMPUTEMODE_DEFAULT
+	m.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
+		modeMu.Lock()
+		defer modeMu.Unlock()
+		return mode, nvml.SUCCESS
+	}
+	m.SetComputeModeFunc = func(c nvml.ComputeMode) nvml.Return {
+		if c < nvml.COMPUTEMODE_DEFAULT || c >= nvml.COMPUTEMODE_COUNT {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		modeMu.Lock()
+		defer modeMu.Unlock()
+		mode = c
+		return nvml.SUCCESS
+	}
+	// No processes, unless ProcessesFrom names a file of them.
+	m.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+	m.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 	if !d.MIGCapable {
 		m.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
 		m.GetGpuInstanceProfileInfoFunc = func(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {

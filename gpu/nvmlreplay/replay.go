@@ -79,6 +79,19 @@ func New(inv *nvmlinfo.Inventory) (*Replay, error) {
 		r.device(r.Server.Devices[i].(*server.Device), d)
 		r.events.device(r.Server.Devices[i].(*server.Device), d.UUID)
 	}
+	for i, d := range devs {
+		m := r.Server.Devices[i].(*server.Device)
+		for j, in := range d.Instances {
+			info, ok := m.Config.MIGProfiles.GpuInstanceProfiles[in.ProfileID]
+			if !ok {
+				return nil, fmt.Errorf("NVML replay device %d (%s): instances[%d]: no profile with Id %d", d.Index, d.UUID, j, in.ProfileID)
+			}
+			pl := nvml.GpuInstancePlacement{Start: uint32(in.Start), Size: uint32(in.Size)}
+			if _, ret := m.CreateGpuInstanceWithPlacement(&info, &pl); ret != nvml.SUCCESS {
+				return nil, fmt.Errorf("NVML replay device %d (%s): instances[%d] (profile Id %d at %d+%d): %s", d.Index, d.UUID, j, in.ProfileID, in.Start, in.Size, nvml.ErrorString(ret))
+			}
+		}
+	}
 	return r, nil
 }
 

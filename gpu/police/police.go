@@ -157,6 +157,17 @@ func (p *Police) Remove(key string) {
 	}
 }
 
+// Shares lists the shares policed now, by key.
+func (p *Police) Shares() map[string]Share {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]Share, len(p.shares))
+	for k, st := range p.shares {
+		out[k] = st.Share
+	}
+	return out
+}
+
 // Run polices until ctx ends, with the owners loop beside it.
 func (p *Police) Run(ctx context.Context) {
 	var wg sync.WaitGroup

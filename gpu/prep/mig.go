@@ -62,6 +62,9 @@ func profileInfo(dev nvml.Device, rec migRecord) (nvml.GpuInstanceProfileInfo, e
 // device nodes and the instance's capability nodes.
 func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slices.GPU) (prepare.Prepared, error) {
 	rec := recordFor(g)
+	// Owned before it exists: a rescan that sees it must not take its
+	// placement out of the pool.
+	p.own(rec, true)
 	err := p.opts.NVML.Do(ctx, "create MIG instance", func(l gpu.Library) error {
 		dev, err := parent(l, rec)
 		if err != nil {
@@ -99,6 +102,7 @@ func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slice
 		return nil
 	})
 	if err != nil {
+		p.own(rec, false)
 		return prepare.Prepared{}, fmt.Errorf("MIG device %s: %w", a.Device, err)
 	}
 	undo, _ := jsonMarshal(rec)
@@ -180,6 +184,7 @@ func (p *Preparer) destroyMIG(ctx context.Context, device string, rec migRecord)
 	if err != nil {
 		return fmt.Errorf("MIG device %s: %w", device, err)
 	}
+	p.own(rec, false)
 	return nil
 }
 

@@ -323,3 +323,92 @@ func TestMIGPrepareWithoutCapsMajor(t *testing.T) {
 		t.Errorf("instances %v after the rollback", got)
 	}
 }
+
+// A GPU instance that no claim made (by hand, at 3g.40gb's placement 4+4)
+// is read from NVML into the inventory, and the placements it overlaps are
+// not published; an instance a claim made stays published (allocated to
+// it), before and after the agent restarts; until the checkpoint is read
+// every instance is taken as a claim's.
+func TestInstancesCarveDidNotMakeLeaveThePool(t *testing.T) {
+	inv := nvmltest.H100Node(0)
+	inv.Devices[0].Instances = []nvmlinfo.MIGInstance{{ProfileID: 2, Start: 4, Size: 4}}
+	f := newFixture(t, inv)
+	_, ctx := ktesting.NewTestContext(t)
+	uuid := inv.Devices[0].UUID
+	read := func(owned func(string, int, int) bool) cslices.Result {
+		t.Helper()
+		got, err := f.session.Inventory(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var opts []cslices.Option
+		if owned != nil {
+			opts = append(opts, cslices.MIGOwned(owned))
+		}
+		return cslices.Build(&discovery.Inventory{NVML: got}, nodeconfig.Default(), "node-a", opts...)
+	}
+	published := func(res cslices.Result, profile string, start int) bool {
+		for _, e := range res.Index {
+			if e.GPU != nil && e.GPU.MIG != nil && e.GPU.Device.UUID == uuid && e.GPU.MIG.Profile.Name == profile && e.GPU.MIG.Placement.Start == start {
+				return true
+			}
+		}
+		return false
+	}
+	got, err := f.session.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Devices[0].Instances, inv.Devices[0].Instances) {
+		t.Fatalf("instances read %+v, want %+v", got.Devices[0].Instances, inv.Devices[0].Instances)
+	}
+	// Without an owner (carve discover): its placements are out.
+	res := read(nil)
+	for _, c := range []struct {
+		profile string
+		start   int
+		want    bool
+	}{{"1g.10gb", 0, true}, {"1g.10gb", 3, true}, {"1g.10gb", 4, false}, {"1g.10gb", 6, false}, {"3g.40gb", 4, false}, {"3g.40gb", 0, true}, {"7g.80gb", 0, false}, {"4g.40gb", 0, true}} {
+		if got := published(res, c.profile, c.start); got != c.want {
+			t.Errorf("%s at %d published %v, want %v", c.profile, c.start, got, c.want)
+		}
+	}
+	if !strings.Contains(strings.Join(res.Notices, "\n"), "1 GPU instance(s) that carve did not make hold memory slices (profile Id 2 at 4+4)") {
+		t.Errorf("notices %q", res.Notices)
+	}
+	// Before the checkpoint is read, every instance may be a claim's.
+	if !f.prep.OwnsInstance(uuid, 2, 4) || !published(read(f.prep.OwnsInstance), "3g.40gb", 4) {
+		t.Error("an instance was taken as another's before Restore")
+	}
+	f.prep.Restore(nil, nil)
+	if f.prep.OwnsInstance(uuid, 2, 4) || published(read(f.prep.OwnsInstance), "3g.40gb", 4) {
+		t.Error("the hand-made instance is taken as a claim's after Restore")
+	}
+	name := migDevice(t, f, "1g.10gb", 0)
+	a := alloc("c1", name, names.KindMIG)
+	out, err := f.prep.Prepare(ctx, a, f.res.Index[name])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !published(read(f.prep.OwnsInstance), "1g.10gb", 0) {
+		t.Error("the claim's own instance left the pool")
+	}
+	if published(read(nil), "1g.10gb", 0) {
+		t.Error("without an owner, the claim's instance is still published (the test reads no instance)")
+	}
+	// A restarted agent knows it from the checkpoint's record.
+	p := f.newPreparer(t)
+	p.Restore([]prepare.Allocation{a}, []json.RawMessage{out.Undo})
+	if !published(read(p.OwnsInstance), "1g.10gb", 0) || published(read(p.OwnsInstance), "3g.40gb", 4) {
+		t.Error("after a restart: the claim's instance out, or the hand-made one in")
+	}
+	if err := p.Unprepare(ctx, a, out.Undo); err != nil {
+		t.Fatal(err)
+	}
+	if p.OwnsInstance(uuid, 0, 0) {
+		t.Error("a destroyed instance is still owned")
+	}
+	if !published(read(p.OwnsInstance), "1g.10gb", 0) {
+		t.Error("the placement is not back after its instance went")
+	}
+}

@@ -46,11 +46,41 @@ type Preparer struct {
 
 	mu      sync.Mutex
 	unowned []string
+	// owned are the GPU instances claims made (instanceKey), known once
+	// Restore has read the checkpoint (restored).
+	owned    map[string]bool
+	restored bool
+}
+
+// OwnsInstance tells whether a claim made the GPU instance of this
+// profile Id at this placement start on GPU uuid (slices.MIGOwned). Until
+// Restore has read the checkpoint every instance may be a claim's, and is
+// taken as one.
+func (p *Preparer) OwnsInstance(uuid string, profileID, start int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.restored || p.owned[instanceKey(uuid, profileID, start)]
+}
+
+// own records (or, with false, forgets) an instance a claim makes.
+func (p *Preparer) own(rec migRecord, yes bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.owned == nil {
+		p.owned = map[string]bool{}
+	}
+	key := instanceKey(rec.ParentUUID, rec.ProfileID, rec.PlacementStart)
+	if yes {
+		p.owned[key] = true
+	} else {
+		delete(p.owned, key)
+	}
 }
 
 var (
-	_ prepare.Preparer = (*Preparer)(nil)
-	_ prepare.Restorer = (*Preparer)(nil)
+	_ prepare.Preparer     = (*Preparer)(nil)
+	_ prepare.Restorer     = (*Preparer)(nil)
+	_ prepare.ClaimCleaner = (*Preparer)(nil)
 )
 
 // New returns the GPU preparer.

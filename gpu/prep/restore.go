@@ -36,6 +36,9 @@ func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) 
 			owned[instanceKey(e.GPU.Device.UUID, e.GPU.MIG.Profile.ProfileID, e.GPU.MIG.Placement.Start)] = true
 		}
 	}
+	p.mu.Lock()
+	p.owned, p.restored = owned, true
+	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var found []string

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices"
@@ -50,7 +52,17 @@ func shareRequest(a prepare.Allocation, dev slices.Entry) (memslice.Request, err
 		return memslice.Request{}, fmt.Errorf("GPU %s: share %s consumes no memory", a.Device, *a.ShareID)
 	}
 	m := dev.GPU.Memory
-	return memslice.Request{
+	var shm uint64
+	if len(a.Config) > 0 {
+		var cfg prepare.EffectiveConfig
+		if err := json.Unmarshal(a.Config, &cfg); err != nil {
+			return memslice.Request{}, fmt.Errorf("GPU %s: share %s: config: %w", a.Device, *a.ShareID, err)
+		}
+		if cfg.GPU != nil && cfg.GPU.SharedMemorySize != nil {
+			shm = uint64(cfg.GPU.SharedMemorySize.Value())
+		}
+	}
+	return memslice.Request{ShmSize: shm,
 		Key: a.ShareKey(), ClaimUID: a.ClaimUID, Namespace: a.ClaimNamespace, Name: a.ClaimName, ShareID: string(*a.ShareID),
 		UUID: dev.GPU.Device.UUID, Slice: uint64(q.Value()), EnvPrefix: a.EnvPrefix(),
 		Choice: memslice.Choice{Tier: memslice.Tier(m.Enforcement), Reason: m.Reason, Region: m.Region},
@@ -91,11 +103,23 @@ func (p *Preparer) restoreShares(ctx context.Context, allocs []prepare.Allocatio
 			continue
 		}
 		r := memslice.Request{Key: a.ShareKey(), ClaimUID: a.ClaimUID, Namespace: a.ClaimNamespace, Name: a.ClaimName,
-			ShareID: string(*a.ShareID), UUID: rec.UUID, Slice: rec.Slice, EnvPrefix: a.EnvPrefix(),
+			ShareID: string(*a.ShareID), UUID: rec.UUID, Slice: rec.Slice, EnvPrefix: a.EnvPrefix(), ShmSize: rec.ShmSize,
 			Choice: memslice.Choice{Tier: rec.Tier, Region: rec.Region}}
 		shares = append(shares, r)
 	}
 	if err := p.opts.Shares.Restore(ctx, shares); err != nil {
 		p.opts.Logger.Error(err, "Restoring GPU shares")
 	}
+}
+
+// UnprepareClaim takes back the GPU shares of a claim the checkpoint does
+// not know (it was lost or corrupt: Restore adopted them from the node's
+// records, and they stayed enforced), found by the claim's derived
+// directory. A MIG instance of such a claim has no record that names its
+// claim: it stays, reported by Restore as unowned.
+func (p *Preparer) UnprepareClaim(ctx context.Context, claim types.UID) error {
+	if p.opts.Shares == nil {
+		return nil
+	}
+	return p.opts.Shares.UnprepareClaim(ctx, claim)
 }

@@ -71,6 +71,8 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	a := alloc("c1", name, names.KindGPU)
 	a.ShareID = &sid
 	a.Consumed = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}
+	// The claim sizes its /dev/shm (GPUConfig).
+	a.Config = json.RawMessage(`{"gpu":{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"256Mi"}}`)
 	out, err := p.Prepare(ctx, a, e)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +91,7 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 		t.Error("the share's container lacks the GPU's device node")
 	}
 	var rec memslice.Record
-	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != nvmltest.H100UUID(1) {
+	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec.Slice != 10<<30 || rec.UUID != nvmltest.H100UUID(1) || rec.ShmSize != 256<<20 {
 		t.Fatalf("undo %s: %v", out.Undo, err)
 	}
 	// Default while shared: every claim's daemon runs an MPS server.
@@ -114,5 +116,63 @@ func TestMemoryShareOfAWholeGPU(t *testing.T) {
 	a.Consumed = nil
 	if _, err := p.Prepare(ctx, a, e); err == nil || !strings.Contains(err.Error(), "consumes no memory") {
 		t.Errorf("share without memory: %v", err)
+	}
+}
+
+// The checkpoint is lost: a restarted preparer (Restore with nothing)
+// keeps the share it finds recorded on the node policed, and the kubelet's
+// unprepare of its claim, which the driver hands to UnprepareClaim as it
+// does not know the claim, takes it back.
+func TestShareKeptWhenTheCheckpointIsLost(t *testing.T) {
+	gputest.NeedRoot(t)
+	f := newFixture(t, nvmltest.H100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	bin, _ := filepath.Abs("../mps/testdata")
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	card := &cardNVML{mode: gpu.ComputeModeExclusiveProcess}
+	dir := filepath.Join(gputest.TempDir(t), "gpushare")
+	newPrep := func(pol *police.Police) *prep.Preparer {
+		mgr := memslice.New(memslice.Options{NVML: card, Dir: dir, MPSControl: mps.Binary, Police: pol})
+		p := prep.New(prep.Options{NVML: f.session, Root: f.root, DriverRoot: "/usr/local/nvidia", Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+		p.Devices = func() map[string]cslices.Entry { return f.res.Index }
+		return p
+	}
+	name := "gpu-0000-3b-00-0"
+	e := f.res.Index[name]
+	g := *e.GPU
+	g.Memory = discovery.GPUMemory{Enforcement: "mps-policed"}
+	e.GPU = &g
+	f.res.Index[name] = e
+	d := mps.Daemon{Dir: memslice.DaemonDir(dir, "c1", nvmltest.H100UUID(1)), UUID: nvmltest.H100UUID(1)}
+	t.Cleanup(func() {
+		if pid, alive := d.PID(); alive {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		_ = mps.UnmountShm(memslice.ClaimShmDir(dir, "c1"))
+	})
+	sid := types.UID("s1")
+	a := alloc("c1", name, names.KindGPU)
+	a.ShareID = &sid
+	a.Consumed = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}
+	if _, err := newPrep(police.New(police.Options{Processes: idle{}})).Prepare(ctx, a, e); err != nil {
+		t.Fatal(err)
+	}
+	pol := police.New(police.Options{Processes: idle{}})
+	p := newPrep(pol)
+	p.Restore(nil, nil)
+	if s, ok := pol.Shares()[a.ShareKey()]; !ok || s.Slice != 10<<30 || s.UUID != nvmltest.H100UUID(1) {
+		t.Fatalf("policed after a lost checkpoint: %+v", pol.Shares())
+	}
+	if _, alive := d.PID(); !alive || card.mode != gpu.ComputeModeDefault {
+		t.Fatalf("daemon alive %v, mode %d after a lost checkpoint", alive, card.mode)
+	}
+	if err := p.UnprepareClaim(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := d.PID(); alive || len(pol.Shares()) != 0 || card.mode != gpu.ComputeModeExclusiveProcess {
+		t.Errorf("after the claim's unprepare: daemon alive %v, policed %v, mode %d", alive, pol.Shares(), card.mode)
+	}
+	if _, err := os.Stat(memslice.ClaimDir(dir, "c1")); !os.IsNotExist(err) {
+		t.Errorf("the claim's directory is left: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -170,4 +171,69 @@ func popcount(m uint64) int {
 		n++
 	}
 	return n
+}
+
+// The checkpoint is lost while two claims' shares run: a restarted
+// preparer takes their ways back from the node's records, so a new share
+// gets none of them and their groups keep their masks; the kubelet's
+// unprepare of each lost claim (UnprepareClaim) removes that claim's group
+// and record alone, and the last gives the default group everything back.
+func TestCheckpointLostKeepsShares(t *testing.T) {
+	f, devs := fixture(t)
+	ctx := context.Background()
+	state := t.TempDir()
+	opts := llc.Options{FS: f, HookPath: "/var/lib/carve/bin/carve", StateDir: state}
+	a, b := share("lost-a", 0, waysQ(4)), share("lost-b", 0, waysQ(4))
+	first := llc.New(opts)
+	for _, al := range []prepare.Allocation{a, b} {
+		if _, err := first.Prepare(ctx, al, devs[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ma, mb := mask(t, f, llc.GroupName(a.ShareKey()), 0), mask(t, f, llc.GroupName(b.ShareKey()), 0)
+
+	p := llc.New(opts)
+	p.Restore(nil, nil)
+	if _, err := p.Prepare(ctx, share("next", 0, waysQ(9)), devs[0]); err == nil {
+		t.Error("a share of 9 ways placed beside the lost claims' 8: their ways were given away")
+	}
+	c := share("next", 0, waysQ(4))
+	if _, err := p.Prepare(ctx, c, devs[0]); err != nil {
+		t.Fatal(err)
+	}
+	mc := mask(t, f, llc.GroupName(c.ShareKey()), 0)
+	if mc&(ma|mb) != 0 {
+		t.Errorf("new share %x overlaps the lost claims' %x, %x", mc, ma, mb)
+	}
+	if got := mask(t, f, llc.GroupName(a.ShareKey()), 0); got != ma {
+		t.Errorf("lost claim a's group %x after restart, want %x", got, ma)
+	}
+	if def := mask(t, f, "", 0); def&(ma|mb|mc) != 0 {
+		t.Errorf("default group %x holds a share's ways", def)
+	}
+
+	if err := p.UnprepareClaim(ctx, a.ClaimUID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadFile(path.Join(llc.GroupName(a.ShareKey()), "schemata")); !os.IsNotExist(err) {
+		t.Errorf("lost claim a's group left: %v", err)
+	}
+	if got := mask(t, f, llc.GroupName(b.ShareKey()), 0); got != mb {
+		t.Errorf("claim b's group %x after a's unprepare, want %x", got, mb)
+	}
+	if err := p.UnprepareClaim(ctx, b.ClaimUID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.UnprepareClaim(ctx, b.ClaimUID); err != nil {
+		t.Fatalf("again: %v", err)
+	}
+	if err := p.Unprepare(ctx, c, nil); err != nil {
+		t.Fatal(err)
+	}
+	if def := mask(t, f, "", 0); def != 0xffff {
+		t.Errorf("default group after the last share %x, want ffff", def)
+	}
+	if left, _ := filepath.Glob(filepath.Join(state, "llc", "*")); len(left) != 0 {
+		t.Errorf("records left: %v", left)
+	}
 }

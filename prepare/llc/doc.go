@@ -75,6 +75,12 @@
 // The masks are the shares' undo records in the checkpoint; at start the
 // agent rebuilds its allocator from them (and, for a claim that crashed
 // before its record, from its group's schemata), so masks survive restarts.
+// Each share is also recorded on the node (<state-dir>/llc/<group>.json,
+// written before its group is made): a lost or corrupt checkpoint is
+// rebuilt from those records, whose groups keep their ways, and the
+// kubelet's unprepare of a claim the checkpoint lost removes its groups by
+// them (UnprepareClaim, a prepare.ClaimCleaner), as netdev's attach specs
+// do for NIC shares.
 // Unprepare removes the group (the kernel returns its tasks to the default
 // group) and gives the ways back. The container sees CARVE_<REQUEST>_CACHE_ID,
 // _CPUS, _CACHE_WAYS, _CACHE_MASK and _CLOS_ID.

@@ -35,6 +35,9 @@ type Options struct {
 	// to the hook's flags (default: ["carve", "hook", "resctrl-attach"]).
 	HookPath string
 	HookArgs []string
+	// StateDir, where set, keeps a record of each share on the node
+	// (records.go): what a lost checkpoint is rebuilt from.
+	StateDir string
 }
 
 // Preparer prepares whole caches and way shares. It keeps the shares'
@@ -137,6 +140,10 @@ func (p *Preparer) place(key string, domain, want, mb int) (share, error) {
 		if err := p.alloc.add(key, s); err != nil {
 			return share{}, err
 		}
+		if err := p.writeRecord(key, s); err != nil {
+			delete(p.alloc.shares, key)
+			return share{}, err
+		}
 	}
 	if err := p.apply(in, s); err != nil {
 		err = fmt.Errorf("share %s (ways %x of cache domain %d): %w", s.Group, s.Mask, s.Domain, err)
@@ -180,6 +187,9 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo jso
 // to the default group (all domains where the share's is unknown).
 func (p *Preparer) remove(key string, s share) error {
 	if err := p.opts.FS.Remove(s.Group); err != nil {
+		return err
+	}
+	if err := p.removeRecord(s.Group); err != nil {
 		return err
 	}
 	delete(p.alloc.shares, key)

@@ -18,7 +18,10 @@ import (
 // or, for claims that crashed before their record, from their groups'
 // schemata where the groups were made (their domain from the device name,
 // llc-<cache id>), so that no new share is given their ways before they
-// are rolled back.
+// are rolled back. Then the shares recorded on the node that the
+// checkpoint does not hold (it was lost or corrupt) are adopted where their
+// groups still exist (records.go): a lost checkpoint never gives away the
+// ways of shares that run.
 func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -43,6 +46,9 @@ func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) 
 		if err := p.alloc.add(a.ShareKey(), s); err != nil {
 			p.restoreErrs = append(p.restoreErrs, fmt.Errorf("LLC %s: restoring: %w", a.Device, err))
 		}
+	}
+	if p.opts.FS != nil {
+		p.adoptRecorded()
 	}
 }
 

@@ -79,6 +79,8 @@ type Options struct {
 	NVIDIACDIHook string
 	// NVMLReplay answers NVML from a replay file (tests, what-if).
 	NVMLReplay string
+	// NVMLReplayProcesses is the replay's processes file (tests).
+	NVMLReplayProcesses string
 	// NVMLTimeout bounds every NVML call (gpu.DefaultTimeout when 0).
 	NVMLTimeout time.Duration
 	// MPSShmSize bounds each claim's tmpfs, its GPU memory shares'
@@ -144,6 +146,10 @@ func Run(ctx context.Context, opts Options) error {
 		devHealth.events = recorderEvents(podEvents(opts.KubeClient, opts.NodeName).rec)
 	}
 	inv.health = devHealth
+	// Instances that no claim made keep their placements out of the
+	// pool; which claims made which is known once the driver has read
+	// the checkpoint (Restore), and the pool is built again then.
+	inv.build = append(inv.build, slices.MIGOwned(k.gpus.prep.OwnsInstance))
 	if _, err := inv.rescan(ctx, discovery.AnyChange()); err != nil {
 		return err
 	}
@@ -157,6 +163,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	inv.rebuild()
 
 	pluginDir := filepath.Join(opts.PluginsDir, driverName)
 	for _, dir := range []string{opts.RegistrarDir, pluginDir} {

@@ -57,6 +57,9 @@
 //   - --nvidia-cdi-hook: none; the host's nvidia-cdi-hook, to run NVIDIA's
 //     container hooks.
 //   - --nvml-replay: none; answer NVML from a replay file.
+//   - --nvml-replay-processes: none; with --nvml-replay, the GPUs'
+//     processes and their memory from a file read on every query
+//     (nvmlreplay.ProcessesFile; tests).
 //   - --nvml-timeout: 10s; bound on every NVML call.
 //   - --mps-shm-size: 1Gi; the tmpfs each claim's GPU memory shares have as
 //     /dev/shm.

@@ -21,7 +21,7 @@ type gpus struct {
 }
 
 func openGPUs(ctx context.Context, opts Options, hook hookBinary) (*gpus, error) {
-	s, reason, err := gpuopen.Open(ctx, gpuopen.Options{Replay: opts.NVMLReplay, DriverRoot: driverRoot(opts), Timeout: opts.NVMLTimeout})
+	s, reason, err := gpuopen.Open(ctx, gpuopen.Options{Replay: opts.NVMLReplay, ReplayProcesses: opts.NVMLReplayProcesses, DriverRoot: driverRoot(opts), Timeout: opts.NVMLTimeout})
 	if err != nil {
 		return nil, err
 	}

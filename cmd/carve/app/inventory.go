@@ -93,6 +93,17 @@ func (i *inventory) rescan(ctx context.Context, changes discovery.Changes) (bool
 	return !reflect.DeepEqual(old.Resources, res.Resources), nil
 }
 
+// rebuild builds the pool again from what the last rescan found: after
+// the driver has read the checkpoint, which tells which GPU instances are
+// claims' (slices.MIGOwned).
+func (i *inventory) rebuild() {
+	if i.found == nil {
+		return
+	}
+	res := slices.Build(i.found, i.cfg, i.node, i.build...)
+	i.current.Store(&res)
+}
+
 func (i *inventory) devices() map[string]slices.Entry { return i.current.Load().Index }
 
 func (i *inventory) resources() resourceslice.DriverResources { return i.current.Load().Resources }

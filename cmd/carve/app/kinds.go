@@ -107,7 +107,7 @@ func llcPreparer(ctx context.Context, opts Options, hook hookBinary) *llc.Prepar
 	if rel, err := filepath.Rel(firstSet(opts.Root), string(dir)); err == nil && !strings.HasPrefix(rel, "..") {
 		hostDir = filepath.Join("/", rel)
 	}
-	return llc.New(llc.Options{FS: dir, HostDir: hostDir, HookPath: hook.path, HookArgs: hook.argv("resctrl-attach")})
+	return llc.New(llc.Options{FS: dir, HostDir: hostDir, HookPath: hook.path, HookArgs: hook.argv("resctrl-attach"), StateDir: opts.StateDir})
 }
 
 func firstSet(paths ...string) string {

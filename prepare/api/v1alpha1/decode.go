@@ -24,7 +24,7 @@ func init() {
 // Decode strictly decodes one opaque parameter of this group, applies its
 // defaults and validates it. Every error names the field, under path: an
 // apiVersion or kind this group does not have, an unknown field, a bad
-// value. The result is a *DeviceConfig or a *NetworkConfig.
+// value. The result is a *DeviceConfig, a *NetworkConfig or a *GPUConfig.
 func Decode(raw []byte, path *field.Path) (runtime.Object, error) {
 	var head struct {
 		APIVersion string `json:"apiVersion"`
@@ -37,7 +37,7 @@ func Decode(raw []byte, path *field.Path) (runtime.Object, error) {
 		return nil, field.Invalid(path.Child("apiVersion"), head.APIVersion, "must be "+SchemeGroupVersion.String())
 	}
 	if !Scheme.Recognizes(SchemeGroupVersion.WithKind(head.Kind)) {
-		return nil, field.NotSupported(path.Child("kind"), head.Kind, []string{DeviceConfigKind, NetworkConfigKind})
+		return nil, field.NotSupported(path.Child("kind"), head.Kind, []string{DeviceConfigKind, NetworkConfigKind, GPUConfigKind})
 	}
 	obj, _, err := strictDecoder.Decode(raw, nil, nil)
 	if err != nil {
@@ -50,6 +50,8 @@ func Decode(raw []byte, path *field.Path) (runtime.Object, error) {
 		errs = ValidateDeviceConfig(c, path)
 	case *NetworkConfig:
 		errs = ValidateNetworkConfig(c, path)
+	case *GPUConfig:
+		errs = ValidateGPUConfig(c, path)
 	}
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()

@@ -36,7 +36,13 @@ func TestDecodeAppliesDefaults(t *testing.T) {
 func TestDecodeRefusesNamingTheField(t *testing.T) {
 	for _, tc := range []struct{ raw, want string }{
 		{`{"apiVersion":"carve.dev/v1","kind":"NetworkConfig"}`, "parameters.apiVersion"},
-		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig"}`, `parameters.kind: Unsupported value: "GPUConfig"`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"FPGAConfig"}`, `parameters.kind: Unsupported value: "FPGAConfig"`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"512Ki"}`, `parameters.sharedMemorySize: Invalid value: "512Ki": must be between 1Mi and 1Ti`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"2Ti"}`, `parameters.sharedMemorySize: Invalid value: "2Ti"`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"-1Gi"}`, `parameters.sharedMemorySize`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"1.5"}`, `parameters.sharedMemorySize: Invalid value: "1500m": not a whole number of bytes`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"lots"}`, `quantities must match`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","shmSize":"1Gi"}`, `unknown field "shmSize"`},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtuu":1500}`, `unknown field "mtuu"`},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtu":1500,"mtu":9000}`, `duplicate field "mtu"`},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mtu":12}`, "parameters.mtu"},
@@ -56,6 +62,20 @@ func TestDecodeRefusesNamingTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.raw, err, tc.want)
 		}
+	}
+}
+
+func TestDecodeGPUConfig(t *testing.T) {
+	obj, err := v1alpha1.Decode([]byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","sharedMemorySize":"4Gi"}`), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, ok := obj.(*v1alpha1.GPUConfig)
+	if !ok || g.SharedMemorySize == nil || g.SharedMemorySize.Value() != 4<<30 {
+		t.Fatalf("decoded %#v", obj)
+	}
+	if obj, err = v1alpha1.Decode([]byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig"}`), path); err != nil || obj.(*v1alpha1.GPUConfig).SharedMemorySize != nil {
+		t.Errorf("an empty GPUConfig: %#v %v", obj, err)
 	}
 }
 

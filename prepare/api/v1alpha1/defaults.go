@@ -8,6 +8,10 @@ const DefaultInterfaceName = "net1"
 // none today; registered so that every kind is defaulted the same way).
 func SetDefaultsDeviceConfig(*DeviceConfig) {}
 
+// SetDefaultsGPUConfig fills in the defaults of a GPUConfig: none (an unset
+// sharedMemorySize is the agent's --mps-shm-size, which only the agent knows).
+func SetDefaultsGPUConfig(*GPUConfig) {}
+
 // SetDefaultsNetworkConfig fills in the interface kind, its mode and its
 // name where the config leaves them out.
 func SetDefaultsNetworkConfig(c *NetworkConfig) {

@@ -20,7 +20,7 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(SchemeGroupVersion, &DeviceConfig{}, &NetworkConfig{})
+	scheme.AddKnownTypes(SchemeGroupVersion, &DeviceConfig{}, &NetworkConfig{}, &GPUConfig{})
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil
 }
@@ -28,5 +28,6 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 func addDefaultingFuncs(scheme *runtime.Scheme) error {
 	scheme.AddTypeDefaultingFunc(&DeviceConfig{}, func(obj any) { SetDefaultsDeviceConfig(obj.(*DeviceConfig)) })
 	scheme.AddTypeDefaultingFunc(&NetworkConfig{}, func(obj any) { SetDefaultsNetworkConfig(obj.(*NetworkConfig)) })
+	scheme.AddTypeDefaultingFunc(&GPUConfig{}, func(obj any) { SetDefaultsGPUConfig(obj.(*GPUConfig)) })
 	return nil
 }

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -56,6 +57,21 @@ type NetworkConfig struct {
 	AllowMACChange bool `json:"allowMACChange,omitempty"`
 }
 
+// GPUConfig configures a GPU memory share (a claim with capacity
+// {memory: ...} of a gpu.carve.dev device).
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type GPUConfig struct {
+	metav1.TypeMeta `json:",inline"`
+	// SharedMemorySize bounds the tmpfs the claim's pods get as /dev/shm
+	// (shared with the claim's MPS daemons), e.g. 4Gi; the agent's
+	// --mps-shm-size (the chart's mpsShmSize, 1Gi) when unset. Its pages
+	// are charged to the pods that write them: a cap, not a reservation.
+	// One tmpfs serves the whole claim: where its requests ask for
+	// different sizes, the largest holds. Between 1Mi and 1Ti.
+	SharedMemorySize *resource.Quantity `json:"sharedMemorySize,omitempty"`
+}
+
 // Route is a route through the share's interface.
 type Route struct {
 	// Destination in CIDR form; "default" for the default route.
@@ -68,4 +84,5 @@ type Route struct {
 const (
 	DeviceConfigKind  = "DeviceConfig"
 	NetworkConfigKind = "NetworkConfig"
+	GPUConfigKind     = "GPUConfig"
 )

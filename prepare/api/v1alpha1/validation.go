@@ -40,6 +40,28 @@ func ValidateDeviceConfig(c *DeviceConfig, path *field.Path) field.ErrorList {
 	return errs
 }
 
+// Bounds of GPUConfig.SharedMemorySize.
+const (
+	MinSharedMemorySize = 1 << 20
+	MaxSharedMemorySize = 1 << 40
+)
+
+// ValidateGPUConfig checks a GPUConfig; errors are under path.
+func ValidateGPUConfig(c *GPUConfig, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if q := c.SharedMemorySize; q != nil {
+		p := path.Child("sharedMemorySize")
+		v, exact := q.AsInt64()
+		switch {
+		case !exact:
+			errs = append(errs, field.Invalid(p, q.String(), "not a whole number of bytes"))
+		case v < MinSharedMemorySize || v > MaxSharedMemorySize:
+			errs = append(errs, field.Invalid(p, q.String(), "must be between 1Mi and 1Ti"))
+		}
+	}
+	return errs
+}
+
 // reservedEnv is the reserved prefix name starts with, "" where none.
 func reservedEnv(name string) string {
 	for _, p := range ReservedEnvPrefixes {

@@ -1,0 +1,517 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/carve-dra/carve/gpu/memslice"
+	"github.com/carve-dra/carve/gpu/nvmlreplay"
+	"github.com/carve-dra/carve/gpu/police"
+)
+
+// gpuReplay is a real H100's recorded NVML answers (driver 580, MIG off).
+const gpuReplay = "h100-580-carve-snapshot-nvml.json"
+
+// policingBound is the documented bound on a pod's time over its slices
+// (package police): one 50 ms interval, the process query, the kill.
+const policingBound = 200 * time.Millisecond
+
+// gpuNode is what a GPU share needs on this GPU-less node: a driver root
+// with the files the CDI library mounts and a working fake MPS control
+// daemon (deploy/e2e/fakemps), the GPU's device nodes in the host's /dev
+// (character devices nothing opens; runc makes them in the container), the
+// replay and the file its processes are answered from.
+type gpuNode struct {
+	dir, driver, replay, procs, uuid string
+}
+
+func newGPUNode(t *testing.T) gpuNode {
+	t.Helper()
+	clusterDir := filepath.Dir(os.Getenv("CARVE_KUBECONFIG"))
+	dir, err := os.MkdirTemp(clusterDir, "gpu-shares-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	g := gpuNode{dir: dir, driver: filepath.Join(dir, "driver"), replay: filepath.Join(dir, "nvml.json"), procs: filepath.Join(dir, "processes.json")}
+	raw, err := os.ReadFile(filepath.Join(repoRoot(), "gpu", "acceptance", "results", gpuReplay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inv struct {
+		DriverVersion string `json:"driverVersion"`
+		Devices       []struct {
+			UUID  string `json:"uuid"`
+			Minor int    `json:"minor"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal(raw, &inv); err != nil {
+		t.Fatal(err)
+	}
+	g.uuid = inv.Devices[0].UUID
+	write := func(path string, data []byte, mode os.FileMode) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(g.replay, raw, 0o644)
+	// A static stand-in (deploy/e2e/fakemps): the agent runs the control
+	// binary's commands from its own image, which has no shell.
+	if err := os.MkdirAll(filepath.Join(g.driver, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := execCommand("go", "build", "-o", filepath.Join(g.driver, "bin", "nvidia-cuda-mps-control"), "github.com/carve-dra/carve/deploy/e2e/fakemps")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the fake MPS control binary: %v\n%s", err, out)
+	}
+	write(filepath.Join(g.driver, "bin", "nvidia-smi"), nil, 0o755)
+	for _, l := range []string{"libcuda.so.", "libnvidia-ml.so.", "libnvidia-ptxjitcompiler.so."} {
+		write(filepath.Join(g.driver, "lib64", l+inv.DriverVersion), nil, 0o755)
+		if err := os.Symlink(l+inv.DriverVersion, filepath.Join(g.driver, "lib64", l+"1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes := []struct {
+		path         string
+		major, minor uint32
+	}{{fmt.Sprintf("/dev/nvidia%d", inv.Devices[0].Minor), 195, uint32(inv.Devices[0].Minor)}, {"/dev/nvidiactl", 195, 255}, {"/dev/nvidia-uvm", 510, 0}, {"/dev/nvidia-uvm-tools", 510, 1}}
+	for _, n := range nodes {
+		if _, err := os.Lstat(n.path); err == nil {
+			t.Skipf("%s exists on this host: a real GPU's node is not replaced", n.path)
+		}
+	}
+	for _, n := range nodes {
+		if err := unix.Mknod(n.path, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil {
+			t.Fatalf("device node %s: %v", n.path, err)
+		}
+		path := n.path
+		t.Cleanup(func() { _ = os.Remove(path) })
+	}
+	return g
+}
+
+// setProcesses has the replay report these host PIDs with their memory.
+func (g gpuNode) setProcesses(t testing.TB, used map[int]uint64) {
+	t.Helper()
+	var f nvmlreplay.ProcessesFile
+	for pid, b := range used {
+		b := b
+		f.Processes = append(f.Processes, nvmlreplay.ReplayedProcess{GPUUUID: g.uuid, PID: uint32(pid), UsedBytes: &b})
+	}
+	data, _ := json.Marshal(f)
+	if err := os.WriteFile(g.procs+".tmp", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(g.procs+".tmp", g.procs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func gpuShareClaim(t testing.TB, cs kubernetes.Interface, name, memory string) {
+	t.Helper()
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS}, Spec: gpuShareSpec(memory)}
+	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaims(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+func gpuShareSpec(memory string) resourceapi.ResourceClaimSpec {
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.carve.dev",
+			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)}}}}}}}
+}
+
+// hostPIDs lists the host PIDs of the pod's processes named comm.
+func hostPIDs(pod types.UID, comm string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		c, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(c)) != comm || procState(pid) == 'Z' {
+			continue
+		}
+		if uid, err := police.PodOf("/proc", pid); err == nil && uid == pod {
+			out = append(out, pid)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// procState is a process's state letter; 0 when it is gone.
+func procState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return 0
+	}
+	return s[i+2]
+}
+
+func dead(pid int) bool { st := procState(pid); return st == 0 || st == 'Z' }
+
+func podUID(t testing.TB, cs kubernetes.Interface, name string) types.UID {
+	t.Helper()
+	p, err := cs.CoreV1().Pods(testNS).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.UID
+}
+
+func claimUID(t testing.TB, cs kubernetes.Interface, name string) types.UID {
+	t.Helper()
+	c, err := cs.ResourceV1().ResourceClaims(testNS).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.UID
+}
+
+// newVictim waits for the pod's respawning loop to start a sleep other
+// than prev, and returns its host PID.
+func newVictim(t testing.TB, pod types.UID, prev int) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, pid := range hostPIDs(pod, "sleep") {
+			if pid != prev {
+				return pid
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("pod %s started no new process", pod)
+	return 0
+}
+
+// killedWithin writes the replay's processes (victim over its pod's
+// slice, the bystander under its own) and returns how long policing took
+// to kill the victim, as this process sees it die; false after 5 s.
+func killedWithin(t testing.TB, g gpuNode, victim, bystander int) (time.Duration, bool) {
+	t.Helper()
+	g.setProcesses(t, map[int]uint64{victim: 3 << 30, bystander: 1 << 30})
+	start := time.Now()
+	for time.Since(start) < 5*time.Second {
+		if dead(victim) {
+			return time.Since(start), true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return 0, false
+}
+
+// TestNodeGPUShares runs pods with GPU memory shares on the real node, the
+// agent installed by its chart and answering NVML from a real H100's
+// replay, whose processes are the real host PIDs of the pods' processes with
+// the memory this test sets:
+//
+//   - policing kills the over-limit process in the right pod, within the
+//     bound, with an Event on the pod, and never another pod's process;
+//     kill latency (processes file written → process dead) is measured
+//     while other pods' GPU shares are prepared and unprepared beside it;
+//   - each claim's /dev/shm is its own: pod A cannot see a file pod B made;
+//   - a corrupt checkpoint and an agent restart leave the running shares
+//     enforced (their daemons kept, the over-limit process killed again),
+//     and the kubelet's unprepare of the claims the checkpoint lost removes
+//     what they had on the node.
+func TestNodeGPUShares(t *testing.T) {
+	cs := client(t)
+	env := clusterEnv(t)
+	clusterDir := filepath.Dir(os.Getenv("CARVE_KUBECONFIG"))
+	stateDir := filepath.Join(clusterDir, "carve-state")
+	g := newGPUNode(t)
+	buildAgentImage(t, "carve:e2e")
+	const cfg = "apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nrequestPolicies:\n  gpu:\n    memory: {default: 1Gi, min: 1Gi, step: 1Gi}\n"
+	installChartWith(t, env, stateDir, []string{"--set-string", "nvmlReplayFile=" + g.replay, "--set-string", "nvmlReplayProcessesFile=" + g.procs,
+		"--set-string", "nvidiaDriverRoot=" + g.driver, "--set", "logVerbosity=2"}, cfg)
+	shares := filepath.Join(stateDir, memslice.SharesDir)
+	// Before the chart's uninstall (cleanups run last first): every pod
+	// gone and unprepared, so that no claim's daemon outlives the agent.
+	t.Cleanup(func() {
+		l, _ := cs.CoreV1().Pods(testNS).List(context.Background(), metav1.ListOptions{})
+		for _, p := range l.Items {
+			if strings.HasPrefix(p.Name, "gpu-") {
+				_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			}
+		}
+		deadline := time.Now().Add(90 * time.Second)
+		for time.Now().Before(deadline) {
+			if left, _ := filepath.Glob(filepath.Join(shares, "mps", "*")); len(left) == 0 {
+				return
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		files, _ := filepath.Glob(filepath.Join(shares, "mps", "*", "*", "pipe", "nvidia-cuda-mps-control.pid"))
+		for _, f := range files {
+			raw, _ := os.ReadFile(f)
+			if pid, _ := strconv.Atoi(strings.TrimSpace(string(raw))); pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		t.Errorf("claims' MPS directories left after their pods went: %v", files)
+	})
+	if got := gpuTier(t, cs, env["CARVE_NODE_NAME"], "mps-policed"); got != "mps-policed" {
+		t.Fatalf("memoryEnforcement = %q, want mps-policed; agent log:\n%s", got, agentLog(t, "enforcement"))
+	}
+
+	// On failure: what the kubelet and the agent said of the test's pods.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		evs, _ := cs.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{})
+		for _, e := range evs.Items {
+			t.Logf("event %s/%s %s: %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+		t.Logf("agent log (prepare, restore):\n%s\n%s", agentLog(t, "repar"), agentLog(t, "estor"))
+		if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+			for _, l := range strings.Split(string(mi), "\n") {
+				if strings.Contains(l, memslice.SharesDir) {
+					t.Logf("host mount: %s", l)
+				}
+			}
+		}
+	})
+	gpuShareClaim(t, cs, "gpu-a", "2Gi")
+	gpuShareClaim(t, cs, "gpu-b", "2Gi")
+	a := pod("gpu-a", &corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr.To("gpu-a")})
+	// A respawning process: each one policing kills is replaced.
+	a.Spec.Containers[0].Command = []string{"sh", "-c", "while true; do sleep 3600 & wait $!; done"}
+	b := pod("gpu-b", &corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr.To("gpu-b")})
+	b.Spec.Containers[0].Command = []string{"sh", "-c", "echo from-b > /dev/shm/from-b && exec sleep 3600"}
+	startPod(t, cs, a)
+	startPod(t, cs, b)
+	waitFor(t, "GPU share pods running", 120*time.Second, func() (bool, error) {
+		okA, errA := podRunning(cs, testNS, "gpu-a")()
+		okB, errB := podRunning(cs, testNS, "gpu-b")()
+		if errA != nil {
+			return false, errA
+		}
+		return okA && okB, errB
+	})
+	uidA, uidB := podUID(t, cs, "gpu-a"), podUID(t, cs, "gpu-b")
+	claimA, claimB := claimUID(t, cs, "gpu-a"), claimUID(t, cs, "gpu-b")
+
+	t.Run("shm", func(t *testing.T) {
+		if out := podExec(t, testNS, "gpu-b", "main", "cat", "/dev/shm/from-b"); !strings.Contains(out, "from-b") {
+			t.Fatalf("pod B does not see its own /dev/shm file: %q", out)
+		}
+		if out := podExec(t, testNS, "gpu-a", "main", "ls", "-a", "/dev/shm"); strings.Contains(out, "from-b") {
+			t.Errorf("pod A sees pod B's /dev/shm file: %q", out)
+		}
+		// The file is in B's claim's tmpfs, and A's is another.
+		if _, err := os.Stat(filepath.Join(memslice.ClaimShmDir(shares, claimB), "from-b")); err != nil {
+			t.Errorf("pod B's /dev/shm is not its claim's tmpfs: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(memslice.ClaimShmDir(shares, claimA), "from-b")); err == nil {
+			t.Error("pod B's file is in claim A's tmpfs")
+		}
+		var sa, sb unix.Statfs_t
+		if unix.Statfs(memslice.ClaimShmDir(shares, claimA), &sa) != nil || unix.Statfs(memslice.ClaimShmDir(shares, claimB), &sb) != nil || sa.Type != unix.TMPFS_MAGIC || sb.Type != unix.TMPFS_MAGIC || sa.Fsid == sb.Fsid {
+			t.Errorf("the claims' /dev/shm are not two tmpfs: %+v %+v", sa, sb)
+		}
+	})
+
+	bystander := hostPIDs(uidB, "sleep")
+	if len(bystander) != 1 {
+		t.Fatalf("pod B's sleep: %v", bystander)
+	}
+	bPID := bystander[0]
+
+	t.Run("policing", func(t *testing.T) {
+		// Other claims prepared and unprepared beside the kills: pods
+		// with GPU shares of their own, made and deleted in turn.
+		ctx, stop := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		var churned int
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "gpu-churn", Namespace: testNS},
+				Spec: resourceapi.ResourceClaimTemplateSpec{Spec: gpuShareSpec("1Gi")}}
+			if _, err := cs.ResourceV1().ResourceClaimTemplates(testNS).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+				t.Errorf("churn template: %v", err)
+				return
+			}
+			defer func() {
+				_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(context.Background(), "gpu-churn", metav1.DeleteOptions{})
+			}()
+			for i := 0; ctx.Err() == nil; i++ {
+				name := fmt.Sprintf("gpu-churn-%d", i)
+				p := pod(name, &corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("gpu-churn")})
+				if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Errorf("churn pod: %v", err)
+					return
+				}
+				for ctx.Err() == nil {
+					if ok, _ := podRunning(cs, testNS, name)(); ok {
+						churned++
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			}
+		}()
+		const samples = 40
+		var lat []time.Duration
+		victim := 0
+		for i := 0; i < samples; i++ {
+			victim = newVictim(t, uidA, victim)
+			d, ok := killedWithin(t, g, victim, bPID)
+			if !ok {
+				stop()
+				wg.Wait()
+				t.Fatalf("pod A's process %d over its slice was not killed within 5 s; agent log:\n%s", victim, agentLog(t, "olic"))
+			}
+			lat = append(lat, d)
+			if dead(bPID) {
+				t.Fatalf("pod B's process %d, under its slice, was killed", bPID)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		stop()
+		wg.Wait()
+		g.setProcesses(t, nil)
+		t.Logf("policing kill latency on the real node (processes file written → process dead), %d samples, %d GPU-share pods prepared beside them:\n"+
+			"| samples | p50 | p90 | p99 | max | bound |\n|---|---|---|---|---|---|\n| %d | %v | %v | %v | %v | %v |",
+			len(lat), churned, len(lat), percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.9).Round(time.Millisecond),
+			percentile(lat, 0.99).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond), policingBound)
+		if p50 := percentile(lat, 0.5); p50 > policingBound {
+			t.Errorf("median kill latency %v over the documented bound %v", p50, policingBound)
+		}
+		if churned == 0 {
+			t.Error("no other GPU share was prepared while the kills were measured")
+		}
+		waitFor(t, "the kill's Event on pod A", 30*time.Second, func() (bool, error) {
+			evs, err := cs.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=gpu-a"})
+			if err != nil {
+				return false, err
+			}
+			for _, e := range evs.Items {
+				if e.Reason == "GPUMemorySliceExceeded" && e.InvolvedObject.UID == uidA {
+					return true, nil
+				}
+			}
+			return false, fmt.Errorf("%d events, none GPUMemorySliceExceeded", len(evs.Items))
+		})
+		evs, _ := cs.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=gpu-b"})
+		for _, e := range evs.Items {
+			if e.Reason == "GPUMemorySliceExceeded" {
+				t.Errorf("pod B has a kill event: %s", e.Message)
+			}
+		}
+	})
+
+	t.Run("corrupt checkpoint", func(t *testing.T) {
+		daemons := func() map[string]int {
+			out := map[string]int{}
+			files, _ := filepath.Glob(filepath.Join(shares, "mps", "*", "*", "pipe", "nvidia-cuda-mps-control.pid"))
+			for _, f := range files {
+				raw, _ := os.ReadFile(f)
+				pid, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+				if pid > 0 && !dead(pid) {
+					out[f] = pid
+				}
+			}
+			return out
+		}
+		before := daemons()
+		for _, c := range []types.UID{claimA, claimB} {
+			if _, err := os.Stat(memslice.DaemonDir(shares, c, g.uuid)); err != nil {
+				t.Fatalf("claim %s's daemon directory: %v", c, err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(stateDir, "checkpoint.json"), []byte("{ not a checkpoint"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		restartAgent(t, cs)
+		// Enforced still: the new agent polices pod A without a
+		// checkpoint, and B is untouched.
+		var victim int
+		var d time.Duration
+		waitFor(t, "pod A's over-limit process killed by the restarted agent", 60*time.Second, func() (bool, error) {
+			victim = newVictim(t, uidA, 0)
+			var ok bool
+			d, ok = killedWithin(t, g, victim, bPID)
+			return ok, fmt.Errorf("process %d not killed", victim)
+		})
+		g.setProcesses(t, nil)
+		t.Logf("after the corrupt checkpoint, pod A's process killed in %v", d.Round(time.Millisecond))
+		if dead(bPID) {
+			t.Errorf("pod B's process %d was killed", bPID)
+		}
+		// Each claim's daemon runs (adopted, or started again where it
+		// died with the agent's container, whose cgroup it was started in).
+		after := daemons()
+		for f, pid := range before {
+			switch {
+			case after[f] == 0:
+				t.Errorf("daemon %s (pid %d before the restart) is not running after it", f, pid)
+			case after[f] != pid:
+				t.Logf("daemon %s: pid %d before the restart, %d after (started again)", f, pid, after[f])
+			default:
+				t.Logf("daemon %s: pid %d adopted", f, pid)
+			}
+		}
+		if len(before) < 2 {
+			t.Errorf("daemons before the restart: %v, want the two claims'", before)
+		}
+		if log := agentLog(t, "Adopting a GPU share"); strings.Count(log, "\n")+1 < 2 {
+			t.Errorf("the agent did not say it adopted both shares:\n%s", log)
+		}
+		// The kubelet unprepares the claims the checkpoint lost: their
+		// daemons and directories go.
+		for _, name := range []string{"gpu-a", "gpu-b"} {
+			if err := cs.CoreV1().Pods(testNS).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "the lost claims' daemons and directories gone", 90*time.Second, func() (bool, error) {
+			for _, c := range []types.UID{claimA, claimB} {
+				if _, err := os.Stat(memslice.ClaimDir(shares, c)); err == nil {
+					return false, fmt.Errorf("claim %s's directory is left", c)
+				}
+			}
+			if left := daemons(); len(left) > 0 {
+				return false, fmt.Errorf("daemons run: %v", left)
+			}
+			return true, nil
+		})
+	})
+}
