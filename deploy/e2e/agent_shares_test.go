@@ -77,7 +77,9 @@ func TestSharesCommandOnPreparedShares(t *testing.T) {
 	out, _ := exec.Command("ip", "netns", "exec", ns, "tc", "class", "show", "dev", shaper).Output()
 	var classes []string
 	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 2 && f[0] == "class" && f[1] == "htb" && strings.HasPrefix(f[2], "1:") {
+		// The shares' classes, at the root; their flow children (where
+		// the kernel has no fq_codel) are under them.
+		if f := strings.Fields(line); len(f) > 3 && f[0] == "class" && f[1] == "htb" && strings.HasPrefix(f[2], "1:") && f[3] == "root" {
 			classes = append(classes, f[2])
 		}
 	}
@@ -94,8 +96,17 @@ func TestSharesCommandOnPreparedShares(t *testing.T) {
 	if victim == "" {
 		t.Fatalf("no 200Mbit class among %v\n%s", classes, out)
 	}
-	if out, err := exec.Command("ip", "netns", "exec", ns, "tc", "class", "del", "dev", shaper, "classid", victim).CombinedOutput(); err != nil {
-		t.Fatalf("tc class del %s: %v\n%s", victim, err, out)
+	// Its children first: a class with children cannot go.
+	var gone []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[0] == "class" && f[3] == "parent" && f[4] == victim {
+			gone = append(gone, f[2])
+		}
+	}
+	for _, c := range append(gone, victim) {
+		if out, err := exec.Command("ip", "netns", "exec", ns, "tc", "class", "del", "dev", shaper, "classid", c).CombinedOutput(); err != nil {
+			t.Fatalf("tc class del %s: %v\n%s", c, err, out)
+		}
 	}
 	rows, err = run()
 	if err == nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"time"
 
@@ -191,7 +192,8 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	defer helper.Stop()
-	if err := helper.PublishResources(ctx, devHealth.publishable(inv.resources())); err != nil {
+	published := devHealth.publishable(inv.resources())
+	if err := helper.PublishResources(ctx, published); err != nil {
 		return fmt.Errorf("publish resource slices: %w", err)
 	}
 	metrics.Publishes.Inc()
@@ -300,12 +302,16 @@ func Run(ctx context.Context, opts Options) error {
 			inv.wake()
 			publish = true
 		}
-		if publish {
+		// A health change that changes nothing published (a device's
+		// first report, healthy) publishes nothing.
+		if res := devHealth.publishable(inv.resources()); publish && !reflect.DeepEqual(res, published) {
 			metrics.Publishes.Inc()
-			if err := helper.PublishResources(ctx, devHealth.publishable(inv.resources())); err != nil {
+			if err := helper.PublishResources(ctx, res); err != nil {
 				metrics.PublishErrors.Inc()
 				logger.Error(err, "Publishing slices")
+				continue
 			}
+			published = res
 		}
 	}
 }
