@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/discovery"
@@ -171,14 +173,6 @@ func (h *NICHealth) Run(ctx context.Context, sink health.Sink) error {
 	if every <= 0 {
 		every = 5 * time.Second
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		h.CheckCounters(ctx, time.Now(), sink)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) { h.CheckCounters(ctx, time.Now(), sink) }, every)
+	return nil
 }

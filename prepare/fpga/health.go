@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/carve-dra/carve/prepare/health"
 	"github.com/carve-dra/carve/slices"
 )
@@ -61,14 +63,6 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 	if every <= 0 {
 		every = 2 * time.Second
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		h.Check(sink)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) { h.Check(sink) }, every)
+	return nil
 }

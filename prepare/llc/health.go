@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/carve-dra/carve/prepare"
@@ -113,14 +115,6 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 	if every <= 0 {
 		every = 2 * time.Second
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		h.Check(sink)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) { h.Check(sink) }, every)
+	return nil
 }
