@@ -63,6 +63,6 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 	if every <= 0 {
 		every = 2 * time.Second
 	}
-	wait.UntilWithContext(ctx, func(ctx context.Context) { h.Check(sink) }, every)
+	wait.UntilWithContext(ctx, func(context.Context) { h.Check(sink) }, every)
 	return nil
 }
