@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/carve-dra/carve/cmd/carve/app"
+	"github.com/carve-dra/carve/prepare/hostcgroup"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
@@ -26,6 +27,7 @@ type agentFlags struct {
 	nvidiaDriverRoot, nvidiaCDIHook, nvmlReplay           string
 	nvmlReplayProcesses                                   string
 	mpsShmSize                                            string
+	mpsCgroup                                             string
 	rescan, nvmlTimeout                                   time.Duration
 	qps                                                   float64
 	burst                                                 int
@@ -66,6 +68,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.nvmlReplay, "nvml-replay", "", "answer NVML from this replay file instead of the library (tests, what-if)")
 	fs.StringVar(&f.nvmlReplayProcesses, "nvml-replay-processes", "", "with --nvml-replay: answer the GPUs' processes from this file, read on every query (format: go doc ./gpu/nvmlreplay ProcessesFile)")
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
+	fs.StringVar(&f.mpsCgroup, "mps-cgroup", "carve-mps", "cgroup, below the root of each of the host's cgroup hierarchies, that claims' MPS daemons are moved into so that they outlive the agent's pod (their clients lose their server with them); empty leaves them in the agent's container")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs each claim's GPU memory shares' containers and MPS daemons have as /dev/shm, one per claim (a quantity); pages are charged to the pods that write them")
 	must(cmd.MarkFlagFilename("kubeconfig"))
 	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
@@ -81,6 +84,11 @@ func runAgent(ctx context.Context, f agentFlags) error {
 	shm, err := resource.ParseQuantity(f.mpsShmSize)
 	if err != nil || shm.Sign() <= 0 {
 		return fmt.Errorf("--mps-shm-size %q: want a positive quantity such as 1Gi", f.mpsShmSize)
+	}
+	if f.mpsCgroup != "" {
+		if err := (hostcgroup.Group{Name: f.mpsCgroup}).Validate(); err != nil {
+			return fmt.Errorf("--mps-cgroup: %w", err)
+		}
 	}
 	restCfg, err := restConfig(f.kubeconfig)
 	if err != nil {
@@ -100,6 +108,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
 		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLReplayProcesses: f.nvmlReplayProcesses, NVMLTimeout: f.nvmlTimeout,
 		MPSShmSize: uint64(shm.Value()),
+		MPSCgroup:  f.mpsCgroup,
 	})
 }
 

@@ -273,6 +273,16 @@ func TestNodeGPUShares(t *testing.T) {
 		deadline := time.Now().Add(90 * time.Second)
 		for time.Now().Before(deadline) {
 			if left, _ := filepath.Glob(filepath.Join(shares, "mps", "*")); len(left) == 0 {
+				// With the last daemon, its cgroup goes: the host is
+				// left as the test found it.
+				var groups []string
+				for _, pat := range []string{"/sys/fs/cgroup/carve-mps", "/sys/fs/cgroup/*/carve-mps"} {
+					m, _ := filepath.Glob(pat)
+					groups = append(groups, m...)
+				}
+				if len(groups) > 0 {
+					t.Errorf("the MPS daemons' cgroup is left after the last claim: %v", groups)
+				}
 				return
 			}
 			time.Sleep(250 * time.Millisecond)
@@ -285,6 +295,11 @@ func TestNodeGPUShares(t *testing.T) {
 			}
 		}
 		t.Errorf("claims' MPS directories left after their pods went: %v", files)
+		time.Sleep(time.Second)
+		groups, _ := filepath.Glob("/sys/fs/cgroup/*/carve-mps")
+		for _, d := range append(groups, "/sys/fs/cgroup/carve-mps") {
+			_ = os.Remove(d)
+		}
 	})
 	if got := gpuTier(t, cs, env["CARVE_NODE_NAME"], "mps-policed"); got != "mps-policed" {
 		t.Fatalf("memoryEnforcement = %q, want mps-policed; agent log:\n%s", got, agentLog(t, "enforcement"))
@@ -440,20 +455,13 @@ func TestNodeGPUShares(t *testing.T) {
 	})
 
 	t.Run("corrupt checkpoint", func(t *testing.T) {
-		// Issue 26, item 6, on the real node. Its first run found two
-		// bugs that are not fixed yet, so it runs only when asked:
-		// the claims' MPS daemons were not running after the agent's
-		// pod was replaced (started in the agent container's cgroup,
-		// they die with it, and the new agent did not start them
-		// again), and the kubelet's unprepare of the lost claims failed
-		// with EBUSY removing each claim's shm directory.
-		if os.Getenv("CARVE_E2E_GPU_AGENT_RESTART") != "1" {
-			t.Skip("known bugs (MPS daemons die with the agent's pod; EBUSY on the claim's shm at unprepare): set CARVE_E2E_GPU_AGENT_RESTART=1 to run")
-		}
+		// Issue 26, item 6, on the real node. The claims' daemons
+		// were started by the old agent and must outlive its pod: they
+		// run in the chart's --mps-cgroup, not the agent container's.
 		daemons := func() map[string]int {
 			out := map[string]int{}
-			files, _ := filepath.Glob(filepath.Join(shares, "mps", "*", "*", "pipe", "nvidia-cuda-mps-control.pid"))
-			for _, f := range files {
+			for _, c := range []types.UID{claimA, claimB} {
+				f := filepath.Join(memslice.DaemonDir(shares, c, g.uuid), "pipe", "nvidia-cuda-mps-control.pid")
 				raw, _ := os.ReadFile(f)
 				pid, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
 				if pid > 0 && !dead(pid) {
@@ -463,6 +471,11 @@ func TestNodeGPUShares(t *testing.T) {
 			return out
 		}
 		before := daemons()
+		for f, pid := range before {
+			if cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err != nil || !strings.Contains(string(cg), ":/carve-mps\n") {
+				t.Errorf("daemon %s (pid %d) is not in the carve-mps cgroup: %q %v", f, pid, cg, err)
+			}
+		}
 		for _, c := range []types.UID{claimA, claimB} {
 			if _, err := os.Stat(memslice.DaemonDir(shares, c, g.uuid)); err != nil {
 				t.Fatalf("claim %s's daemon directory: %v", c, err)
@@ -487,17 +500,18 @@ func TestNodeGPUShares(t *testing.T) {
 		if dead(bPID) {
 			t.Errorf("pod B's process %d was killed", bPID)
 		}
-		// Each claim's daemon runs (adopted, or started again where it
-		// died with the agent's container, whose cgroup it was started in).
+		// Each claim's daemon outlived the old agent's pod and was
+		// adopted: the same process, whose servers (and their clients'
+		// CUDA contexts) a new daemon would not have.
 		after := daemons()
 		for f, pid := range before {
 			switch {
 			case after[f] == 0:
 				t.Errorf("daemon %s (pid %d before the restart) is not running after it", f, pid)
 			case after[f] != pid:
-				t.Logf("daemon %s: pid %d before the restart, %d after (started again)", f, pid, after[f])
+				t.Errorf("daemon %s: pid %d before the restart, %d after: it died with the agent's pod and was started again", f, pid, after[f])
 			default:
-				t.Logf("daemon %s: pid %d adopted", f, pid)
+				t.Logf("daemon %s: pid %d outlived the agent's pod and was adopted", f, pid)
 			}
 		}
 		if len(before) < 2 {

@@ -78,7 +78,7 @@ func DaemonDir(dir string, claim types.UID, uuid string) string {
 
 func (m *Manager) daemon(claim types.UID, uuid string, tier Tier) mps.Daemon {
 	d := mps.Daemon{Path: m.opts.MPSControl, Dir: DaemonDir(m.opts.Dir, claim, uuid), UUID: uuid,
-		ShmDir: ClaimShmDir(m.opts.Dir, claim), Start: m.opts.Start}
+		ShmDir: ClaimShmDir(m.opts.Dir, claim), Start: m.opts.Start, Keep: m.opts.Keeper}
 	if tier == TierDMEM {
 		d.Protocol = 3
 	}
@@ -215,7 +215,12 @@ func (m *Manager) releaseClaim(claimDir string) error {
 	}
 	// The daemons' root goes with the last claim (a node without shares
 	// keeps nothing); another claim's directory keeps it, and the error.
-	_ = os.Remove(filepath.Dir(claimDir))
+	// So does the daemons' cgroup.
+	if err := os.Remove(filepath.Dir(claimDir)); err == nil && m.opts.Keeper != nil {
+		if err := m.opts.Keeper.Release(); err != nil {
+			return fmt.Errorf("the MPS daemons' cgroup: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -83,7 +83,14 @@
 // (mps.StartInNamespace, the one place a daemon is started), so that it and
 // its servers load the host's driver libraries, and by the control binary's
 // host path; where that namespace cannot be entered it starts from the
-// agent's (mps.StartWithShm). A tmpfs per claim rather than per daemon
+// agent's (mps.StartWithShm). Once it answers, the daemon is moved into a
+// cgroup of its own (--mps-cgroup, carve-mps, below the root of each of the
+// host's hierarchies: package prepare/hostcgroup): started from the agent,
+// it is in the agent container's cgroups, whose processes the runtime kills
+// when the agent's pod goes, and its clients in other pods would lose their
+// server with it. So a daemon outlives an agent's restart or upgrade and
+// is adopted by the next agent (TestNodeGPUShares checks its PID is the
+// same), and the last claim's unprepare removes the cgroup. A tmpfs per claim rather than per daemon
 // because CDI gives a container one /dev/shm: a claim with shares of two GPUs
 // reaches both of its daemons through it. Containers mount the host's view of
 // the tmpfs, so the agent's mount must reach the host: the chart mounts the
@@ -139,7 +146,8 @@
 //
 // ListShares is what `carve shares` lists for GPUs (cmd/carve/sharelist):
 // claim, shareID, GPU UUID, tier, slice, used, kills so far, and whether the
-// share is enforced.
+// share is enforced; a share recorded on the node that the checkpoint lost
+// is listed too, marked adopted.
 //
 // # Known gaps
 //

@@ -62,6 +62,10 @@ type Share struct {
 	// Daemon is the state of the claim's MPS control daemon of the GPU
 	// (mps-policed shares).
 	Daemon *Daemon `json:"mpsDaemon,omitempty"`
+	// Adopted: recorded on the node but not in the checkpoint (lost or
+	// corrupt), so adopted by the agent at its start and held until the
+	// claim's unprepare. Device is then unknown.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // Daemon is a claim's MPS control daemon of a GPU as `carve shares` lists
@@ -117,6 +121,7 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 	}
 	out := []Share{}
 	seen := map[int]police.ShareUsage{} // by index in out: what the policing loop recorded
+	inCheckpoint := map[string]bool{}   // share keys
 	for _, c := range claims {
 		for i, a := range c.Allocations {
 			if a.Kind != names.KindGPU || a.ShareID == nil {
@@ -135,23 +140,31 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 			}
 			s := Share{Claim: c.Namespace + "/" + c.Name, ClaimUID: string(c.UID), ShareID: string(*a.ShareID), Device: a.Device,
 				UUID: rec.UUID, Slice: rec.Slice, Tier: rec.Tier}
-			switch rec.Tier {
-			case TierMPSPoliced:
-				if u, ok := usage[a.ShareKey()]; ok {
-					s.Kills, seen[len(out)] = u.Kills, u
-				}
-				checkDaemon(&s, o)
-			case TierDMEM:
-				cgroups, err := hook.RecordedPodCgroups(RecordDir(filepath.Join(o.StateDir, SharesDir), rec.UUID, a.ShareKey()), o.CgroupRoot)
-				if err != nil {
-					return nil, fmt.Errorf("claim %s: GPU share %s: %w", s.Claim, s.ShareID, err)
-				}
-				used, problems := dmem.Held(cgroups, rec.Region, rec.Slice)
-				s.Used, s.UsedFrom, s.Problems = &used, UsedFromDmem, problems
-			default:
-				s.Problems = append(s.Problems, fmt.Sprintf("tier %q holds no slice", rec.Tier))
+			inCheckpoint[a.ShareKey()] = true
+			if err := check(&s, o, a.ShareKey(), rec.Region, usage, seen, len(out)); err != nil {
+				return nil, err
 			}
-			s.Enforced = len(s.Problems) == 0
+			out = append(out, s)
+		}
+	}
+	// Shares recorded on the node that the checkpoint does not hold (it
+	// was lost or corrupt): the agent adopted them and holds them until
+	// their claims' unprepare, so they are listed too.
+	onNode, err := (&Manager{opts: Options{Dir: filepath.Join(o.StateDir, SharesDir)}}).daemonsOnNode()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range onNode {
+		for _, r := range d.shares {
+			if inCheckpoint[r.Key] {
+				continue
+			}
+			inCheckpoint[r.Key] = true
+			s := Share{Claim: r.Namespace + "/" + r.Name, ClaimUID: string(r.ClaimUID), ShareID: r.ShareID, UUID: r.UUID, Slice: r.Slice,
+				Tier: r.Choice.Tier, Adopted: true}
+			if err := check(&s, o, r.Key, r.Choice.Region, usage, seen, len(out)); err != nil {
+				return nil, err
+			}
 			out = append(out, s)
 		}
 	}
@@ -165,6 +178,30 @@ func ListShares(ctx context.Context, o ListOptions) ([]Share, error) {
 		return out[i].Claim+out[i].ShareID < out[j].Claim+out[j].ShareID
 	})
 	return out, nil
+}
+
+// check fills in whether s (the share with key, its dmem region where it
+// has one, at index i of the list) is enforced: its daemon, or the slice in
+// its pods' dmem.max; the policing loop's kills.
+func check(s *Share, o ListOptions, key, region string, usage map[string]police.ShareUsage, seen map[int]police.ShareUsage, i int) error {
+	switch s.Tier {
+	case TierMPSPoliced:
+		if u, ok := usage[key]; ok {
+			s.Kills, seen[i] = u.Kills, u
+		}
+		checkDaemon(s, o)
+	case TierDMEM:
+		cgroups, err := hook.RecordedPodCgroups(RecordDir(filepath.Join(o.StateDir, SharesDir), s.UUID, key), o.CgroupRoot)
+		if err != nil {
+			return fmt.Errorf("claim %s: GPU share %s: %w", s.Claim, s.ShareID, err)
+		}
+		used, problems := dmem.Held(cgroups, region, s.Slice)
+		s.Used, s.UsedFrom, s.Problems = &used, UsedFromDmem, problems
+	default:
+		s.Problems = append(s.Problems, fmt.Sprintf("tier %q holds no slice", s.Tier))
+	}
+	s.Enforced = len(s.Problems) == 0
+	return nil
 }
 
 // checkDaemon: an mps-policed share is held only while its claim's control

@@ -182,3 +182,41 @@ func TestListDMEMShares(t *testing.T) {
 		t.Fatalf("dmem.max missing: %+v, %v", got, err)
 	}
 }
+
+// A share recorded on the node that the checkpoint does not hold (a lost
+// or corrupt checkpoint, whose shares the agent adopted) is listed, marked
+// adopted, with its daemon checked as any other's.
+func TestListAdoptedShares(t *testing.T) {
+	f := newListFixture(t)
+	kept := f.alloc("c1", "share-1")
+	f.write(t, map[types.UID]prepare.ClaimRecord{
+		"c1": {UID: "c1", Namespace: "ns", Name: "c1", State: prepare.ClaimCompleted, Allocations: []prepare.Allocation{kept},
+			Undo: []json.RawMessage{record(TierMPSPoliced, 10*gib, "")}},
+	}, police.Usage{})
+	dir := filepath.Join(f.state, SharesDir)
+	lost := Request{Key: "c9/gpu/share-9", ClaimUID: "c9", Namespace: "ns", Name: "lost", ShareID: "share-9", UUID: "GPU-1", Slice: 4 * gib,
+		Choice: Choice{Tier: TierMPSPoliced}}
+	again := Request{Key: kept.ShareKey(), ClaimUID: "c1", Namespace: "ns", Name: "c1", ShareID: "share-1", UUID: "GPU-1", Slice: 10 * gib,
+		Choice: Choice{Tier: TierMPSPoliced}}
+	for _, r := range []Request{lost, again} {
+		d := DaemonDir(dir, r.ClaimUID, r.UUID)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeShareFile(d, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.daemonRuns(t, "c9", "GPU-1")
+	got, err := ListShares(context.Background(), ListOptions{StateDir: f.state, BootID: "boot-1", ProcRoot: f.proc})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("ListShares = %+v, %v; want the checkpoint's share and the adopted one, each once", got, err)
+	}
+	a, k := got[1], got[0]
+	if k.Claim != "ns/c1" || k.Adopted {
+		t.Errorf("the checkpoint's share: %+v", k)
+	}
+	if a.Claim != "ns/lost" || !a.Adopted || a.ShareID != "share-9" || a.Slice != 4*gib || a.Tier != TierMPSPoliced || !a.Enforced || a.Daemon == nil || !a.Daemon.Running {
+		t.Errorf("the adopted share: %+v", a)
+	}
+}

@@ -67,6 +67,10 @@ type Options struct {
 	// Start starts each MPS daemon (mps.Daemon.Start); nil starts it from
 	// this process's mount namespace.
 	Start mps.Starter
+	// Keeper holds each MPS daemon apart from the agent's container, so
+	// that it outlives the agent's pod (mps.Daemon.Keep); nil leaves
+	// daemons where they start.
+	Keeper mps.Keeper
 	// Police holds mps-policed shares to their slices; nil refuses them.
 	Police *police.Police
 	// KeepComputeMode leaves the GPU's compute mode alone (the

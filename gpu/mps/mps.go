@@ -47,6 +47,19 @@ type Daemon struct {
 	// process's) when nil. StartInHostNamespace starts it from the host's
 	// instead.
 	Start Starter
+	// Keep, when set, moves the daemon's processes where they outlive
+	// the agent's container (hostcgroup.FromNamespaces): started in its
+	// cgroups, they would die with the agent's pod, and every client's
+	// CUDA context with them.
+	Keep Keeper
+}
+
+// Keeper holds daemons' processes apart from the agent's container.
+type Keeper interface {
+	// Keep moves pids (a daemon and its servers) there; idempotent.
+	Keep(pids ...int) error
+	// Release lets go of the place once no daemon is left.
+	Release() error
 }
 
 // Starter starts cmd (nvidia-cuda-mps-control -d) with shm, when not
@@ -152,9 +165,12 @@ func (d Daemon) procRoot() string {
 // answers; a running one (left by an earlier agent) is adopted. It reports
 // whether a daemon was started.
 func (d Daemon) Ensure(ctx context.Context) (bool, error) {
-	if _, alive := d.PID(); alive {
-		if _, err := d.Command(ctx, "get_server_list"); err == nil {
-			return false, nil
+	if pid, alive := d.PID(); alive {
+		if servers, err := d.Servers(ctx); err == nil {
+			// Adopted: kept apart as a started one is (one an
+			// earlier carve started in its own container is moved
+			// now, with its servers).
+			return false, d.keep(append(servers, pid))
 		}
 		// Alive but deaf: stop it, a fresh one takes its place.
 		if err := d.Stop(ctx); err != nil {
@@ -190,7 +206,22 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 	if err != nil && ctx.Err() == nil {
 		return true, fmt.Errorf("MPS daemon of %s started but did not answer within %s (log: %s)", d.UUID, d.timeout(), d.LogDir())
 	}
-	return true, err
+	if err != nil {
+		return true, err
+	}
+	pid, _ := d.PID()
+	return true, d.keep([]int{pid})
+}
+
+// keep moves the daemon's processes apart from the agent's container.
+func (d Daemon) keep(pids []int) error {
+	if d.Keep == nil {
+		return nil
+	}
+	if err := d.Keep.Keep(pids...); err != nil {
+		return fmt.Errorf("MPS daemon of %s: keep it apart from the agent's container, which it would not outlive (--mps-cgroup): %w", d.UUID, err)
+	}
+	return nil
 }
 
 // logTail is the end of the daemon's control log, for an error message; ""

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -108,19 +109,97 @@ func SameShm(a, b string) bool {
 
 // UnmountShm detaches the tmpfs at dir (containers that bound it keep
 // theirs until they end) and removes the directory. No mount, no directory:
-// nothing to do.
+// nothing to do. Every mount on dir's directory in this thread's mount
+// namespace goes, under whatever path: one left makes the directory busy.
+// An agent started after the claim's tmpfs was mounted sees it twice: at
+// dir, from its container's bind of the state directory, and below the
+// host root's mount (/host), a slave copy of the host's that the unmount
+// at dir does not reach.
 func UnmountShm(dir string) error {
-	if ok, err := IsShm(dir); err != nil {
-		return err
-	} else if ok {
+	for i := 0; ; i++ {
+		ok, err := IsShm(dir)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if i == maxStacked {
+			return fmt.Errorf("the MPS shared memory tmpfs at %s is still mounted after %d unmounts", dir, i)
+		}
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("unmount the MPS shared memory tmpfs at %s: %w", dir, err)
 		}
 	}
+	for i := 0; i < maxStacked; i++ {
+		more := aliases(dir)
+		if len(more) == 0 {
+			break
+		}
+		for _, alias := range more {
+			if err := unix.Unmount(alias, unix.MNT_DETACH); err != nil {
+				return fmt.Errorf("unmount the MPS shared memory tmpfs at %s (%s seen from elsewhere): %w", alias, dir, err)
+			}
+		}
+	}
 	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", dir, err)
+		return fmt.Errorf("remove %s%s: %w", dir, mountsAt(dir), err)
 	}
 	return nil
+}
+
+// maxStacked bounds UnmountShm's unmounts of one directory.
+const maxStacked = 16
+
+// aliases are the mount points in this thread's mount namespace, other than
+// dir, on dir's own directory: a path that ends in dir, below a directory
+// that is dir's parent (the same inode), such as /host + dir.
+func aliases(dir string) []string {
+	data, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var parent unix.Stat_t
+	if unix.Stat(filepath.Dir(dir), &parent) != nil {
+		return nil
+	}
+	mounts, err := hostmount.ParseMountinfo(data)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range mounts {
+		// dir is absolute: a path ending in it is dir below another.
+		if m.MountPoint == dir || !strings.HasSuffix(m.MountPoint, dir) {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(filepath.Dir(m.MountPoint), &st) == nil && st.Dev == parent.Dev && st.Ino == parent.Ino && !slices.Contains(out, m.MountPoint) {
+			out = append(out, m.MountPoint)
+		}
+	}
+	// Deepest first: a mount stacked on another's path goes before it.
+	slices.Reverse(out)
+	return out
+}
+
+// mountsAt lists, for an error message, what this thread's mount namespace
+// has mounted at dir or at a path ending in it.
+func mountsAt(dir string) string {
+	data, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	var at []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasSuffix(f[4], dir) {
+			at = append(at, l)
+		}
+	}
+	if len(at) == 0 {
+		return " (nothing mounted there in this mount namespace)"
+	}
+	return " (mounted there: " + strings.Join(at, "; ") + ")"
 }
 
 // StartWithShm starts cmd in a mount namespace of its own in which shm is

@@ -99,9 +99,15 @@ func firstReadable(entry string) (string, error) {
 
 // Mount is one line of a mountinfo file: what this package needs of it.
 type Mount struct {
-	ID         int
+	ID int
+	// Root is the directory of the file system mounted here, "/" for its
+	// whole (a bind mount of a subdirectory has that subdirectory).
+	Root       string
 	MountPoint string
 	FSType     string
+	// SuperOptions are the file system's own options (a cgroup v1
+	// hierarchy's controllers among them).
+	SuperOptions string
 	// Shared: the mount is in a peer group (optional field shared:N).
 	Shared bool
 	// Slave: the mount receives from a master (optional field master:N).
@@ -133,7 +139,10 @@ func ParseMountinfo(data []byte) ([]Mount, error) {
 		if err != nil {
 			return nil, fmt.Errorf("mountinfo line %d: mount ID %q: %w", n, f[0], err)
 		}
-		m := Mount{ID: id, MountPoint: unescape(f[4]), FSType: f[sep+1]}
+		m := Mount{ID: id, Root: unescape(f[3]), MountPoint: unescape(f[4]), FSType: f[sep+1]}
+		if sep+3 < len(f) {
+			m.SuperOptions = f[sep+3]
+		}
 		for _, opt := range f[6:sep] {
 			m.Shared = m.Shared || strings.HasPrefix(opt, "shared:")
 			m.Slave = m.Slave || strings.HasPrefix(opt, "master:")

@@ -87,6 +87,10 @@ type Options struct {
 	// MPSShmSize bounds each claim's tmpfs, its GPU memory shares'
 	// containers' and MPS daemons' /dev/shm (mps.DefaultShmSize when 0).
 	MPSShmSize uint64
+	// MPSCgroup is the cgroup the claims' MPS daemons are moved into, below
+	// each hierarchy's root (hostcgroup.Group); "" leaves them where they
+	// start, in the agent's container.
+	MPSCgroup string
 }
 
 // Run runs the kubelet plugin until ctx is done or a fatal error occurs,

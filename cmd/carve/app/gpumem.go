@@ -20,6 +20,7 @@ import (
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/police"
 	runtimehook "github.com/carve-dra/carve/prepare/hook"
+	"github.com/carve-dra/carve/prepare/hostcgroup"
 	"github.com/carve-dra/carve/prepare/hostmount"
 )
 
@@ -72,6 +73,9 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 		// cannot be entered, they start from the agent's, as before.
 		if ns, err := hostmount.RuntimeNamespace(); err == nil {
 			mopts.Start = mps.StartInNamespace(ns, root)
+			if opts.MPSCgroup != "" {
+				mopts.Keeper = hostcgroup.FromNamespaces{Group: hostcgroup.Group{Name: opts.MPSCgroup}, NSDir: filepath.Dir(ns)}
+			}
 		} else {
 			logger.Info("MPS daemons start from the agent's mount namespace", "reason", err.Error())
 		}

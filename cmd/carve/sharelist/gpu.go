@@ -34,6 +34,10 @@ type GPU struct {
 	// MPSDaemon is the state of the claim's own MPS control daemon of the
 	// GPU (mps-policed shares); its not running is also a problem.
 	MPSDaemon *memslice.Daemon `json:"mpsDaemon,omitempty"`
+	// Adopted: recorded on the node, not in the checkpoint (lost or
+	// corrupt); the agent adopted it and holds it until its claim's
+	// unprepare.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // GPUSource lists GPU memory shares (gpu/memslice) from the checkpoint in
@@ -85,7 +89,7 @@ func (s *GPUSource) Shares(ctx context.Context) ([]Row, error) {
 		rows = append(rows, Row{Claim: sh.Claim, ClaimUID: sh.ClaimUID, Kind: names.KindGPU, Device: sh.Device, ShareID: sh.ShareID,
 			Parent: sh.UUID, Enforced: sh.Enforced, Problems: sh.Problems,
 			GPU: &GPU{UUID: sh.UUID, Tier: string(sh.Tier), SliceBytes: sh.Slice, UsedBytes: sh.Used, UsedFrom: sh.UsedFrom,
-				UsedUnknown: sh.UsedUnknown, Processes: sh.Processes, Kills: sh.Kills, MPSDaemon: sh.Daemon}})
+				UsedUnknown: sh.UsedUnknown, Processes: sh.Processes, Kills: sh.Kills, MPSDaemon: sh.Daemon, Adopted: sh.Adopted}})
 	}
 	return rows, nil
 }

@@ -121,7 +121,11 @@ func Write(w io.Writer, rows []Row, format string) error {
 			}
 			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tGPU\tTIER\tSLICE\tUSED\tKILLS\tHEALTH\tENFORCED")
 			for _, r := range gpus {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.GPU.UUID), orDash(r.GPU.Tier),
+				claim := r.Claim
+				if r.GPU.Adopted {
+					claim += " (adopted)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", claim, orDash(r.ShareID), orDash(r.GPU.UUID), orDash(r.GPU.Tier),
 					iec(r.GPU.SliceBytes), r.GPU.used(), r.GPU.Kills, healthOf(r), enforced(r))
 			}
 		}
