@@ -25,7 +25,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # cgo packages, so it runs with the CGO settings above.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: help build test unit fuzz e2e verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e clean
+.PHONY: help build test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -94,10 +94,28 @@ e2e: ## tests against a real kube-apiserver (starts and stops the local cluster)
 	else \
 	  trap 'deploy/cluster/down.sh' EXIT; \
 	  kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \
-	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1 $(GO) test -count=1 -v -timeout 30m ./deploy/e2e/...; \
+	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1 CARVE_E2E_SOAK_KILLS=$(SOAK_KILLS_SHORT) $(GO) test -count=1 -v -timeout 30m ./deploy/e2e/...; \
 	  echo "guard: the real-node e2e again, with the agent blind to this host's L3 (an LLC from a fixture)"; \
 	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_LLC=fixture CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1 $(GO) test -count=1 -v -timeout 10m -run '^TestNodeEndToEnd$$' ./deploy/e2e/; \
 	fi
+
+# The soak runs on the local cluster's real node: the agent SIGKILLed
+# SOAK_KILLS times (and the kubelet restarted) while share pods come and go,
+# then SOAK_PODS share pods at once, for each count, the 100 also saturating
+# their shares. make test runs SOAK_KILLS_SHORT kills of the first.
+SOAK_KILLS ?= 100
+SOAK_KILLS_SHORT ?= 3
+SOAK_PODS ?= 20 100 250
+soak: build ## the long soak on the real node: agent kills under churn, then 20, 100 and 250 share pods at once
+	@export CARVE_HELM=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \
+	trap 'deploy/cluster/down.sh' EXIT; \
+	kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \
+	export CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1; \
+	CARVE_E2E_SOAK_KILLS=$(SOAK_KILLS) $(GO) test -count=1 -v -timeout 60m -run '^TestNodeAgentKillSoak$$' ./deploy/e2e/ || exit 1; \
+	for n in $(SOAK_PODS); do \
+	  traffic=0; [ "$$n" = 100 ] && traffic=1; \
+	  CARVE_E2E_SHARE_PODS=$$n CARVE_E2E_SHARE_PODS_TRAFFIC=$$traffic $(GO) test -count=1 -v -timeout 30m -run '^TestNodeManySharePods$$' ./deploy/e2e/ || exit 1; \
+	done
 
 manifests: ## render the chart into deploy/manifests/carve.yaml
 	@helm=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \

@@ -301,6 +301,13 @@ cgroupDriver: cgroupfs
 cgroupRoot: /carve
 failCgroupV1: false
 failSwapOn: false
+# Room for the many-pods soak run (issue 29: 250 share pods).
+maxPods: 300
+# A container that exits is started again within a second, not after a
+# backoff that doubles to five minutes: the soak test SIGKILLs the agent a
+# hundred times (KubeletCrashLoopBackOffMax, beta and on in 1.37).
+crashLoopBackOff:
+  maxContainerRestartPeriod: 1s
 makeIPTablesUtilChains: false
 protectKernelDefaults: true
 imageGCHighThresholdPercent: 100

@@ -1,0 +1,275 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+const (
+	manyParent = "carve-e2m0"
+	manyServer = "carve-e2m-srv"
+	manyIP     = "10.82.0.1"
+)
+
+// TestNodeManySharePods (issue 29, item 1): CARVE_E2E_SHARE_PODS pods, each
+// with a 10M share of one NIC from one claim template, created at once on
+// the real node; it reports when they were scheduled, when the kubelet had
+// them running and Ready, what carve's prepares took (the agent's own
+// histogram), and, after they are all deleted at once, when every claim
+// was unprepared and reclaimed. With CARVE_E2E_SHARE_PODS_TRAFFIC=1 every
+// pod then saturates its share's egress at once and each one's goodput is
+// checked against its limit. `make soak` runs it; make test does not (it
+// takes minutes).
+func TestNodeManySharePods(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CARVE_E2E_SHARE_PODS"))
+	if n <= 0 {
+		t.Skip("set CARVE_E2E_SHARE_PODS=N to run (make soak)")
+	}
+	traffic := os.Getenv("CARVE_E2E_SHARE_PODS_TRAFFIC") == "1"
+	cs := client(t)
+	env := clusterEnv(t)
+	ctx := context.Background()
+	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
+	var ports []string
+	if traffic {
+		for i := 0; i < n; i++ {
+			ports = append(ports, strconv.Itoa(5201+i))
+		}
+	}
+	trafficServer(t, manyParent, "carve-e2m1", manyServer, manyIP, ports...)
+	buildAgentImage(t, "carve:e2e")
+	buildNetTestImage(t)
+	installChart(t, env, stateDir, nicNodeConfig(manyParent, "many", "10.82.0.0/24", manyIP, ""))
+	waitFor(t, "the NIC published", 60*time.Second, func() (bool, error) {
+		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + env["CARVE_NODE_NAME"]})
+		if err != nil {
+			return false, err
+		}
+		for _, s := range l.Items {
+			for _, d := range s.Spec.Devices {
+				if d.Name == "nic-"+manyParent {
+					return true, nil
+				}
+			}
+		}
+		return false, fmt.Errorf("no device nic-%s", manyParent)
+	})
+	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["many"],"interfaceName":"net1"}`
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: testNS},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: shareClaimSpec(manyParent, bothWays("10M"), netCfg)}}
+	if _, err := cs.ResourceV1().ResourceClaimTemplates(testNS).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(context.Background(), "many", metav1.DeleteOptions{})
+	})
+	before := prepareHistogram(t)
+
+	// Every pod's moments, polled from the API server every 100 ms (a
+	// watch can end under load, and a list sees what it missed).
+	scheduled, ready := map[string]time.Duration{}, map[string]time.Duration{}
+	start := time.Now()
+	createConcurrently(t, cs, n)
+	for len(ready) < n {
+		if time.Since(start) > time.Duration(30+n)*time.Second {
+			t.Fatalf("%d of %d share pods Ready after %v", len(ready), n, time.Since(start))
+		}
+		l, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "carve-e2e=many"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Since(start)
+		for i := range l.Items {
+			p := &l.Items[i]
+			if _, seen := scheduled[p.Name]; !seen && p.Spec.NodeName != "" {
+				scheduled[p.Name] = now
+			}
+			if _, seen := ready[p.Name]; !seen && podReady(p) {
+				ready[p.Name] = now
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	readyAll := time.Since(start)
+	after := prepareHistogram(t)
+	t.Logf("%d share pods on the real node, created at once:\n| pods | scheduled p50 / all | Ready p50 / p99 / all | carve prepare, mean of %d |\n|---|---|---|---|\n| %d | %v / %v | %v / %v / %v | %v |",
+		n, after.count-before.count, n, pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99), readyAll.Round(10*time.Millisecond),
+		meanPrepare(before, after))
+
+	if traffic {
+		checkManyTraffic(t, n)
+	}
+
+	// All deleted at once: every claim unprepared and reclaimed.
+	del := time.Now()
+	for i := 0; i < n; i++ {
+		if err := cs.CoreV1().Pods(testNS).Delete(ctx, manyName(i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var podsGone, unprepared, claimsGone time.Duration
+	for podsGone == 0 || unprepared == 0 || claimsGone == 0 {
+		if time.Since(del) > time.Duration(60+n)*time.Second {
+			t.Fatalf("after %v: pods gone at %v, claims unprepared at %v, claims deleted at %v (0: not yet)", time.Since(del), podsGone, unprepared, claimsGone)
+		}
+		now := time.Since(del).Round(10 * time.Millisecond)
+		if podsGone == 0 {
+			if l, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "carve-e2e=many"}); err == nil && len(l.Items) == 0 {
+				podsGone = now
+			}
+		}
+		if unprepared == 0 && len(checkpointRecords(t, stateDir)) == 0 {
+			unprepared = now
+		}
+		if claimsGone == 0 {
+			if l, err := cs.ResourceV1().ResourceClaims(testNS).List(ctx, metav1.ListOptions{}); err == nil && len(l.Items) == 0 {
+				claimsGone = now
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("%d share pods deleted at once:\n| pods | every claim unprepared | every pod gone | every claim deleted |\n|---|---|---|---|\n| %d | %v | %v | %v |",
+		n, n, unprepared, podsGone, claimsGone)
+}
+
+func manyName(i int) string { return fmt.Sprintf("many-%03d", i) }
+
+// createConcurrently creates the n pods from eight clients at once, as a
+// Deployment's controller would.
+func createConcurrently(t *testing.T, cs kubernetes.Interface, n int) {
+	t.Helper()
+	jobs := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				p := podWithImage(manyName(i), "carve-net-test:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("many")})
+				p.Labels = map[string]string{"carve-e2e": "many"}
+				if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for i := 0; i < n; i++ {
+			_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), manyName(i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+		}
+	})
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// pct is the q-quantile of the durations in m.
+func pct(m map[string]time.Duration, q float64) time.Duration {
+	var ds []time.Duration
+	for _, d := range m {
+		ds = append(ds, d)
+	}
+	if len(ds) == 0 {
+		return 0
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	i := int(q*float64(len(ds))+0.5) - 1
+	return ds[max(0, min(i, len(ds)-1))].Round(10 * time.Millisecond)
+}
+
+// histogram is the agent's carve_prepare_duration_seconds for NICs, summed.
+type histogram struct {
+	count int
+	sum   float64
+}
+
+func prepareHistogram(t *testing.T) histogram {
+	var h histogram
+	for _, l := range strings.Split(scrapeAgent(t), "\n") {
+		if !strings.Contains(l, `kind="nic"`) || !strings.Contains(l, `result="success"`) {
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch {
+		case strings.HasPrefix(l, "carve_prepare_duration_seconds_count"):
+			h.count += int(v)
+		case strings.HasPrefix(l, "carve_prepare_duration_seconds_sum"):
+			h.sum += v
+		}
+	}
+	return h
+}
+
+func meanPrepare(a, b histogram) time.Duration {
+	if b.count == a.count {
+		return 0
+	}
+	return time.Duration((b.sum - a.sum) / float64(b.count-a.count) * float64(time.Second)).Round(100 * time.Microsecond)
+}
+
+// checkManyTraffic has every pod send to its own iperf3 server at once for
+// 10 s and checks each goodput against its 10M share (within ±1% of the L2
+// target's 0.956).
+func checkManyTraffic(t *testing.T, n int) {
+	results := make([]chan iperfResult, n)
+	for i := 0; i < n; i++ {
+		results[i] = startIperfTo(manyName(i), manyIP, strconv.Itoa(5201+i), 10, false)
+	}
+	var ratios []float64
+	within := 0
+	for i, ch := range results {
+		r := <-ch
+		if r.err != nil {
+			t.Errorf("iperf3 in %s: %v", manyName(i), r.err)
+			continue
+		}
+		ratio := r.bps / rate("10M")
+		ratios = append(ratios, ratio)
+		if ratio >= 0.946 && ratio <= 0.966 {
+			within++
+		}
+	}
+	sort.Float64s(ratios)
+	if len(ratios) == 0 {
+		return
+	}
+	t.Logf("%d pods saturating their 10M shares at once: %d within ±1%% of the L2 target (0.956), goodput ratio %.3f–%.3f",
+		n, within, ratios[0], ratios[len(ratios)-1])
+	if within != n {
+		t.Errorf("%d of %d pods within ±1%% of their share", within, n)
+	}
+}
