@@ -77,7 +77,7 @@ func TestNodeManySharePods(t *testing.T) {
 	t.Cleanup(func() {
 		_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(context.Background(), "many", metav1.DeleteOptions{})
 	})
-	before := prepareHistogram(t)
+	before := componentTimings(t, cs, env["CARVE_NODE_NAME"])
 
 	// Every pod's moments, polled from the API server every 100 ms (a
 	// watch can end under load, and a list sees what it missed).
@@ -105,16 +105,17 @@ func TestNodeManySharePods(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	readyAll := time.Since(start)
-	after := prepareHistogram(t)
-	t.Logf("%d share pods on the real node, created at once:\n| pods | scheduled p50 / all | Ready p50 / p99 / all | carve prepare, mean of %d |\n|---|---|---|---|\n| %d | %v / %v | %v / %v / %v | %v |",
-		n, after.count-before.count, n, pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99), readyAll.Round(10*time.Millisecond),
-		meanPrepare(before, after))
+	after := componentTimings(t, cs, env["CARVE_NODE_NAME"])
+	t.Logf("%d share pods on the real node, created at once:\n| pods | scheduled p50 / all | Ready p50 / p99 / all |\n|---|---|---|\n| %d | %v / %v | %v / %v / %v |\n"+
+		"where the time went, each component's own histograms over the run (operations run concurrently: sums overlap):\n%s",
+		n, n, pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99), readyAll.Round(10*time.Millisecond), after.table(before))
 
 	if traffic {
 		checkManyTraffic(t, n)
 	}
 
 	// All deleted at once: every claim unprepared and reclaimed.
+	beforeDel := componentTimings(t, cs, env["CARVE_NODE_NAME"])
 	del := time.Now()
 	for i := 0; i < n; i++ {
 		if err := cs.CoreV1().Pods(testNS).Delete(ctx, manyName(i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
@@ -142,8 +143,8 @@ func TestNodeManySharePods(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("%d share pods deleted at once:\n| pods | every claim unprepared | every pod gone | every claim deleted |\n|---|---|---|---|\n| %d | %v | %v | %v |",
-		n, n, unprepared, podsGone, claimsGone)
+	t.Logf("%d share pods deleted at once:\n| pods | every claim unprepared | every pod gone | every claim deleted |\n|---|---|---|---|\n| %d | %v | %v | %v |\n%s",
+		n, n, unprepared, podsGone, claimsGone, componentTimings(t, cs, env["CARVE_NODE_NAME"]).table(beforeDel))
 }
 
 func manyName(i int) string { return fmt.Sprintf("many-%03d", i) }
@@ -207,38 +208,87 @@ func pct(m map[string]time.Duration, q float64) time.Duration {
 	return ds[max(0, min(i, len(ds)-1))].Round(10 * time.Millisecond)
 }
 
-// histogram is the agent's carve_prepare_duration_seconds for NICs, summed.
-type histogram struct {
+// timed is one component's histogram of an operation: its count and sum.
+type timed struct {
 	count int
 	sum   float64
 }
 
-func prepareHistogram(t *testing.T) histogram {
-	var h histogram
-	for _, l := range strings.Split(scrapeAgent(t), "\n") {
-		if !strings.Contains(l, `kind="nic"`) || !strings.Contains(l, `result="success"`) {
-			continue
-		}
-		f := strings.Fields(l)
-		if len(f) != 2 {
-			continue
-		}
-		v, _ := strconv.ParseFloat(f[1], 64)
-		switch {
-		case strings.HasPrefix(l, "carve_prepare_duration_seconds_count"):
-			h.count += int(v)
-		case strings.HasPrefix(l, "carve_prepare_duration_seconds_sum"):
-			h.sum += v
-		}
-	}
-	return h
+// timings are the histograms componentTimings reads, by row name.
+type timings map[string]timed
+
+// timedRows are the rows componentTimings reads: where a metric is, its
+// name and the labels a sample must carry.
+var timedRows = []struct {
+	row, source, metric string
+	labels              []string
+}{
+	{"kubelet: pod sandbox run (containerd, CNI)", "kubelet", "kubelet_runtime_operations_duration_seconds", []string{`operation_type="run_podsandbox"`}},
+	{"kubelet: container create (containerd, runtime hooks)", "kubelet", "kubelet_runtime_operations_duration_seconds", []string{`operation_type="create_container"`}},
+	{"kubelet: container start", "kubelet", "kubelet_runtime_operations_duration_seconds", []string{`operation_type="start_container"`}},
+	{"kubelet: DRA prepare of a pod's claims (gRPC to carve included)", "kubelet", "dra_operations_duration_seconds", []string{`operation_name="PrepareResources"`}},
+	{"kubelet: DRA unprepare of a pod's claims", "kubelet", "dra_operations_duration_seconds", []string{`operation_name="UnprepareResources"`}},
+	{"kubelet: pod start, SLI (no image pull)", "kubelet", "kubelet_pod_start_sli_duration_seconds", nil},
+	{"carve: prepare of a NIC share", "agent", "carve_prepare_duration_seconds", []string{`kind="nic"`, `result="success"`}},
+	{"carve: unprepare of a NIC share", "agent", "carve_unprepare_duration_seconds", []string{`kind="nic"`, `result="success"`}},
 }
 
-func meanPrepare(a, b histogram) time.Duration {
-	if b.count == a.count {
-		return 0
+// componentTimings reads the kubelet's metrics (through the API server's
+// node proxy) and the agent's.
+func componentTimings(t *testing.T, cs kubernetes.Interface, node string) timings {
+	t.Helper()
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + node + "/proxy/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("kubelet metrics: %v", err)
 	}
-	return time.Duration((b.sum - a.sum) / float64(b.count-a.count) * float64(time.Second)).Round(100 * time.Microsecond)
+	text := map[string]string{"kubelet": string(raw), "agent": scrapeAgent(t)}
+	out := timings{}
+	for _, r := range timedRows {
+		var tm timed
+		for _, l := range strings.Split(text[r.source], "\n") {
+			kind := ""
+			switch {
+			case strings.HasPrefix(l, r.metric+"_count"):
+				kind = "count"
+			case strings.HasPrefix(l, r.metric+"_sum"):
+				kind = "sum"
+			default:
+				continue
+			}
+			ok := true
+			for _, lab := range r.labels {
+				ok = ok && strings.Contains(l, lab)
+			}
+			f := strings.Fields(l)
+			if !ok || len(f) < 2 {
+				continue
+			}
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			if kind == "count" {
+				tm.count += int(v)
+			} else {
+				tm.sum += v
+			}
+		}
+		out[r.row] = tm
+	}
+	return out
+}
+
+// table is a markdown table of what each row counted since base.
+func (after timings) table(base timings) string {
+	var b strings.Builder
+	b.WriteString("| component: operation | count | mean | sum |\n|---|---|---|---|\n")
+	for _, r := range timedRows {
+		n := after[r.row].count - base[r.row].count
+		sum := after[r.row].sum - base[r.row].sum
+		mean := time.Duration(0)
+		if n > 0 {
+			mean = time.Duration(sum / float64(n) * float64(time.Second))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %v | %.2fs |\n", r.row, n, mean.Round(100*time.Microsecond), sum)
+	}
+	return b.String()
 }
 
 // checkManyTraffic has every pod send to its own iperf3 server at once for

@@ -137,7 +137,7 @@ func (g Group) Move(pids ...int) error {
 			}
 		}
 		for _, pid := range pids {
-			err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
+			err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o600)
 			if errors.Is(err, unix.ESRCH) {
 				continue
 			}
@@ -171,7 +171,7 @@ func inheritCpuset(root, dir string) error {
 			if err != nil {
 				return fmt.Errorf("cgroup %s: %w", parent, err)
 			}
-			if err := os.WriteFile(filepath.Join(child, f), bytes.TrimSpace(from), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(child, f), bytes.TrimSpace(from), 0o600); err != nil {
 				return fmt.Errorf("cgroup %s: set %s from its parent: %w", child, f, err)
 			}
 		}
