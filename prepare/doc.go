@@ -83,7 +83,7 @@
 // The crash matrix (deploy/e2e) SIGKILLs the agent at every step of prepare
 // and unprepare: package crash holds the fault points, chosen with
 // CARVE_CRASH_AT (the GPU share's points, gpushare-*, are listed in
-// gpu/memslice).
+// gpu/memslice; the MIG instance's, mig-*, in gpu/prep).
 //
 // # Health
 //

@@ -86,9 +86,10 @@ type Preparer interface {
 }
 
 // ClaimCleaner is implemented by preparers that keep their own record of
-// what they made on the node (netdev's attach specs): asked to unprepare a
-// claim the checkpoint does not know, the driver has them remove whatever
-// they still hold of it, so that a lost record never leaks kernel state.
+// what they made on the node (netdev's attach specs, llc's and gpu/prep's
+// records): asked to unprepare a claim the checkpoint does not know, the
+// driver has them remove whatever they still hold of it, so that a lost
+// record never leaks kernel state.
 type ClaimCleaner interface {
 	UnprepareClaim(ctx context.Context, claimUID types.UID) error
 }

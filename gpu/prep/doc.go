@@ -35,11 +35,31 @@
 // _MIG_COMPUTE_INSTANCE_ID. Unprepare destroys both instances.
 //
 // The checkpoint records the claim as started before the instance is made
-// and keeps the instance's record (parent, profile, placement, ids); after a
-// crash the instance is found again from the allocation alone (the counters
-// gave that placement to this claim only) and rolled back. A GPU instance
-// found at start that no checkpoint entry owns is reported in the log, never
-// destroyed, and a claim whose placement it holds is refused saying so.
+// and keeps the instance's record (parent, profile Id and index, placement,
+// ids). The node keeps one too, under the state directory
+// (mig/<hash of the claim's UID>/<device>.json, written atomically before
+// the instance is made, again once its ids are known, and removed after it
+// is destroyed), so that losing the checkpoint does not leak the instance:
+// after a crash the instance is found again from that record (or, without
+// one, from the allocation, since the counters gave that placement to this
+// claim only) and rolled back. At start, a recorded instance that the
+// checkpoint does not hold (it was lost or corrupt) is adopted: it stays its
+// claim's, is not reported as unowned, and its placement is given to no
+// one else ("Adopting a MIG instance recorded on the node..."); a record
+// whose instance is gone is removed. The kubelet's unprepare of a claim the
+// checkpoint does not know reaches UnprepareClaim (a prepare.ClaimCleaner,
+// as netdev's and llc's preparers are), which destroys the claim's
+// recorded instances (one already gone is success, and so is another
+// instance at its placement whose GPU instance id is not the recorded one,
+// which is left) and removes their records last. A record that does not
+// belong where it is found (its claim and device derive another path), or
+// that names an instance the checkpoint or another claim's record gives
+// another claim, is logged and never acted on. A GPU instance that neither
+// the checkpoint nor a record owns (made by hand) is reported in the log,
+// never destroyed, and a claim whose placement it holds is refused saying
+// so. CARVE_CRASH_AT fault points: mig-recorded (record written, no
+// instance yet), mig-created (instance made, its ids not yet recorded),
+// mig-destroyed (instance destroyed, record not yet removed).
 //
 // MIG on has been run against the replay of a real H100 (testdata), not on
 // the card: the lent machine's MIG mode must never be changed.

@@ -28,6 +28,9 @@ type migRecord struct {
 	ComputeInstanceID uint32 `json:"computeInstanceId"`
 }
 
+// key names the record's instance as NVML's instance list does.
+func (r migRecord) key() string { return instanceKey(r.ParentUUID, r.ProfileID, r.PlacementStart) }
+
 func recordFor(g slices.GPU) migRecord {
 	index := g.MIG.Profile.ProfileIndex
 	return migRecord{ParentUUID: g.Device.UUID, ParentMinor: g.Device.Minor, ProfileID: g.MIG.Profile.ProfileID,
@@ -62,48 +65,40 @@ func profileInfo(dev nvml.Device, rec migRecord) (nvml.GpuInstanceProfileInfo, e
 // device nodes and the instance's capability nodes.
 func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slices.GPU) (prepare.Prepared, error) {
 	rec := recordFor(g)
+	if holder, ok := p.heldByOther(rec, a.ClaimUID); ok {
+		return prepare.Prepared{}, fmt.Errorf("MIG device %s: placement %d of profile %s on %s is held by an instance of %s, not made for this claim; left in place",
+			a.Device, rec.PlacementStart, g.MIG.Profile.Name, rec.ParentUUID, holder)
+	}
+	// Recorded on the node before it exists: a crash once NVML made it
+	// must leave what finds it again without the checkpoint. A record
+	// there already is a retry's, and is kept if this one fails.
+	node := nodeRecord{ClaimUID: a.ClaimUID, Device: a.Device, Instance: rec}
+	recorded := p.nodeRecordExists(a.ClaimUID, a.Device)
+	if err := p.writeNodeRecord(node); err != nil {
+		return prepare.Prepared{}, err
+	}
 	// Owned before it exists: a rescan that sees it must not take its
 	// placement out of the pool.
-	p.own(rec, true)
+	p.own(rec, a.ClaimUID)
+	crashPoint("mig-recorded")
 	err := p.opts.NVML.Do(ctx, "create MIG instance", func(l gpu.Library) error {
-		dev, err := parent(l, rec)
-		if err != nil {
-			return err
-		}
-		info, err := profileInfo(dev, rec)
-		if err != nil {
-			return err
-		}
-		if gi, _ := findInstance(dev, info, rec.PlacementStart); gi != nil {
-			return fmt.Errorf("a GPU instance already holds placement %d of profile %s on %s, not made for this claim; left in place", rec.PlacementStart, g.MIG.Profile.Name, rec.ParentUUID)
-		}
-		placement := nvml.GpuInstancePlacement{Start: uint32(rec.PlacementStart), Size: uint32(rec.PlacementSize)}
-		gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &placement)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("create GPU instance %s at placement %d+%d: %s", g.MIG.Profile.Name, rec.PlacementStart, rec.PlacementSize, nvml.ErrorString(ret))
-		}
-		giInfo, ret := gi.GetInfo()
-		if ret != nvml.SUCCESS {
-			err := fmt.Errorf("GPU instance info: %s", nvml.ErrorString(ret))
-			if ret := gi.Destroy(); ret != nvml.SUCCESS {
-				return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
-			}
-			return err
-		}
-		rec.GPUInstanceID = giInfo.Id
-		ci, err := createComputeInstance(gi, info.SliceCount)
-		if err != nil {
-			if ret := gi.Destroy(); ret != nvml.SUCCESS {
-				return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
-			}
-			return err
-		}
-		rec.ComputeInstanceID = ci
-		return nil
+		return createMIG(l, &rec, g.MIG.Profile.Name)
 	})
 	if err != nil {
-		p.own(rec, false)
+		p.forget(rec)
+		if !recorded {
+			if rerr := p.removeNodeRecord(a.ClaimUID, a.Device); rerr != nil {
+				p.opts.Logger.Error(rerr, "The node record of a MIG instance never made is kept; the next start removes it", "device", a.Device, "claimUID", a.ClaimUID)
+			}
+		}
 		return prepare.Prepared{}, fmt.Errorf("MIG device %s: %w", a.Device, err)
+	}
+	crashPoint("mig-created")
+	node.Instance, node.IDsKnown = rec, true
+	if err := p.writeNodeRecord(node); err != nil {
+		// The record written first finds the instance by its placement;
+		// only the ids that check it is the same one are missing.
+		p.opts.Logger.Error(err, "Recording a MIG instance's ids; its record names it by placement only", "device", a.Device, "claimUID", a.ClaimUID)
 	}
 	undo, _ := jsonMarshal(rec)
 	edits, err := p.migEdits(ctx, rec)
@@ -118,6 +113,45 @@ func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slice
 		a.EnvPrefix()+"MIG_GPU_INSTANCE_ID="+strconv.Itoa(int(rec.GPUInstanceID)),
 		a.EnvPrefix()+"MIG_COMPUTE_INSTANCE_ID="+strconv.Itoa(int(rec.ComputeInstanceID)))
 	return prepare.Prepared{Edits: edits, Undo: undo}, nil
+}
+
+// createMIG makes, under NVML's lock, the record's GPU instance and the
+// compute instance filling it, and sets their ids in the record.
+func createMIG(l gpu.Library, rec *migRecord, profile string) error {
+	dev, err := parent(l, *rec)
+	if err != nil {
+		return err
+	}
+	info, err := profileInfo(dev, *rec)
+	if err != nil {
+		return err
+	}
+	if gi, _ := findInstance(dev, info, rec.PlacementStart); gi != nil {
+		return fmt.Errorf("a GPU instance already holds placement %d of profile %s on %s, not made for this claim; left in place", rec.PlacementStart, profile, rec.ParentUUID)
+	}
+	placement := nvml.GpuInstancePlacement{Start: uint32(rec.PlacementStart), Size: uint32(rec.PlacementSize)}
+	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &placement)
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("create GPU instance %s at placement %d+%d: %s", profile, rec.PlacementStart, rec.PlacementSize, nvml.ErrorString(ret))
+	}
+	giInfo, ret := gi.GetInfo()
+	if ret != nvml.SUCCESS {
+		err := fmt.Errorf("GPU instance info: %s", nvml.ErrorString(ret))
+		if ret := gi.Destroy(); ret != nvml.SUCCESS {
+			return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
+		}
+		return err
+	}
+	rec.GPUInstanceID = giInfo.Id
+	ci, err := createComputeInstance(gi, info.SliceCount)
+	if err != nil {
+		if ret := gi.Destroy(); ret != nvml.SUCCESS {
+			return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
+		}
+		return err
+	}
+	rec.ComputeInstanceID = ci
+	return nil
 }
 
 // createComputeInstance makes the compute instance that fills a GPU
@@ -143,49 +177,6 @@ func createComputeInstance(gi nvml.GpuInstance, slices uint32) (uint32, error) {
 		return ciInfo.Id, nil
 	}
 	return 0, fmt.Errorf("no compute-instance profile fills a %d-slice GPU instance", slices)
-}
-
-// destroyMIG destroys the compute instances and the GPU instance at the
-// record's placement. An instance already gone is success.
-func (p *Preparer) destroyMIG(ctx context.Context, device string, rec migRecord) error {
-	err := p.opts.NVML.Do(ctx, "destroy MIG instance", func(l gpu.Library) error {
-		dev, err := parent(l, rec)
-		if err != nil {
-			return err
-		}
-		info, err := profileInfo(dev, rec)
-		if err != nil {
-			return err
-		}
-		gi, err := findInstance(dev, info, rec.PlacementStart)
-		if err != nil || gi == nil {
-			return err
-		}
-		for id := 0; id < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
-			ciInfo, ret := gi.GetComputeInstanceProfileInfo(id, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			cis, ret := gi.GetComputeInstances(&ciInfo)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			for _, ci := range cis {
-				if ret := ci.Destroy(); ret != nvml.SUCCESS {
-					return fmt.Errorf("destroy compute instance: %s", nvml.ErrorString(ret))
-				}
-			}
-		}
-		if ret := gi.Destroy(); ret != nvml.SUCCESS {
-			return fmt.Errorf("destroy GPU instance at placement %d: %s", rec.PlacementStart, nvml.ErrorString(ret))
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("MIG device %s: %w", device, err)
-	}
-	p.own(rec, false)
-	return nil
 }
 
 func parent(l gpu.Library, rec migRecord) (nvml.Device, error) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
@@ -84,6 +85,8 @@ type fixture struct {
 	res     cslices.Result
 	prep    *prep.Preparer
 	root    string
+	// state is the agent's state directory, which outlives a restart.
+	state string
 }
 
 func newFixture(t *testing.T, inv *nvmlinfo.Inventory) *fixture {
@@ -101,14 +104,19 @@ func newFixture(t *testing.T, inv *nvmlinfo.Inventory) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{replay: r, session: s, root: hostRoot(t, len(inv.Devices), inv.DriverVersion)}
+	f := &fixture{replay: r, session: s, root: hostRoot(t, len(inv.Devices), inv.DriverVersion), state: t.TempDir()}
 	f.res = cslices.Build(&discovery.Inventory{NVML: read}, nodeconfig.Default(), "node-a")
 	f.prep = f.newPreparer(t)
 	return f
 }
 
 func (f *fixture) newPreparer(t *testing.T) *prep.Preparer {
-	p := prep.New(prep.Options{NVML: f.session, Root: f.root, DriverRoot: "/usr/local/nvidia", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	return f.newPreparerLogging(t, ktesting.NewLogger(t, ktesting.NewConfig()))
+}
+
+func (f *fixture) newPreparerLogging(t *testing.T, logger logr.Logger) *prep.Preparer {
+	t.Helper()
+	p := prep.New(prep.Options{NVML: f.session, Root: f.root, DriverRoot: "/usr/local/nvidia", StateDir: f.state, Logger: logger})
 	p.Devices = func() map[string]cslices.Entry { return f.res.Index }
 	return p
 }
@@ -276,6 +284,9 @@ func TestMIGCrashRecovery(t *testing.T) {
 	}
 	if got := instances(t, f); !slices.Equal(got, []string{"1@4"}) {
 		t.Fatalf("instances %v, want only the hand-made one left", got)
+	}
+	if _, err := os.Lstat(prep.RecordPath(restarted, a.ClaimUID, a.Device)); !os.IsNotExist(err) {
+		t.Errorf("the rolled-back instance's node record: %v, want it removed", err)
 	}
 	// A placement held by an instance the claim did not make is refused,
 	// and that instance is left alone.

@@ -8,10 +8,12 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/crash"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/names"
 )
@@ -34,7 +36,11 @@ type Options struct {
 	CDIHookPath string
 	// Shares prepares GPU memory slices; nil where none are offered.
 	Shares *memslice.Manager
-	Logger logr.Logger
+	// StateDir is the agent's state directory, where each MIG instance
+	// carve makes is recorded beside the checkpoint (records.go); empty
+	// records nothing, and a lost checkpoint then leaks its instances.
+	StateDir string
+	Logger   logr.Logger
 }
 
 // Preparer prepares the kinds gpu and mig.
@@ -46,10 +52,15 @@ type Preparer struct {
 
 	mu      sync.Mutex
 	unowned []string
-	// owned are the GPU instances claims made (instanceKey), known once
-	// Restore has read the checkpoint (restored).
-	owned    map[string]bool
+	// owned are the GPU instances claims made (instanceKey), each with
+	// its claim, known once Restore has read the checkpoint and the
+	// node's records (restored).
+	owned    map[string]types.UID
 	restored bool
+	// contested are recorded instances that two claims' records name and
+	// the checkpoint does not settle: their placements stay taken, and
+	// neither claim's unprepare destroys them.
+	contested map[string]bool
 }
 
 // OwnsInstance tells whether a claim made the GPU instance of this
@@ -59,22 +70,42 @@ type Preparer struct {
 func (p *Preparer) OwnsInstance(uuid string, profileID, start int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return !p.restored || p.owned[instanceKey(uuid, profileID, start)]
+	key := instanceKey(uuid, profileID, start)
+	_, owned := p.owned[key]
+	return !p.restored || owned || p.contested[key]
 }
 
-// own records (or, with false, forgets) an instance a claim makes.
-func (p *Preparer) own(rec migRecord, yes bool) {
+// own records an instance a claim makes.
+func (p *Preparer) own(rec migRecord, claim types.UID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.owned == nil {
-		p.owned = map[string]bool{}
+		p.owned = map[string]types.UID{}
 	}
-	key := instanceKey(rec.ParentUUID, rec.ProfileID, rec.PlacementStart)
-	if yes {
-		p.owned[key] = true
-	} else {
-		delete(p.owned, key)
+	p.owned[rec.key()] = claim
+}
+
+// heldByOther says which other claim than this one holds the record's
+// instance, where one does (or two claims' records name it).
+func (p *Preparer) heldByOther(rec migRecord, claim types.UID) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.contested[rec.key()] {
+		return "the records of two claims the checkpoint does not know", true
 	}
+	owner, ok := p.owned[rec.key()]
+	if !ok || owner == claim {
+		return "", false
+	}
+	return "claim " + string(owner), true
+}
+
+// forget drops an instance that is gone, or was never made.
+func (p *Preparer) forget(rec migRecord) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.owned, rec.key())
+	delete(p.contested, rec.key())
 }
 
 var (
@@ -93,6 +124,11 @@ func New(opts Options) *Preparer {
 	}
 	return &Preparer{opts: opts}
 }
+
+// crashPoint is a fault point of the crash matrix between two steps of a
+// MIG instance's making or destroying (crash.Point); tests replace it with
+// one that ends the calling goroutine, as a killed agent ends.
+var crashPoint = crash.Point
 
 var errNoNVML = errors.New("this node has no working NVML")
 
@@ -133,9 +169,13 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo jso
 		if err := json.Unmarshal(undo, &rec); err != nil {
 			return fmt.Errorf("MIG device %s: undo record: %w", a.Device, err)
 		}
+	} else if node, ok := p.nodeRecordOf(a.ClaimUID, a.Device); ok {
+		// A crash before Prepare returned: the node's record, written
+		// before the instance, names it.
+		rec = node.Instance
 	} else {
-		// A crash before Prepare returned: the placement is found from
-		// the published device, which the counters gave this claim alone.
+		// Or, where records are not kept, the published device, which
+		// the counters gave this claim alone.
 		e, ok := p.lookup(a.Device)
 		if !ok || e.GPU == nil || e.GPU.MIG == nil {
 			return fmt.Errorf("MIG device %s: no undo record and the device is no longer published; cannot find its instance", a.Device)
@@ -145,7 +185,13 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo jso
 	if p.opts.NVML == nil {
 		return fmt.Errorf("MIG device %s: %w", a.Device, errNoNVML)
 	}
-	return p.destroyMIG(ctx, a.Device, rec)
+	if err := p.destroyMIG(ctx, a.Device, rec, nil); err != nil {
+		return err
+	}
+	// The node's record goes last: a crash before this finds it, and
+	// destroys nothing more (the instance is gone) before removing it.
+	crashPoint("mig-destroyed")
+	return p.removeNodeRecord(a.ClaimUID, a.Device)
 }
 
 func (p *Preparer) lookup(name string) (slices.Entry, bool) {

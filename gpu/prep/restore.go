@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/prepare"
@@ -15,8 +16,10 @@ import (
 
 // Restore runs at start with every checkpointed allocation: GPU memory
 // shares are restored (and GPUs no share holds given back); a MIG instance
-// that none of them owns (made by hand, or by a claim the checkpoint lost)
-// is reported, never destroyed.
+// recorded on the node for a claim the checkpoint lost is adopted (its
+// claim's unprepare destroys it, UnprepareClaim), and one that neither
+// the checkpoint nor a record owns (made by hand) is reported, never
+// destroyed.
 func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) {
 	if p.opts.NVML == nil {
 		return
@@ -24,20 +27,26 @@ func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) 
 	shareCtx, cancelShares := context.WithTimeout(context.Background(), time.Minute)
 	p.restoreShares(shareCtx, allocs, undo)
 	cancelShares()
-	owned := map[string]bool{}
+	owned := map[string]types.UID{}
 	for i, a := range allocs {
 		if a.Kind != names.KindMIG {
 			continue
 		}
 		var rec migRecord
 		if i < len(undo) && len(undo[i]) > 0 && json.Unmarshal(undo[i], &rec) == nil {
-			owned[instanceKey(rec.ParentUUID, rec.ProfileID, rec.PlacementStart)] = true
+			owned[rec.key()] = a.ClaimUID
 		} else if e, ok := p.lookup(a.Device); ok && e.GPU != nil && e.GPU.MIG != nil {
-			owned[instanceKey(e.GPU.Device.UUID, e.GPU.MIG.Profile.ProfileID, e.GPU.MIG.Placement.Start)] = true
+			owned[recordFor(*e.GPU).key()] = a.ClaimUID
+		}
+	}
+	lost, contested := p.lostRecords(owned)
+	for key, recs := range lost {
+		if !contested[key] {
+			owned[key] = recs[0].ClaimUID
 		}
 	}
 	p.mu.Lock()
-	p.owned, p.restored = owned, true
+	p.owned, p.contested, p.restored = owned, contested, true
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -48,12 +57,15 @@ func (p *Preparer) Restore(allocs []prepare.Allocation, undo []json.RawMessage) 
 		return err
 	})
 	if err != nil {
+		// Recorded instances stay adopted: their placements are taken
+		// until their claims' unprepare finds out.
 		p.opts.Logger.Error(err, "Listing MIG instances at start; unowned instances are not reported")
 		return
 	}
+	p.settleLost(lost, found)
 	var unowned []string
 	for _, key := range found {
-		if !owned[key] {
+		if !p.owns(key) {
 			unowned = append(unowned, key)
 			p.opts.Logger.Info("MIG instance found that no claim owns; left in place", "instance", key)
 		}

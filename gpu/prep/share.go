@@ -3,6 +3,7 @@ package prep
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -112,14 +113,20 @@ func (p *Preparer) restoreShares(ctx context.Context, allocs []prepare.Allocatio
 	}
 }
 
-// UnprepareClaim takes back the GPU shares of a claim the checkpoint does
-// not know (it was lost or corrupt: Restore adopted them from the node's
-// records, and they stayed enforced), found by the claim's derived
-// directory. A MIG instance of such a claim has no record that names its
-// claim: it stays, reported by Restore as unowned.
+// UnprepareClaim takes back what a claim the checkpoint does not know (it
+// was lost or corrupt) still holds: its GPU shares (Restore adopted them
+// from the node's records, and they stayed enforced), found by the claim's
+// derived directory, and its MIG instances, found by their records on the
+// node (lost.go) and destroyed.
 func (p *Preparer) UnprepareClaim(ctx context.Context, claim types.UID) error {
-	if p.opts.Shares == nil {
-		return nil
+	var errs []error
+	if p.opts.Shares != nil {
+		if err := p.opts.Shares.UnprepareClaim(ctx, claim); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return p.opts.Shares.UnprepareClaim(ctx, claim)
+	if err := p.unprepareLostMIG(ctx, claim); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }

@@ -28,7 +28,7 @@ func openGPUs(ctx context.Context, opts Options, hook hookBinary) (*gpus, error)
 	mem := openGPUMemory(ctx, opts, s, hook)
 	return &gpus{session: s, reason: reason, memory: mem, prep: prep.New(prep.Options{
 		NVML: s, Root: opts.Root, DriverRoot: opts.NVIDIADriverRoot, CDIHookPath: opts.NVIDIACDIHook,
-		Shares: mem.shares, Logger: klog.FromContext(ctx).WithName("gpu"),
+		Shares: mem.shares, StateDir: opts.StateDir, Logger: klog.FromContext(ctx).WithName("gpu"),
 	})}, nil
 }
 
