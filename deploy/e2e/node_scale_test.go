@@ -77,38 +77,28 @@ func TestNodeManySharePods(t *testing.T) {
 	t.Cleanup(func() {
 		_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(context.Background(), "many", metav1.DeleteOptions{})
 	})
-	before := componentTimings(t, cs, env["CARVE_NODE_NAME"])
 
-	// Every pod's moments, polled from the API server every 100 ms (a
-	// watch can end under load, and a list sees what it missed).
-	scheduled, ready := map[string]time.Duration{}, map[string]time.Duration{}
-	start := time.Now()
-	createConcurrently(t, cs, n)
-	for len(ready) < n {
-		if time.Since(start) > time.Duration(30+n)*time.Second {
-			t.Fatalf("%d of %d share pods Ready after %v", len(ready), n, time.Since(start))
-		}
-		l, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "carve-e2e=many"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		now := time.Since(start)
-		for i := range l.Items {
-			p := &l.Items[i]
-			if _, seen := scheduled[p.Name]; !seen && p.Spec.NodeName != "" {
-				scheduled[p.Name] = now
-			}
-			if _, seen := ready[p.Name]; !seen && podReady(p) {
-				ready[p.Name] = now
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
+	// The reference, in the same run: as many pods without a claim.
+	_, plainReady, plainAll := startAtOnce(t, cs, n, "plain", false)
+	for i := 0; i < n; i++ {
+		_ = cs.CoreV1().Pods(testNS).Delete(ctx, podName("plain", i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 	}
-	readyAll := time.Since(start)
+	waitFor(t, "the reference pods gone", time.Duration(60+n)*time.Second, func() (bool, error) {
+		l, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "carve-e2e=plain"})
+		if err != nil {
+			return false, err
+		}
+		return len(l.Items) == 0, fmt.Errorf("%d left", len(l.Items))
+	})
+	time.Sleep(5 * time.Second) // the kubelet's teardown of their sandboxes
+
+	before := componentTimings(t, cs, env["CARVE_NODE_NAME"])
+	scheduled, ready, readyAll := startAtOnce(t, cs, n, "many", true)
 	after := componentTimings(t, cs, env["CARVE_NODE_NAME"])
-	t.Logf("%d share pods on the real node, created at once:\n| pods | scheduled p50 / all | Ready p50 / p99 / all |\n|---|---|---|\n| %d | %v / %v | %v / %v / %v |\n"+
-		"where the time went, each component's own histograms over the run (operations run concurrently: sums overlap):\n%s",
-		n, n, pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99), readyAll.Round(10*time.Millisecond), after.table(before))
+	t.Logf("%d pods on the real node, created at once:\n| pods | Ready p50 / all, no claim (reference) | with a 10M share: scheduled p50 / all | Ready p50 / p99 / all | all Ready, share / reference |\n|---|---|---|---|---|\n| %d | %v / %v | %v / %v | %v / %v / %v | %.2f |\n"+
+		"where the share pods' time went, each component's own histograms over the run (operations run concurrently: sums overlap):\n%s",
+		n, n, pct(plainReady, 0.5), plainAll.Round(10*time.Millisecond), pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99),
+		readyAll.Round(10*time.Millisecond), readyAll.Seconds()/plainAll.Seconds(), after.table(before))
 
 	if traffic {
 		checkManyTraffic(t, n)
@@ -118,7 +108,7 @@ func TestNodeManySharePods(t *testing.T) {
 	beforeDel := componentTimings(t, cs, env["CARVE_NODE_NAME"])
 	del := time.Now()
 	for i := 0; i < n; i++ {
-		if err := cs.CoreV1().Pods(testNS).Delete(ctx, manyName(i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
+		if err := cs.CoreV1().Pods(testNS).Delete(ctx, podName("many", i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -147,11 +137,43 @@ func TestNodeManySharePods(t *testing.T) {
 		n, n, unprepared, podsGone, claimsGone, componentTimings(t, cs, env["CARVE_NODE_NAME"]).table(beforeDel))
 }
 
-func manyName(i int) string { return fmt.Sprintf("many-%03d", i) }
+func podName(label string, i int) string { return fmt.Sprintf("%s-%03d", label, i) }
+
+// startAtOnce creates n pods labelled carve-e2e=label, each with a share
+// from the "many" claim template where claim is set, and returns when each
+// was scheduled and Ready, polled from the API server every 100 ms (a watch
+// can end under load; a list sees what it missed), and when all were.
+func startAtOnce(t *testing.T, cs kubernetes.Interface, n int, label string, claim bool) (scheduled, ready map[string]time.Duration, all time.Duration) {
+	t.Helper()
+	scheduled, ready = map[string]time.Duration{}, map[string]time.Duration{}
+	start := time.Now()
+	createConcurrently(t, cs, n, label, claim)
+	for len(ready) < n {
+		if time.Since(start) > time.Duration(30+n)*time.Second {
+			t.Fatalf("%d of %d %s pods Ready after %v", len(ready), n, label, time.Since(start))
+		}
+		l, err := cs.CoreV1().Pods(testNS).List(context.Background(), metav1.ListOptions{LabelSelector: "carve-e2e=" + label})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Since(start)
+		for i := range l.Items {
+			p := &l.Items[i]
+			if _, seen := scheduled[p.Name]; !seen && p.Spec.NodeName != "" {
+				scheduled[p.Name] = now
+			}
+			if _, seen := ready[p.Name]; !seen && podReady(p) {
+				ready[p.Name] = now
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return scheduled, ready, time.Since(start)
+}
 
 // createConcurrently creates the n pods from eight clients at once, as a
 // Deployment's controller would.
-func createConcurrently(t *testing.T, cs kubernetes.Interface, n int) {
+func createConcurrently(t *testing.T, cs kubernetes.Interface, n int, label string, claim bool) {
 	t.Helper()
 	jobs := make(chan int)
 	errs := make(chan error, n)
@@ -161,8 +183,12 @@ func createConcurrently(t *testing.T, cs kubernetes.Interface, n int) {
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
-				p := podWithImage(manyName(i), "carve-net-test:e2e", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("many")})
-				p.Labels = map[string]string{"carve-e2e": "many"}
+				var claims []*corev1.PodResourceClaim
+				if claim {
+					claims = append(claims, &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("many")})
+				}
+				p := podWithImage(podName(label, i), "carve-net-test:e2e", claims...)
+				p.Labels = map[string]string{"carve-e2e": label}
 				if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 					errs <- err
 				}
@@ -180,7 +206,7 @@ func createConcurrently(t *testing.T, cs kubernetes.Interface, n int) {
 	}
 	t.Cleanup(func() {
 		for i := 0; i < n; i++ {
-			_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), manyName(i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), podName(label, i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 		}
 	})
 }
@@ -297,14 +323,14 @@ func (after timings) table(base timings) string {
 func checkManyTraffic(t *testing.T, n int) {
 	results := make([]chan iperfResult, n)
 	for i := 0; i < n; i++ {
-		results[i] = startIperfTo(manyName(i), manyIP, strconv.Itoa(5201+i), 10, false)
+		results[i] = startIperfTo(podName("many", i), manyIP, strconv.Itoa(5201+i), 10, false)
 	}
 	var ratios []float64
 	within := 0
 	for i, ch := range results {
 		r := <-ch
 		if r.err != nil {
-			t.Errorf("iperf3 in %s: %v", manyName(i), r.err)
+			t.Errorf("iperf3 in %s: %v", podName("many", i), r.err)
 			continue
 		}
 		ratio := r.bps / rate("10M")

@@ -88,7 +88,7 @@ func TestNodeAgentKillSoak(t *testing.T) {
 	var killed, kubeletRestarts, enforcedChecks, trafficChecks int
 	var restarts []time.Duration
 	for k := 1; k <= kills; k++ {
-		time.Sleep(time.Duration(200+rand.IntN(1800)) * time.Millisecond)
+		time.Sleep(time.Duration(200+rand.IntN(1800)) * time.Millisecond) //nolint:gosec // G404: a random pause, no secret
 		pid, err := agentPID()
 		if err != nil {
 			t.Fatalf("kill %d: %v", k, err)
