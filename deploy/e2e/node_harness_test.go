@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,12 +67,36 @@ func buildAgentImage(t testing.TB, tag string) {
 		// against), with its carve-hook beside it where it has one.
 		bin = other
 	}
-	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve", "--out", filepath.Join(t.TempDir(), "carve.tar")}
+	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve"}
 	if hook := filepath.Join(filepath.Dir(bin), "carve-hook"); fileExists(hook) {
 		args = append(args, "--file", hook+":/carve-hook")
 	}
-	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), append(args, nvmlDeps()...)...)))
-	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+	importOnce(t, strings.Join(args, "\x00"), func() {
+		args := append(append(args, "--out", filepath.Join(t.TempDir(), "carve.tar")), nvmlDeps()...)
+		archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
+		run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+	})
+}
+
+// imported are the images this test process has built and imported into
+// the cluster's containerd, keyed by the cluster and what went into each:
+// node tests ask for the same images one after another, and building the
+// agent's (an archive of its 86 MiB binary) and importing it again took
+// seconds each time. Nothing removes an image during a run.
+var imported sync.Map
+
+// importOnce runs build, which builds and imports an image, unless an
+// image of the same key was imported into this cluster already.
+func importOnce(t testing.TB, key string, build func()) {
+	t.Helper()
+	key = os.Getenv("CARVE_KUBECONFIG") + "\x00" + key
+	if _, done := imported.Load(key); done {
+		return
+	}
+	build()
+	if !t.Failed() {
+		imported.Store(key, true)
+	}
 }
 
 // nvmlDeps are the --file arguments for what the host's libnvidia-ml.so.1,

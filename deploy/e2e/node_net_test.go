@@ -274,11 +274,13 @@ func startIperfTo(pod, server, port string, seconds int, reverse bool) chan iper
 func buildNetTestImage(t testing.TB) {
 	t.Helper()
 	root := repoRoot()
-	args := []string{"--name", "carve-net-test:e2e", "--file", "/bin/busybox:/bin/busybox", "--file", "/usr/bin/iperf3:/usr/bin/iperf3",
-		"--out", filepath.Join(t.TempDir(), "net-test.tar")}
+	args := []string{"--name", "carve-net-test:e2e", "--file", "/bin/busybox:/bin/busybox", "--file", "/usr/bin/iperf3:/usr/bin/iperf3"}
 	for _, applet := range []string{"sh", "ip", "env", "sleep", "cat", "ls"} {
 		args = append(args, "--symlink", "/bin/"+applet+"=busybox")
 	}
-	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
-	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+	importOnce(t, strings.Join(args, "\x00"), func() {
+		args := append(args, "--out", filepath.Join(t.TempDir(), "net-test.tar"))
+		archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
+		run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+	})
 }
