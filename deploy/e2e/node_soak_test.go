@@ -194,9 +194,9 @@ func (c *soakChurn) run(ctx context.Context) {
 		if old != "" {
 			_ = c.cs.CoreV1().Pods(testNS).Delete(context.Background(), old, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 		}
-		// Until it runs, or a while: a pod whose prepare the agent's
+		// Until it runs, or a few seconds: a pod whose prepare the agent's
 		// death interrupted is retried by the kubelet.
-		for deadline := time.Now().Add(20 * time.Second); ctx.Err() == nil && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); ctx.Err() == nil && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 			if ok, _ := podRunning(c.cs, testNS, name)(); ok {
 				break
 			}
