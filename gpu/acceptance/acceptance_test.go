@@ -34,8 +34,9 @@ import (
 var (
 	keepMode = flag.Bool("keep-compute-mode", false, "never change the GPU's compute mode (lent machines)")
 	dryRun   = flag.Bool("dry-run", false, "print the plan and touch nothing")
-	client   = flag.String("client", "client.py", "the client program")
-	python   = flag.String("python", "python3", "python with PyTorch")
+	client   = flag.String("client", "cudaclient.py", "the client program: cudaclient.py (ctypes, libcuda.so.1 only) or client.py (PyTorch)")
+	python   = flag.String("python", "python3", "the python that runs the client")
+	tenant   = flag.Uint("tenant-uid", 1001, "the uid the 20 GiB share's process runs as: another tenant than the 10 GiB share's (root)")
 )
 
 type owners map[string][]police.PodRef
@@ -53,7 +54,10 @@ func (l logEvents) PodEvent(p police.PodRef, reason, msg string) {
 // pod is one share's stand-in pod: a cgroup named as the kubelet names
 // pods, and the share's environment from its CDI edits.
 type pod struct {
-	uid   types.UID
+	// uid is the uid its processes run as; 0 is root.
+	uid   uint32
+	v2    bool
+	pod   types.UID
 	dir   string
 	env   []string
 	slice uint64
@@ -67,7 +71,7 @@ type pod struct {
 
 func TestAcceptance(t *testing.T) {
 	if *dryRun {
-		for i, step := range Plan(*keepMode) {
+		for i, step := range Plan(*keepMode, *enableMIG, *tenant) {
 			fmt.Printf("%d. %s\n", i+1, step)
 		}
 		return
@@ -99,9 +103,9 @@ func TestAcceptance(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(state)
-	small, large := newPod(t, "aaaaaaaa-0000-4000-8000-000000000010", 10<<30), newPod(t, "bbbbbbbb-0000-4000-8000-000000000020", 20<<30)
+	small, large := newPod(t, "aaaaaaaa-0000-4000-8000-000000000010", 10<<30, 0), newPod(t, "bbbbbbbb-0000-4000-8000-000000000020", 20<<30, uint32(*tenant))
 	pol := police.New(police.Options{Processes: s, Recorder: logEvents{t}, Logger: ktesting.NewLogger(t, ktesting.NewConfig()),
-		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.uid}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.uid}}}})
+		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.pod}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.pod}}}})
 	go pol.Run(ctx)
 	mgr := memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(state, "gpushare"), Police: pol, KeepComputeMode: *keepMode,
 		MPSControl: gpu.FindFile("/", []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: hook.DefaultCgroupRoot})
@@ -142,6 +146,7 @@ func TestAcceptance(t *testing.T) {
 		}
 	}()
 
+	rows = append(rows, shmRow(small, large))
 	worker := run(t, s, dev0.UUID, large, nil, 18.5, 3600, true)
 	worker.waitState(t, "computing", 60*time.Second)
 	rows = append(rows, attack(t, s, dev0.UUID, small, "one process, 8 GiB in 10 GiB", 1, 8, nil, true))
@@ -157,7 +162,7 @@ func TestAcceptance(t *testing.T) {
 	beats := worker.report(t)
 	largeHeld := podHeld(ctx, s, dev0.UUID, large)
 	worker.stop()
-	rows = append(rows, Row{Attack: "20 GiB share computes throughout", Outcome: fmt.Sprintf("%s after %v matrix products", beats["state"], beats["beats"]),
+	rows = append(rows, Row{Attack: fmt.Sprintf("20 GiB share computes throughout, as uid %d beside the 10 GiB share's root", large.uid), Outcome: fmt.Sprintf("%s after %v rounds", beats["state"], beats["beats"]),
 		Passed: beats["state"] == "computing" || beats["state"] == "done", Most: largeHeld})
 
 	start = time.Now()
@@ -215,15 +220,18 @@ func shareEnv(out prepare.Prepared) (env []string, shm, pipe string) {
 	return env, shm, pipe
 }
 
-func newPod(t *testing.T, uid string, slice uint64) *pod {
+func newPod(t *testing.T, podUID string, slice uint64, uid uint32) *pod {
 	base := hook.DefaultCgroupRoot
-	if _, err := os.Stat(filepath.Join(base, "cgroup.controllers")); err != nil {
+	_, err := os.Stat(filepath.Join(base, "cgroup.controllers"))
+	v2 := err == nil
+	if !v2 {
 		base = filepath.Join(base, "pids") // cgroup v1: any hierarchy names the pod
+		uid = 0                            // a client joins its pod's cgroup by a root shell
 	}
-	dir := filepath.Join(base, "carve-acceptance", "pod"+uid)
+	dir := filepath.Join(base, "carve-acceptance", "pod"+podUID)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("pod cgroup: %v", err)
 	}
 	t.Cleanup(func() { _ = os.Remove(dir); _ = os.Remove(filepath.Dir(dir)) })
-	return &pod{uid: types.UID(uid), dir: dir, slice: slice}
+	return &pod{pod: types.UID(podUID), uid: uid, v2: v2, dir: dir, slice: slice}
 }

@@ -27,18 +27,36 @@ type proc struct {
 	done chan error
 }
 
-// run starts client.py in the pod's cgroup with the share's environment
+// run starts the client in the pod's cgroup with the share's environment
 // and, as its container would have, the share's /dev/shm and its claim's
-// pipe directory read-only.
+// pipe directory read-only; as uid where not 0 (another tenant), which
+// needs cgroup v2 (the process is cloned into the pod's cgroup).
 func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib, hold float64, compute bool) *proc {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "report.json")
-	args := []string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, pd.dir, *python, *client, "--report", file,
-		"--alloc-gib", fmt.Sprint(gib), "--hold", fmt.Sprint(hold)}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o777); err != nil { // a tenant's client writes its report there
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "report.json")
+	args := []string{*client, "--report", file, "--alloc-gib", fmt.Sprint(gib), "--hold", fmt.Sprint(hold)}
 	if compute {
 		args = append(args, "--compute")
 	}
-	c := exec.Command("sh", args...)
+	var c *exec.Cmd
+	if pd.v2 {
+		cg, err := os.Open(pd.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cg.Close()
+		c = exec.Command(*python, args...)
+		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		if pd.uid != 0 {
+			c.SysProcAttr.Credential = &syscall.Credential{Uid: pd.uid, Gid: pd.uid}
+		}
+	} else {
+		c = exec.Command("sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, pd.dir, *python}, args...)...)
+	}
 	c.Env = append(append(os.Environ(), pd.env...), extra...)
 	c.Stdout, c.Stderr = os.Stderr, os.Stderr
 	if err := mps.StartClient(c, pd.shm, pd.pipe); err != nil {
@@ -47,6 +65,32 @@ func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib
 	p := &proc{cmd: c, file: file, done: make(chan error, 1)}
 	go func() { p.done <- c.Wait() }()
 	return p
+}
+
+// shmRow checks that a file one claim's process makes in its /dev/shm is
+// not in another claim's: each claim's tmpfs is its own.
+func shmRow(a, b *pod) Row {
+	r := Row{Attack: "no /dev/shm across claims: a file the 10 GiB share's process makes, seen from the 20 GiB share's"}
+	sh := func(pd *pod, script string) error {
+		c := exec.Command("sh", "-c", script)
+		c.Stdout, c.Stderr = os.Stderr, os.Stderr
+		if err := mps.StartClient(c, pd.shm, pd.pipe); err != nil {
+			return err
+		}
+		return c.Wait()
+	}
+	const f = "/dev/shm/carve-acceptance-tenant-file"
+	switch {
+	case sh(a, "echo secret > "+f) != nil:
+		r.Outcome = "FAILED: the first claim's process could not write its /dev/shm"
+	case sh(a, "test -e "+f) != nil:
+		r.Outcome = "FAILED: the first claim's file is not in its own /dev/shm"
+	case sh(b, "test ! -e "+f) != nil:
+		r.Outcome = "NOT HELD: the other claim's process sees the file"
+	default:
+		r.Outcome, r.Passed = "held: not there", true
+	}
+	return r
 }
 
 func (p *proc) report(t *testing.T) map[string]any {
@@ -157,7 +201,7 @@ func podHeld(ctx context.Context, s *gpu.Session, uuid string, pd *pod) uint64 {
 	}
 	var held uint64
 	for _, p := range procs {
-		if uid, err := police.PodOf("/proc", int(p.PID)); err == nil && uid == pd.uid {
+		if uid, err := police.PodOf("/proc", int(p.PID)); err == nil && uid == pd.pod {
 			held += p.UsedBytes
 		}
 	}

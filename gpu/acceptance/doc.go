@@ -1,23 +1,45 @@
-// Package acceptance is the acceptance run of GPU memory slices on a real
-// GPU: two shares of GPU 0 (10 GiB and 20 GiB) prepared through carve's own
-// GPU preparer, client processes (python3 with PyTorch, client.py) in
-// per-share cgroups as pods would be, and one table row per attack. The run
-// itself is acceptance_test.go, built only with -tags acceptance (run.sh);
-// the verdicts and the table are plain code, tested without a GPU.
+// Package acceptance is the acceptance run of carve's GPU paths on a real
+// GPU, one command set, each part well under 10 minutes (a lent machine's
+// call). The runs themselves are the tests built only with -tags
+// acceptance (run.sh); what they compare and judge is plain code here,
+// tested without a GPU against the real H100's recorded answers
+// (results/, ../prep/testdata).
 //
-// `gpu/acceptance/run.sh build` makes the test binary; on a bare GPU machine
-// with python3 and PyTorch, as root, `./run.sh` prepares a 10 GiB and a 20
-// GiB share of GPU 0 through carve's GPU preparer, runs client processes in
-// per-share cgroups and prints one row per attack: 8 GiB allowed; 12 GiB; 12
-// GiB with the variable raised; two processes of 8 GiB; a process skipping
-// MPS; the 20 GiB share computing throughout; prepare latency; teardown. Its
-// clients run with the share's environment and its /dev/shm, as its
-// container would. "Held" means never over the slice for longer than the
-// bound (package police). The "skips MPS" row is policing's (compute mode
-// Default while shared). --keep-compute-mode (for lent machines) never
-// changes the compute mode; --dry-run prints the plan. Teardown checks that
-// every claim's daemon, tmpfs and directory are gone. `./run.sh record DIR`
-// records the environment, nvidia-smi and NVML as the driver answers.
+// `gpu/acceptance/run.sh build` makes the test binary and carve; on a bare
+// GPU host with python3, as root:
 //
-// Results on a lent H100 are in results/.
+//   - `./run.sh record DIR`: the environment record (nvidia-smi, NVML
+//     through ctypes, carve discover and snapshot).
+//   - `./run.sh discovery`: each GPU's uuid, bus id and memory as carve
+//     finds them against `nvidia-smi --query-gpu` (DiscoveryRows).
+//   - `./run.sh mig`: with MIG on GPU 0 (already, or `--enable-mig`, which
+//     turns it on and off again after), every placement `nvidia-smi mig
+//     -lgipp` lists is published once with the name `-lgip` gives
+//     (PlacementRow); each is prepared, the CUDA client started with the
+//     claim's device nodes as its whole /dev (StartWithDevices, as a
+//     container's) must see exactly the instance made, and it is
+//     unprepared with nothing left; for every pair of placements the
+//     published counters must allow both exactly where the driver makes
+//     both (CountersAllow, PairsRow).
+//   - `./run.sh slices`: GPU memory slices, two shares of GPU 0 (10 GiB
+//     and 20 GiB) through carve's GPU preparer, clients in per-share
+//     cgroups as pods: allowed and held allocations, the variable raised,
+//     two processes, a process skipping MPS, the 20 GiB share computing
+//     throughout as another uid (another tenant with its own daemon), no
+//     /dev/shm across claims, teardown. "Held" means never over the slice
+//     for longer than Bound.
+//   - `./run.sh chart`: the agent as the chart runs it: the test binary
+//     re-run chrooted in a root holding only itself and its libraries
+//     (BuildRoot, StartChrooted: the shape of the agent's image), the host
+//     at /host, its /proc, /dev and /sys, the state directory shared; it
+//     prepares a share whose daemon starts from the host's mount namespace,
+//     and a client on the host must get memory through the MPS server that
+//     daemon started, the host's binary.
+//
+// The clients are cudaclient.py (ctypes on libcuda.so.1: no wheels);
+// `--torch` runs the PyTorch client.py of the earlier runs instead.
+// --keep-compute-mode (for lent machines) never changes the compute mode,
+// and without --enable-mig the MIG mode is never changed; --dry-run prints
+// the plan. Results on a lent H100 are in results/ (the memory slices; the
+// other parts have not run on a card yet).
 package acceptance

@@ -1,22 +1,27 @@
 #!/bin/sh
-# The acceptance run of GPU memory slices.
+# The acceptance run of carve's GPU paths on a real GPU.
 #
-# Here (with Go):    gpu/acceptance/run.sh build   -> gpu/acceptance/carve-acceptance.test
+# Here (with Go):    gpu/acceptance/run.sh build   -> gpu/acceptance/carve-acceptance.test, carve
 # On the GPU host:   ./run.sh record DIR   (environment, nvidia-smi, NVML as the driver answers)
-# On the GPU host:   ./run.sh [--keep-compute-mode] [--dry-run]
-#   (needs only the test binary, this script, client.py, python3 and
-#   PyTorch; root, for the compute mode, cgroups and the MPS daemon)
+# On the GPU host:   ./run.sh [PART] [--keep-compute-mode] [--enable-mig] [--driver-root DIR] [--tenant-uid N] [--torch] [--dry-run]
+#   PART is one of discovery, mig, slices, chart, or all (the default); each
+#   part runs in well under 10 minutes. Needs only the test binary, this
+#   script, cudaclient.py (ctypes on libcuda.so.1) and python3; root, for
+#   the compute mode, cgroups, mount namespaces and the MPS daemon.
 #
-# --keep-compute-mode never changes the GPU's compute mode (the lent
-# machines): the row "skips MPS" then reads "not enforced: compute mode
-# Default". --dry-run prints the plan and touches nothing.
+# --keep-compute-mode never changes the GPU's compute mode, and without
+# --enable-mig its MIG mode is never changed (the lent machines: their MIG
+# rows then need MIG on already, and are skipped saying so). --enable-mig
+# turns MIG on for the MIG rows and off after. --driver-root is where the
+# driver's files are (the chart's nvidiaDriverRoot, /usr/local/nvidia on
+# the lent machines). --torch runs the PyTorch client.py instead.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 if [ "${1:-}" = build ]; then
 	cd "$here/../.."
 	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go test -c -tags acceptance -o "$here/carve-acceptance.test" ./gpu/acceptance
 	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go build -o "$here/carve" ./cmd/carve
-	echo "built $here/carve-acceptance.test and $here/carve; copy it with run.sh and client.py to the GPU host"
+	echo "built $here/carve-acceptance.test and $here/carve; copy them with run.sh and cudaclient.py to the GPU host"
 	exit 0
 fi
 if [ "${1:-}" = record ]; then
@@ -33,14 +38,25 @@ if [ "${1:-}" = record ]; then
 	fi
 	exit 0
 fi
-flags=""
-for a in "$@"; do
-	case "$a" in
+tests='^(TestDiscovery|TestMIG|TestAcceptance|TestAgentAsChart)$'
+flags="-client $here/cudaclient.py"
+while [ $# -gt 0 ]; do
+	case "$1" in
+	all) ;;
+	discovery) tests='^TestDiscovery$' ;;
+	mig) tests='^TestMIG$' ;;
+	slices) tests='^TestAcceptance$' ;;
+	chart) tests='^TestAgentAsChart$' ;;
 	--keep-compute-mode) flags="$flags -keep-compute-mode" ;;
-	--dry-run) flags="$flags -dry-run" ;;
-	*) echo "usage: $0 build | [--keep-compute-mode] [--dry-run]" >&2; exit 2 ;;
+	--enable-mig) flags="$flags -enable-mig" ;;
+	--dry-run) flags="$flags -dry-run"; tests='^TestAcceptance$' ;;
+	--torch) flags="$flags -client $here/client.py" ;;
+	--driver-root) shift; flags="$flags -driver-root ${1:?--driver-root DIR}" ;;
+	--tenant-uid) shift; flags="$flags -tenant-uid ${1:?--tenant-uid N}" ;;
+	*) echo "usage: $0 build | record DIR | [all|discovery|mig|slices|chart] [--keep-compute-mode] [--enable-mig] [--driver-root DIR] [--tenant-uid N] [--torch] [--dry-run]" >&2; exit 2 ;;
 	esac
+	shift
 done
 cd "$here"
 # shellcheck disable=SC2086
-exec ./carve-acceptance.test -test.run '^TestAcceptance$' -test.v -test.timeout 20m -client "$here/client.py" $flags
+exec ./carve-acceptance.test -test.run "$tests" -test.v -test.timeout 30m $flags

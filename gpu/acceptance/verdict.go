@@ -95,17 +95,28 @@ func Table(w io.Writer, rows []Row) bool {
 	return tw.Flush() == nil && all
 }
 
-// Plan lists the attacks in the order the run makes them.
-func Plan(keepComputeMode bool) []string {
+// Plan lists the rows in the order the run makes them: TestDiscovery,
+// TestMIG, TestAcceptance (memory slices), TestAgentAsChart.
+func Plan(keepComputeMode, enableMIG bool, tenantUID uint) []string {
 	// Default either way: carve sets it while a GPU is shared, since each
 	// claim's daemon runs an MPS server and EXCLUSIVE_PROCESS admits one.
 	skip := "a process of the 10 GiB share skips MPS (compute mode Default: held only if policing kills it)"
 	if keepComputeMode {
 		skip = "a process of the 10 GiB share skips MPS (compute mode as found, kept; compute mode Default: held only if policing kills it)"
 	}
+	mig := "MIG rows only where GPU 0 has MIG on already (-enable-mig not given: its mode is never changed)"
+	if enableMIG {
+		mig = "MIG rows: MIG turned on for them where it is off, and off again after"
+	}
 	return []string{
+		"discovery: each GPU's uuid, bus id and memory against nvidia-smi --query-gpu",
+		mig,
+		"MIG: every placement `nvidia-smi mig -lgipp` lists is published once, with the name `-lgip` gives, and nothing else",
+		"MIG: each placement prepared; the ctypes CUDA client, with the claim's device nodes as its /dev, sees exactly its instance; unprepared, nothing left",
+		"MIG: every pair of placements: the counters allow exactly the pairs the driver makes",
 		"prepare two shares of GPU 0: 10 GiB and 20 GiB (latency)",
-		"the 20 GiB share holds 20 GiB and computes matrix products throughout",
+		"no /dev/shm across claims: a file of the 10 GiB share's process is not in the 20 GiB share's",
+		fmt.Sprintf("the 20 GiB share holds 18.5 GiB and computes throughout, as uid %d (another tenant, its own daemon)", tenantUID),
 		"one process allocates 8 GiB in the 10 GiB share (allowed)",
 		"one process allocates 12 GiB in the 10 GiB share (held)",
 		"one process sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=70G and allocates 12 GiB (held)",
@@ -113,5 +124,6 @@ func Plan(keepComputeMode bool) []string {
 		skip,
 		"the 20 GiB share kept computing through every kill",
 		"teardown: no claim's daemon, tmpfs or directory left, compute mode restored",
+		"the agent as the chart runs it (chrooted in a root of its binary and libraries, host at /host, state directory shared): prepare 10 GiB, a client's 4 GiB through the MPS server its daemon started (the host's binary), teardown",
 	}
 }

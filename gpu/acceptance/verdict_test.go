@@ -45,7 +45,11 @@ func TestTable(t *testing.T) {
 	if Table(&b, []Row{{Attack: "x", Outcome: "NOT HELD"}}) || Table(&b, []Row{{Attack: "skips MPS", Outcome: "NOT HELD: over its slice for 2s", Most: 12 * gib}}) {
 		t.Error("a failed row passed the table")
 	}
-	if p := Plan(true); !strings.Contains(strings.Join(p, "\n"), "compute mode Default: held only if policing kills it") || len(p) != 9 {
-		t.Errorf("plan with the mode kept: %q", p)
+	if p := strings.Join(Plan(true, false, 1001), "\n"); !strings.Contains(p, "compute mode Default: held only if policing kills it") ||
+		!strings.Contains(p, "its mode is never changed") || !strings.Contains(p, "as uid 1001") {
+		t.Errorf("plan with the modes kept: %q", p)
+	}
+	if p := strings.Join(Plan(false, true, 1001), "\n"); !strings.Contains(p, "off again after") {
+		t.Errorf("plan with MIG turned on: %q", p)
 	}
 }
