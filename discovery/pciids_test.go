@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/jaypipes/ghw"
@@ -172,4 +173,50 @@ func TestReducePCIIDs(t *testing.T) {
 	if out.String() != want {
 		t.Errorf("reduced:\n%q\nwant:\n%q", out.String(), want)
 	}
+}
+
+// Whatever pci.ids holds, naming from it does not panic (pcidb slices
+// lines by position), names every ID it is asked for, and gives only
+// names that are in the file.
+func FuzzPCINames(f *testing.F) {
+	f.Add(craftedPCIIDs)
+	f.Add("10d\n10de  NVIDIA Corporation\n\t23\n\t\n\t\t1\n\t2330  GH100\n15b3 \n\t101d  MT2892\n")
+	f.Add("10de\n\t2330\n10de  \n\t2330  \nC 0\n\t0\n10de  x\r\n\t2330  y\r\n")
+	// One file, written again for each input: a worker runs its inputs
+	// one at a time.
+	path := filepath.Join(f.TempDir(), "pci.ids")
+	f.Fuzz(func(t *testing.T, text string) {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// Ask for what the file lists, as far as it looks like IDs.
+		ids := []pciID{{"0x10de", "0x2330"}}
+		vendor := ""
+		for line := range strings.Lines(text) {
+			switch {
+			case len(line) >= 4 && line[0] != '\t':
+				vendor = line[:4]
+			case len(line) >= 5 && line[0] == '\t' && line[1] != '\t':
+				ids = append(ids, pciID{"0x" + vendor, "0x" + line[1:5]})
+			}
+		}
+		named, err := pciNames(pciIDsStamp{path: path}, ids)
+		if err != nil {
+			return // a line longer than pcidb reads
+		}
+		// pcidb reads lines as runes: a byte that is not UTF-8 becomes
+		// U+FFFD, in ghw's names as in these.
+		asRunes := string([]rune(text))
+		for _, id := range ids {
+			n, ok := named[id]
+			if !ok {
+				t.Fatalf("%v not named", id)
+			}
+			for _, name := range n {
+				if !strings.Contains(asRunes, name) {
+					t.Fatalf("%v named %q, which the file does not hold", id, name)
+				}
+			}
+		}
+	})
 }
