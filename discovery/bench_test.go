@@ -15,17 +15,20 @@ import (
 // BenchmarkDiscoverLarge discovers the benchmark node: 8 GPUs, 16 NICs with
 // 128 VFs each (2064 netdevs), 2 LLCs and 4 FPGAs.
 //   - cold: the first discovery of a process (carve discover, the agent's
-//     start): every PCI function and netdev read, ghw asked for names.
+//     start): every PCI function and netdev read, pci.ids read for names.
+//     Nothing is kept between runs (each is a new Scanner), as in a new
+//     process.
 //   - rescan: the agent's periodic rescan with nothing changed: every
 //     netdev read again, the PCI functions checked.
 //   - link-event: a rescan after a netlink event of one VF with nothing
 //     changed: that netdev read again, the rest checked.
 //   - vf-count-change: a rescan after the last VF of a PF was disabled or
 //     enabled again (alternately; the change itself is not timed), with the
-//     event of that VF's netdev: the PCI functions changed, but ghw's last
-//     answer named the VF's IDs.
-//   - new-device-ids: a rescan after a function whose IDs ghw's last
-//     answer did not name replaced another (not timed): ghw asked again.
+//     event of that VF's netdev: the PCI functions changed, but the last
+//     read of pci.ids named the VF's IDs.
+//   - new-device-ids: a rescan after a function whose IDs the last read
+//     of pci.ids did not name replaced another (not timed): pci.ids read
+//     again.
 func BenchmarkDiscoverLarge(b *testing.B) {
 	tree := sysfstest.Large(b.TempDir())
 	ctx := context.Background()
@@ -123,7 +126,7 @@ func BenchmarkDiscoverLarge(b *testing.B) {
 			}
 		}()
 		for ; b.Loop(); i++ {
-			// Each time a device ID no answer of ghw named yet.
+			// Each time a device ID no read of pci.ids named yet.
 			b.StopTimer()
 			if i > 0 {
 				tree.RemovePCI(addr(i - 1))

@@ -50,7 +50,7 @@ func Discover(ctx context.Context, opts Options) (*Inventory, error) {
 // have changed since its last scan: the agent rescans on every link event
 // and every minute, and a large node has thousands of PCI functions and
 // netdevs. What it keeps is checked on every scan against what cannot
-// change unseen (see startPCI and readNetdevs), so a scan reports what a
+// change unseen (see scanPCI and readNetdevs), so a scan reports what a
 // first discovery would. It is safe for concurrent use; scans run one at a
 // time.
 type Scanner struct {
@@ -102,14 +102,12 @@ func (s *Scanner) Scan(ctx context.Context, changes Changes) (*Inventory, error)
 	start := time.Now()
 	t := tree{root: opts.Root}
 
-	pciRead, err := t.startPCI(s.pci)
+	pci, pciChanged, err := t.scanPCI(ctx, s.pci)
 	if err != nil {
 		return nil, fmt.Errorf("discover PCI functions: %w", err)
 	}
-	// ghw, where it was asked, names the functions meanwhile.
 	netdevs, err := t.readNetdevs(opts.Net, s.netdevs, changes)
 	if err != nil {
-		pciRead.wait(ctx)
 		return nil, fmt.Errorf("discover NICs: %w", err)
 	}
 	cacheTree := t
@@ -118,21 +116,17 @@ func (s *Scanner) Scan(ctx context.Context, changes Changes) (*Inventory, error)
 	}
 	inv := &Inventory{}
 	if inv.LLCs, err = cacheTree.listLLCs(); err != nil {
-		pciRead.wait(ctx)
 		return nil, fmt.Errorf("discover LLCs: %w", err)
 	}
-	pci := pciRead.wait(ctx)
 	// The inventory's own copy: the scan kept is never handed out.
 	fns := slices.Clone(pci.fns)
 	inv.NICs = netdevs.nics(pci, fns)
 	fpgaTree, fpgaPCI := t, pci
 	if opts.FPGARoot != "" {
 		fpgaTree = tree{root: opts.FPGARoot}
-		r, err := fpgaTree.startPCI(s.fpgaPCI)
-		if err != nil {
+		if fpgaPCI, _, err = fpgaTree.scanPCI(ctx, s.fpgaPCI); err != nil {
 			return nil, fmt.Errorf("discover FPGAs under %s: %w", opts.FPGARoot, err)
 		}
-		fpgaPCI = r.wait(ctx)
 	}
 	inv.FPGAs = fpgaTree.listFPGAs(fpgaPCI.fns)
 	for _, f := range fns {
@@ -154,7 +148,7 @@ func (s *Scanner) Scan(ctx context.Context, changes Changes) (*Inventory, error)
 		s.fpgaPCI = fpgaPCI
 	}
 	logger.V(2).Info("Discovered hardware", "root", opts.Root, "nics", len(inv.NICs), "llcs", len(inv.LLCs),
-		"fpgas", len(inv.FPGAs), "gpus", len(inv.GPUs), "pciChanged", pciRead.changed, "netdevsRead", netdevs.fresh,
+		"fpgas", len(inv.FPGAs), "gpus", len(inv.GPUs), "pciChanged", pciChanged, "netdevsRead", netdevs.fresh,
 		"duration", time.Since(start))
 	return inv, nil
 }

@@ -174,7 +174,7 @@ func TestMalformedFileNamed(t *testing.T) {
 }
 
 // Without a pci.ids database, IDs are still published, without names; and a
-// function without modalias (which makes ghw drop the whole bus) does not
+// function without modalias (which made ghw drop the whole bus) does not
 // hide the others.
 func TestPCIWithoutNames(t *testing.T) {
 	t.Setenv("PCIDB_PATH", filepath.Join(t.TempDir(), "no-such-pci.ids"))

@@ -28,16 +28,23 @@
 //
 // # Names from pci.ids
 //
-// Vendor and product names come from ghw, which reads pci.ids itself, as
-// pcidb finds it ($PCIDB_PATH, else usr/share/{hwdata,misc}/pci.ids[.gz]
-// below /, the agent image's, not below --root). ghw parses it on every call
-// (about 100 ms of CPU and 20 MB with its reads of every function on the
-// large test node; a database handed to it is ignored by ghw v0.26), so it is
-// asked at the first discovery of a process, and again only where pci.ids
-// changed or a function appeared whose vendor and device IDs its last answer
-// did not name. Discovery reads each PCI function's modalias, numa_node and
-// two links, and each netdev's attributes, relative to its directory and on
-// as many goroutines as the process has CPUs (at most 8).
+// Vendor and product names are those ghw gave, from pci.ids as pcidb finds
+// it ($PCIDB_PATH, else usr/share/{hwdata,misc}/pci.ids[.gz] below /, the
+// agent image's, not below --root), but ghw is no longer asked (pciids.go):
+// ghw.PCI read every function again and had pcidb parse all of pci.ids on
+// each call, half of a first discovery's CPU and 20 of its 25 MB on the
+// large test node, and ghw v0.26 ignores a database handed to it. Instead
+// pcidb, ghw's own parser, gets pci.ids cut down, by a scan of its lines,
+// to the blocks of the vendors the node has, without subsystems and
+// classes (a few hundred lines, through a memfd: the image has no writable
+// directory); TestPCINamesAsGhw checks the names against ghw's. Nothing is
+// kept on disk, so every process's first discovery pays the scan, a few
+// ms; a Scanner reads pci.ids again only where its inode, size or time
+// changed, where its last read gave no names, or where a function appeared
+// whose vendor and device IDs it did not name. Discovery reads each PCI
+// function's modalias, numa_node and two links, and each netdev's
+// attributes, relative to its directory and on as many goroutines as the
+// process has CPUs (at most 8).
 //
 // # Rescans (Scanner)
 //
@@ -54,15 +61,23 @@
 // found is the last one, the slices are not built again.
 //
 // Measured on the large test node (8 GPUs, 16 NICs × 128 VFs, 2 LLCs, 4
-// FPGAs; BenchmarkDiscoverLarge, BenchmarkRescanLarge in cmd/carve/app): a
-// first discovery in a process 274 ms/op (235 ms CPU), 25 MB/op, against a
-// goal of 50 ms and 10 MB that it misses, because ghw re-reads every PCI
-// function and re-parses pci.ids on each call, which the agent pays only
-// when the set of PCI functions or their IDs changes; a rescan after a link
-// event / after a VF count change (what the agent does on every event) 32 /
-// 40 ms/op, 2.4 MB/op. Process start to slices printed
-// (BenchmarkProcessStartToSlices): 348 ms (283 ms CPU), goal 150 ms. The
-// run's other figures are in deploy/README.md.
+// FPGAs; BenchmarkDiscoverLarge, BenchmarkRescanLarge in cmd/carve/app), on
+// the project's 2-vCPU VM shared with other engineers' builds (load average
+// 8–9), fixtures on tmpfs as in make bench, before and after pci.ids was
+// cut to the node's vendors, one run each: a first discovery in a process
+// 583 → 294 ms/op (472 → 248 ms CPU), 25.3 → 5.7 MB/op, against a goal of
+// 50 ms and 10 MB: memory met, time missed. What is left is reading sysfs,
+// some 72,000 system calls (open, read, close of each attribute, readlink;
+// a periodic rescan, which reads every netdev again, costs nearly as much:
+// 201 ms/op, 170 ms CPU), about 3 µs each on this loaded VM, which two CPUs
+// cannot overlap while others keep them busy. A rescan after a link event
+// / after a VF count change (what the agent does on every event) 50 / 50
+// ms/op, 2.4 MB/op; one that has to read pci.ids again (new device IDs) 53
+// ms/op. Process start to slices printed (BenchmarkProcessStartToSlices,
+// -o json): 850 → 459 ms (611 → 346 ms CPU; `carve --help` 31 ms in the
+// same run), goal 150 ms, missed for the same reason plus encoding 2070
+// devices as JSON (about 60 ms of CPU). The run's other figures, memory
+// among them, are in deploy/README.md.
 //
 // # Below
 //

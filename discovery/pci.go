@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/jaypipes/ghw"
-
 	"k8s.io/klog/v2"
 )
 
@@ -25,8 +23,9 @@ type pciScan struct {
 	entries []dirEntry
 	ids     pciIDsStamp
 	fns     []PCIFunction
-	// named are the names ghw's last answer gave each vendor and device
-	// ID pair (from ids); nil where ghw gave none.
+	// named are the names of each vendor and device ID pair the last
+	// read of ids gave; nil where there were none (no pci.ids, or it
+	// could not be read).
 	named map[pciID][2]string
 }
 
@@ -40,75 +39,70 @@ func (s *pciScan) lookup(addr string) (int, bool) {
 	return slices.BinarySearchFunc(s.fns, addr, func(f PCIFunction, a string) int { return strings.Compare(f.Address, a) })
 }
 
-// pciRead is an enumeration under way: ghw, where it was asked, is still
-// naming the functions.
-type pciRead struct {
-	scan *pciScan
-	// changed says the functions or pci.ids changed since the last scan.
-	changed bool
-	// names brings ghw's answer where it was asked; where it was not,
-	// the names are known (taken from the last answer) or there are none.
-	names chan ghwNames
-}
-
-// ghwNames are the vendor and product names ghw gave, by address; why
-// says why there are none.
-type ghwNames struct {
-	byAddr map[string][2]string
-	why    string
-}
-
-// startPCI reads every PCI function under the root. ghw enumerates them
-// too, and names them from pci.ids; their IDs, NUMA node and PCIe root are
-// read beside it, a few files per function.
+// scanPCI reads every PCI function under the root: its IDs, NUMA node and
+// PCIe root, a few files per function, and its names from pci.ids (see
+// pciNames). changed says the functions or pci.ids changed since last.
 //
-// ghw re-reads every function and parses pci.ids on each call (about 100
-// ms of CPU and 20 MB on a large node), so it is asked only at the first
-// scan, where pci.ids changed, where its last answer gave no names, or
-// where a function appeared whose vendor and device IDs its last answer did
-// not name: its names are those of the IDs, so VFs enabled on a PF whose
-// VFs it named take their names from that answer. It runs while the caller
-// reads the netdevs, and wait merges its names. A function last read keeps
-// what cannot change while its entry (name and inode) is the same, and
-// only its driver link, which a rebind changes, is read again. Where ghw
-// cannot run (no pci.ids) or drops functions (it gives up on the whole bus,
-// without an error, when one function lacks a modalias), the IDs read from
-// sysfs are published without names.
-func (t tree) startPCI(last *pciScan) (*pciRead, error) {
+// A function last read keeps what cannot change while its entry (name and
+// inode) is the same, and only its driver link, which a rebind changes, is
+// read again. pci.ids is read again only where it changed, where its last
+// read gave no names, or where a function appeared whose vendor and device
+// IDs it did not name: names are those of the IDs, so VFs enabled on a PF
+// whose VFs were named take their names from the last read. Where pci.ids
+// cannot be read, the IDs are published without names.
+func (t tree) scanPCI(ctx context.Context, last *pciScan) (scan *pciScan, changed bool, err error) {
 	entries, err := readDirInodes(t.path(pciDevicesDir))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	scan := &pciScan{entries: entries, ids: pciIDsStampFor(), fns: make([]PCIFunction, len(entries))}
-	r := &pciRead{scan: scan, changed: last == nil || scan.ids != last.ids || !slices.Equal(entries, last.entries)}
-	// Names that cannot come from the last answer are asked for at once,
-	// while the functions are read.
-	fresh := last == nil || scan.ids != last.ids || last.named == nil
-	ask := func() {
-		r.names = make(chan ghwNames, 1)
-		go func() { r.names <- t.ghwNames(len(entries)) }()
-	}
-	if r.changed && fresh && scan.ids.path != "" {
-		ask()
-	}
+	scan = &pciScan{entries: entries, ids: pciIDsStampFor(), fns: make([]PCIFunction, len(entries))}
+	changed = last == nil || scan.ids != last.ids || !slices.Equal(entries, last.entries)
 	if err := t.readPCIFunctions(scan, last); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	switch {
-	case !r.changed:
+	if !changed {
 		scan.named = last.named
-	case !fresh:
+		return scan, false, nil
+	}
+	if last != nil && scan.ids == last.ids && last.named != nil {
 		scan.named = last.named
-		for i := range scan.fns {
-			n, ok := last.named[idOf(scan.fns[i])]
-			if !ok {
-				ask()
-				break
-			}
-			scan.fns[i].VendorName, scan.fns[i].ProductName = n[0], n[1]
+	}
+	for _, f := range scan.fns {
+		if _, ok := scan.named[idOf(f)]; !ok {
+			scan.named = t.readPCINames(ctx, scan)
+			break
 		}
 	}
-	return r, nil
+	for i := range scan.fns {
+		f := &scan.fns[i]
+		n := scan.named[idOf(*f)]
+		f.VendorName, f.ProductName = n[0], n[1]
+	}
+	return scan, true, nil
+}
+
+// readPCINames names the IDs of scan's functions from its pci.ids; nil
+// where there is none or it cannot be read, which is logged.
+func (t tree) readPCINames(ctx context.Context, scan *pciScan) map[pciID][2]string {
+	logger := klog.FromContext(ctx)
+	if scan.ids.path == "" {
+		logger.V(4).Info("PCI functions without names", "reason", "no pci.ids")
+		return nil
+	}
+	ids := make([]pciID, 0, len(scan.fns))
+	seen := make(map[pciID]bool)
+	for _, f := range scan.fns {
+		if id := idOf(f); !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	named, err := pciNames(scan.ids, ids)
+	if err != nil {
+		logger.V(2).Info("PCI functions without names", "reason", err.Error())
+		return nil
+	}
+	return named
 }
 
 // readPCIFunctions reads the functions scan lists; those last read under
@@ -138,64 +132,6 @@ func (t tree) readPCIFunctions(scan, last *pciScan) error {
 		scan.fns[i], err = t.readPCI(devices, e.name)
 		return err
 	})
-}
-
-// wait returns the enumeration, named by ghw where it was asked.
-func (r *pciRead) wait(ctx context.Context) *pciScan {
-	if r.names == nil && (!r.changed || r.scan.named != nil) {
-		return r.scan
-	}
-	names := ghwNames{why: "no pci.ids"}
-	if r.names != nil {
-		names = <-r.names
-	}
-	if names.why != "" {
-		klog.FromContext(ctx).V(4).Info("PCI functions without names", "reason", names.why)
-	}
-	r.scan.named = nil
-	if names.why == "" {
-		r.scan.named = map[pciID][2]string{}
-	}
-	for i := range r.scan.fns {
-		f := &r.scan.fns[i]
-		n := names.byAddr[f.Address]
-		f.VendorName, f.ProductName = n[0], n[1]
-		if r.scan.named != nil {
-			r.scan.named[idOf(*f)] = n
-		}
-	}
-	return r.scan
-}
-
-// ghwNames asks ghw for the functions' names; want is how many functions
-// sysfs lists.
-func (t tree) ghwNames(want int) ghwNames {
-	info, err := ghw.PCI(ghw.WithChroot(t.root), ghw.WithDisableTools(), ghw.WithDisableTopology(), ghw.WithDisableWarnings())
-	switch {
-	case err != nil:
-		return ghwNames{why: err.Error()}
-	case len(info.Devices) != want:
-		return ghwNames{why: fmt.Sprintf("ghw skipped functions: it gave %d of %d", len(info.Devices), want)}
-	}
-	out := ghwNames{byAddr: make(map[string][2]string, len(info.Devices))}
-	for _, d := range info.Devices {
-		var n [2]string
-		if d.Vendor != nil {
-			n[0] = knownName(d.Vendor.Name)
-		}
-		if d.Product != nil {
-			n[1] = knownName(d.Product.Name)
-		}
-		out.byAddr[d.Address] = n
-	}
-	return out
-}
-
-func knownName(s string) string {
-	if s == "unknown" {
-		return ""
-	}
-	return s
 }
 
 // readPCI reads one function of sys/bus/pci/devices.

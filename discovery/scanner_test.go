@@ -116,8 +116,9 @@ func TestScannerSeesChanges(t *testing.T) {
 		}
 	})
 	t.Run("second VF enabled", func(t *testing.T) {
-		// The first VF's IDs are new, and ghw names them; the second's
-		// names are those of the same IDs, as ghw gave them.
+		// The first VF's IDs are new, and pci.ids is read to name
+		// them; the second's names are those of the same IDs, as
+		// that read gave them.
 		s := scanner(t, discovery.Options{})
 		tree := s.tree
 		addVF(tree, 3)

@@ -4,6 +4,7 @@ package atomicfile
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -12,7 +13,14 @@ import (
 // leaves either the old or the new content, never a torn one: the data and
 // the directory entry are synced.
 func Write(path string, data []byte, perm os.FileMode) error {
-	return write(path, data, perm, true)
+	return write(path, func(f *os.File) error { _, err := f.Write(data); return err }, perm, true)
+}
+
+// WriteFrom is Write with the content read from src, a buffer at a time:
+// for files too large to hold in memory at once, as a binary the agent
+// installs on the host.
+func WriteFrom(path string, src io.Reader, perm os.FileMode) error {
+	return write(path, func(f *os.File) error { _, err := io.Copy(f, src); return err }, perm, true)
 }
 
 // Replace writes a file so that a crash of the process leaves either the
@@ -24,10 +32,12 @@ func Write(path string, data []byte, perm os.FileMode) error {
 // discards it anyway; two fsyncs per file would buy nothing, and they are on
 // the kubelet's path.
 func Replace(path string, data []byte, perm os.FileMode) error {
-	return write(path, data, perm, false)
+	return write(path, func(f *os.File) error { _, err := f.Write(data); return err }, perm, false)
 }
 
-func write(path string, data []byte, perm os.FileMode, durable bool) error {
+// write has fill write the content into a temporary file beside path, then
+// renames it over path.
+func write(path string, fill func(*os.File) error, perm os.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -35,7 +45,7 @@ func write(path string, data []byte, perm os.FileMode, durable bool) error {
 	}
 	// Gone already once renamed; left to remove on the paths that fail.
 	defer func() { _ = os.Remove(tmp.Name()) }()
-	if _, err := tmp.Write(data); err != nil {
+	if err := fill(tmp); err != nil {
 		_ = tmp.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}

@@ -176,15 +176,20 @@ func installHookBinary(stateDir string) (hookBinary, error) {
 	if small := filepath.Join(filepath.Dir(self), "carve-hook"); fileExists(small) {
 		src, h = small, hookBinary{path: filepath.Join(stateDir, "bin", "carve-hook"), small: true}
 	}
-	data, err := os.ReadFile(src)
+	// Copied a buffer at a time: read whole, the agent's own binary (87
+	// MiB, where no carve-hook is beside it) was the agent's memory
+	// high-water mark, reached at start and never given back to the
+	// kernel in full.
+	in, err := os.Open(src)
 	if err != nil {
 		return hookBinary{}, fmt.Errorf("read the hook binary: %w", err)
 	}
+	defer func() { _ = in.Close() }() // only read
 	if err := os.MkdirAll(filepath.Dir(h.path), 0o755); err != nil {
 		return hookBinary{}, err
 	}
-	if err := atomicfile.Write(h.path, data, 0o755); err != nil {
-		return hookBinary{}, fmt.Errorf("install the hook binary: %w", err)
+	if err := atomicfile.WriteFrom(h.path, in, 0o755); err != nil {
+		return hookBinary{}, fmt.Errorf("install the hook binary %s: %w", src, err)
 	}
 	return h, nil
 }
