@@ -104,11 +104,12 @@ func newReaper(p *NICPreparer) (*reaper, error) {
 
 // enqueue records the item on disk, then hands it to the worker.
 func (r *reaper) enqueue(it reapItem) error {
-	if err := r.queue.Update(func(items map[types.UID]reapItem) error {
+	if err := r.queue.Update(func(items *checkpoint.Records[reapItem]) error {
 		// A second unprepare of the share (a retry, without its
 		// record) knows less than the first: what is queued stays.
-		it = it.merge(items[types.UID(it.Key)])
-		items[types.UID(it.Key)] = it
+		old, _ := items.Get(types.UID(it.Key))
+		it = it.merge(old)
+		items.Set(types.UID(it.Key), it)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("queue the removal of share %s: %w", it.Link, err)
@@ -321,9 +322,9 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 		p.freeMinors(it.Key)
 		reaped = append(reaped, it.Key)
 	}
-	if err := r.queue.Update(func(q map[types.UID]reapItem) error {
+	if err := r.queue.Update(func(q *checkpoint.Records[reapItem]) error {
 		for _, k := range reaped {
-			delete(q, types.UID(k))
+			q.Delete(types.UID(k))
 		}
 		return nil
 	}); err != nil {

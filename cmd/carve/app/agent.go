@@ -131,6 +131,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	records.OnWrite(func(size int, d time.Duration) {
+		metrics.CheckpointWrite.Observe(d.Seconds())
+		metrics.CheckpointBytes.Set(float64(size))
+	})
 	cdiWriter, err := cdi.NewWriter(opts.CDIDir, driverName)
 	if err != nil {
 		return err
