@@ -345,7 +345,9 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	defer unlock()
 	ifb, ifbErr := p.h.LinkByName(ifbName(parent))
 	var egress, ingress bool
+	batch := make(map[string]bool, len(idx))
 	for _, i := range idx {
+		batch[items[i].Key] = true
 		if m := items[i].EgressMinor; m != 0 {
 			egress = true
 			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m, items[i].FlowClasses))
@@ -355,11 +357,14 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 			errs[i] = errors.Join(errs[i], deleteShareClass(p.h, ifb, m, items[i].FlowClasses))
 		}
 	}
+	// Where this agent's own shares still hold classes on a device, it
+	// is not idle; only where none do is the kernel asked (another agent's
+	// shares, in a rolling update, are known only there).
 	var out []error
-	if egress {
+	if egress && !p.othersHoldClasses(egressShaperName(parent.Attrs().Index), batch) {
 		out = append(out, p.removeEgressShaperIfIdle(parent))
 	}
-	if ingress {
+	if ingress && !p.othersHoldClasses(ifbName(parent), batch) {
 		out = append(out, p.removeIngressIFBIfIdle(parent))
 	}
 	return errors.Join(out...)

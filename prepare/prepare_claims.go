@@ -44,7 +44,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	}
 	defer d.locks.lock(uids)()
 	logger := klog.FromContext(ctx)
-	records, err := d.opts.Checkpoint.Read()
+	records, err := d.opts.Checkpoint.Lookup(uids...)
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		uids[i] = c.UID
 	}
 	defer d.locks.lock(uids)()
-	records, err := d.opts.Checkpoint.Read()
+	records, err := d.opts.Checkpoint.Lookup(uids...)
 	if err != nil {
 		return nil, err
 	}

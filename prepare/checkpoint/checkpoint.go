@@ -231,6 +231,27 @@ func (c *Checkpoint[R]) Read() (map[types.UID]R, error) {
 	return maps.Clone(claims), nil
 }
 
+// Lookup returns the records of uids that exist: what a prepare or an
+// unprepare needs, without copying every record held.
+func (c *Checkpoint[R]) Lookup(uids ...types.UID) (map[types.UID]R, error) {
+	unlock, err := c.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	claims, err := c.load()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[types.UID]R, len(uids))
+	for _, uid := range uids {
+		if rec, ok := claims[uid]; ok {
+			out[uid] = rec
+		}
+	}
+	return out, nil
+}
+
 func (c *Checkpoint[R]) lock() (func(), error) {
 	c.fileMu.Lock()
 	f, err := os.OpenFile(c.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)

@@ -100,3 +100,17 @@ func TestRecordsSeeTheirOwnChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Lookup gives the records asked for that exist, and only those.
+func TestLookup(t *testing.T) {
+	cp := open(t, t.TempDir(), "boot-1", nil)
+	put(t, cp, "a")
+	put(t, cp, "b")
+	got, err := cp.Lookup("a", "missing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[types.UID]record{"a": {UID: "a", State: "completed"}}; !maps.Equal(got, want) {
+		t.Errorf("Lookup(a, missing) = %v, want %v", got, want)
+	}
+}
