@@ -344,13 +344,21 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	}
 	defer unlock()
 	ifb, ifbErr := p.h.LinkByName(ifbName(parent))
+	// Whether an older carve's HTB is at the parent's root: asked once.
+	rootHTB := false
+	for _, i := range idx {
+		if items[i].EgressMinor != 0 {
+			rootHTB = p.parentRootIsHTB(parent)
+			break
+		}
+	}
 	var egress, ingress bool
 	batch := make(map[string]bool, len(idx))
 	for _, i := range idx {
 		batch[items[i].Key] = true
 		if m := items[i].EgressMinor; m != 0 {
 			egress = true
-			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m, items[i].FlowClasses))
+			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m, items[i].FlowClasses, rootHTB))
 		}
 		if m := items[i].IngressMinor; m != 0 && ifbErr == nil {
 			ingress = true
