@@ -210,9 +210,23 @@ func (p *NICPreparer) deleteEgressClass(parent netlink.Link, minor uint16, flows
 // parentRootIsHTB reports whether parent's root qdisc is carve's HTB (an
 // older carve's way of holding egress shares). The kernel lists a device's
 // qdiscs only in a dump of every qdisc of every device in the namespace,
-// thousands with 1,000 shares' classes and leaves: the reaper asks once per
-// parent and batch, not once per share, under the parent's lock.
+// thousands with 1,000 shares' classes and leaves, which the reaper would
+// pay under the parent's lock: it asks once per parent and batch, and a
+// parent found without that HTB is not asked about again, as this carve
+// never puts one there (only an older carve did, before this agent ran).
 func (p *NICPreparer) parentRootIsHTB(parent netlink.Link) bool {
+	idx := parent.Attrs().Index
+	p.mu.Lock()
+	plain := p.plainRoot[idx]
+	p.mu.Unlock()
+	if plain {
+		return false
+	}
 	ours, err := checkRootReplaceable(p.h, parent)
+	if err == nil && !ours {
+		p.mu.Lock()
+		p.plainRoot[idx] = true
+		p.mu.Unlock()
+	}
 	return err == nil && ours
 }

@@ -57,8 +57,11 @@ type NICPreparer struct {
 	minors map[string]map[uint16]string
 	// blocks indexes minors by device and share (minors.go).
 	blocks map[string]map[string][]uint16
-	labels map[string]shareLabels
-	held   map[string]map[string]bool
+	// plainRoot holds the parents (by ifindex) whose root qdisc was
+	// found not to be an older carve's HTB (parentRootIsHTB).
+	plainRoot map[int]bool
+	labels    map[string]shareLabels
+	held      map[string]map[string]bool
 	// addressKeys tells every bandwidth share apart by address, not only
 	// ipvlan's (tests, see KeyByAddress in export_test.go).
 	addressKeys bool
@@ -92,7 +95,7 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 		return nil, err
 	}
 	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{},
-		blocks: map[string]map[string][]uint16{}, labels: map[string]shareLabels{},
+		blocks: map[string]map[string][]uint16{}, plainRoot: map[int]bool{}, labels: map[string]shareLabels{},
 		held: map[string]map[string]bool{}}
 	if p.reaper, err = newReaper(p); err != nil {
 		h.Close()
