@@ -193,15 +193,40 @@ func (p *NICPreparer) forgetEgressShaper(parentIndex int) error {
 }
 
 // deleteEgressClass removes an egress share's class from the parent's
-// egress shaper, and, for a share an older carve prepared, from the HTB it
-// put at the parent's root; removeEgressShaperIfIdle follows.
-func (p *NICPreparer) deleteEgressClass(parent netlink.Link, minor uint16, flows bool) error {
+// egress shaper, and, where rootHTB says the parent's root is the HTB an
+// older carve put there (parentRootIsHTB), from it too;
+// removeEgressShaperIfIdle follows.
+func (p *NICPreparer) deleteEgressClass(parent netlink.Link, minor uint16, flows, rootHTB bool) error {
 	var errs []error
 	if shaper, err := p.h.LinkByName(egressShaperName(parent.Attrs().Index)); err == nil {
 		errs = append(errs, deleteShareClass(p.h, shaper, minor, flows))
 	}
-	if ours, err := checkRootReplaceable(p.h, parent); err == nil && ours {
+	if rootHTB {
 		errs = append(errs, deleteClass(p.h, parent, minor))
 	}
 	return errors.Join(errs...)
+}
+
+// parentRootIsHTB reports whether parent's root qdisc is carve's HTB (an
+// older carve's way of holding egress shares). The kernel lists a device's
+// qdiscs only in a dump of every qdisc of every device in the namespace,
+// thousands with 1,000 shares' classes and leaves, which the reaper would
+// pay under the parent's lock: it asks once per parent and batch, and a
+// parent found without that HTB is not asked about again, as this carve
+// never puts one there (only an older carve did, before this agent ran).
+func (p *NICPreparer) parentRootIsHTB(parent netlink.Link) bool {
+	idx := parent.Attrs().Index
+	p.mu.Lock()
+	plain := p.plainRoot[idx]
+	p.mu.Unlock()
+	if plain {
+		return false
+	}
+	ours, err := checkRootReplaceable(p.h, parent)
+	if err == nil && !ours {
+		p.mu.Lock()
+		p.plainRoot[idx] = true
+		p.mu.Unlock()
+	}
+	return err == nil && ours
 }

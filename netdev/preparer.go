@@ -55,8 +55,13 @@ type NICPreparer struct {
 	// (held.go).
 	mu     sync.Mutex
 	minors map[string]map[uint16]string
-	labels map[string]shareLabels
-	held   map[string]map[string]bool
+	// blocks indexes minors by device and share (minors.go).
+	blocks map[string]map[string][]uint16
+	// plainRoot holds the parents (by ifindex) whose root qdisc was
+	// found not to be an older carve's HTB (parentRootIsHTB).
+	plainRoot map[int]bool
+	labels    map[string]shareLabels
+	held      map[string]map[string]bool
 	// addressKeys tells every bandwidth share apart by address, not only
 	// ipvlan's (tests, see KeyByAddress in export_test.go).
 	addressKeys bool
@@ -89,7 +94,8 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "netdev"), 0o755); err != nil {
 		return nil, err
 	}
-	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{}, labels: map[string]shareLabels{},
+	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{},
+		blocks: map[string]map[string][]uint16{}, plainRoot: map[int]bool{}, labels: map[string]shareLabels{},
 		held: map[string]map[string]bool{}}
 	if p.reaper, err = newReaper(p); err != nil {
 		h.Close()
@@ -211,10 +217,10 @@ func (p *NICPreparer) reserveMinors(key, parentName string, egress, ingress uint
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if egress != 0 && shaper != "" {
-		reserveBlock(p.minorSet(shaper), key, egress, flows)
+		p.reserveBlock(shaper, key, egress, flows)
 	}
 	if ingress != 0 && ifb != "" {
-		reserveBlock(p.minorSet(ifb), key, ingress, flows)
+		p.reserveBlock(ifb, key, ingress, flows)
 	}
 }
 

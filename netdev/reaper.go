@@ -104,11 +104,12 @@ func newReaper(p *NICPreparer) (*reaper, error) {
 
 // enqueue records the item on disk, then hands it to the worker.
 func (r *reaper) enqueue(it reapItem) error {
-	if err := r.queue.Update(func(items map[types.UID]reapItem) error {
+	if err := r.queue.Update(func(items *checkpoint.Records[reapItem]) error {
 		// A second unprepare of the share (a retry, without its
 		// record) knows less than the first: what is queued stays.
-		it = it.merge(items[types.UID(it.Key)])
-		items[types.UID(it.Key)] = it
+		old, _ := items.Get(types.UID(it.Key))
+		it = it.merge(old)
+		items.Set(types.UID(it.Key), it)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("queue the removal of share %s: %w", it.Link, err)
@@ -321,9 +322,9 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 		p.freeMinors(it.Key)
 		reaped = append(reaped, it.Key)
 	}
-	if err := r.queue.Update(func(q map[types.UID]reapItem) error {
+	if err := r.queue.Update(func(q *checkpoint.Records[reapItem]) error {
 		for _, k := range reaped {
-			delete(q, types.UID(k))
+			q.Delete(types.UID(k))
 		}
 		return nil
 	}); err != nil {
@@ -343,22 +344,35 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	}
 	defer unlock()
 	ifb, ifbErr := p.h.LinkByName(ifbName(parent))
-	var egress, ingress bool
+	// Whether an older carve's HTB is at the parent's root: asked once.
+	rootHTB := false
 	for _, i := range idx {
+		if items[i].EgressMinor != 0 {
+			rootHTB = p.parentRootIsHTB(parent)
+			break
+		}
+	}
+	var egress, ingress bool
+	batch := make(map[string]bool, len(idx))
+	for _, i := range idx {
+		batch[items[i].Key] = true
 		if m := items[i].EgressMinor; m != 0 {
 			egress = true
-			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m, items[i].FlowClasses))
+			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m, items[i].FlowClasses, rootHTB))
 		}
 		if m := items[i].IngressMinor; m != 0 && ifbErr == nil {
 			ingress = true
 			errs[i] = errors.Join(errs[i], deleteShareClass(p.h, ifb, m, items[i].FlowClasses))
 		}
 	}
+	// Where this agent's own shares still hold classes on a device, it
+	// is not idle; only where none do is the kernel asked (another agent's
+	// shares, in a rolling update, are known only there).
 	var out []error
-	if egress {
+	if egress && !p.othersHoldClasses(egressShaperName(parent.Attrs().Index), batch) {
 		out = append(out, p.removeEgressShaperIfIdle(parent))
 	}
-	if ingress {
+	if ingress && !p.othersHoldClasses(ifbName(parent), batch) {
 		out = append(out, p.removeIngressIFBIfIdle(parent))
 	}
 	return errors.Join(out...)

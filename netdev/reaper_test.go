@@ -49,8 +49,8 @@ func TestQueuedRemovalResumesAfterACrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Update(func(m map[types.UID]reapEntry) error {
-		m[types.UID(a.ShareKey())] = reapEntry{Key: a.ShareKey(), Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor}
+	if err := q.Update(func(m *checkpoint.Records[reapEntry]) error {
+		m.Set(types.UID(a.ShareKey()), reapEntry{Key: a.ShareKey(), Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -171,9 +171,9 @@ func TestResumedQueueRemovesOnlyWhatTheKeyNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Update(func(m map[types.UID]reapEntry) error {
-		m["a"] = reapEntry{Key: "a", Link: "bystander0", Parent: "bystander1", EgressMinor: 1, IngressMinor: 0xffff}
-		m["b"] = reapEntry{Key: "b", Link: rel, Parent: "../../etc"}
+	if err := q.Update(func(m *checkpoint.Records[reapEntry]) error {
+		m.Set("a", reapEntry{Key: "a", Link: "bystander0", Parent: "bystander1", EgressMinor: 1, IngressMinor: 0xffff})
+		m.Set("b", reapEntry{Key: "b", Link: rel, Parent: "../../etc"})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 
@@ -70,7 +71,7 @@ func NewDriver(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts.Metrics.PreparedClaims.Set(float64(countCompleted(recs)))
+	opts.Metrics.PreparedClaims.Set(float64(countCompleted(maps.All(recs))))
 	removeStaleClaimFiles(opts.StateDir, recs)
 	for kind, p := range opts.Preparers {
 		r, ok := p.(Restorer)

@@ -16,6 +16,10 @@ type Metrics struct {
 	PublishErrors     prometheus.Counter
 	Publishes         prometheus.Counter
 	CorruptCheckpoint prometheus.Counter
+	// CheckpointWrite and CheckpointBytes follow the checkpoint's writes:
+	// what a prepare and an unprepare pay for it as claims accumulate.
+	CheckpointWrite prometheus.Histogram
+	CheckpointBytes prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (when not nil).
@@ -43,9 +47,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		CorruptCheckpoint: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_checkpoint_corrupt_total", Help: "Checkpoint files found unreadable and kept aside.",
 		}),
+		CheckpointWrite: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "carve_checkpoint_write_duration_seconds", Help: "Time to encode and write the checkpoint of prepared claims, fsyncs included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+		CheckpointBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "carve_checkpoint_bytes", Help: "Size of the checkpoint of prepared claims at its last write.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.PrepareDuration, m.UnprepareDuration, m.PreparedClaims, m.DiscoveryDuration, m.PublishErrors, m.Publishes, m.CorruptCheckpoint)
+		reg.MustRegister(m.PrepareDuration, m.UnprepareDuration, m.PreparedClaims, m.DiscoveryDuration, m.PublishErrors, m.Publishes, m.CorruptCheckpoint,
+			m.CheckpointWrite, m.CheckpointBytes)
 	}
 	return m
 }

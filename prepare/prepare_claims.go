@@ -44,7 +44,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	}
 	defer d.locks.lock(uids)()
 	logger := klog.FromContext(ctx)
-	records, err := d.opts.Checkpoint.Read()
+	records, err := d.opts.Checkpoint.Lookup(uids...)
 	if err != nil {
 		return nil, err
 	}
@@ -73,23 +73,23 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 	// Phase 1: record every valid claim as started, checking that no
 	// device is used twice and no share exceeds its device.
-	err = d.opts.Checkpoint.Update(func(recs map[types.UID]ClaimRecord) error {
+	err = d.opts.Checkpoint.Update(func(recs *Records) error {
 		for _, w := range work {
 			if w.done {
 				if w.rolledBack {
-					delete(recs, w.claim.UID)
+					recs.Delete(w.claim.UID)
 				}
 				continue
 			}
 			if err := checkConflicts(w.claim.UID, w.allocs, recs, devices); err != nil {
 				w.result, w.done = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s: %w", klog.KObj(w.claim), err)}, true
 				if w.rolledBack {
-					delete(recs, w.claim.UID)
+					recs.Delete(w.claim.UID)
 				}
 				continue
 			}
-			recs[w.claim.UID] = ClaimRecord{UID: w.claim.UID, Namespace: w.claim.Namespace, Name: w.claim.Name,
-				State: ClaimStarted, Allocations: w.allocs, Updated: time.Now().UTC()}
+			recs.Set(w.claim.UID, ClaimRecord{UID: w.claim.UID, Namespace: w.claim.Namespace, Name: w.claim.Name,
+				State: ClaimStarted, Allocations: w.allocs, Updated: time.Now().UTC()})
 		}
 		return nil
 	})
@@ -117,18 +117,18 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 	// Phase 3: record completion, and drop the records of claims that
 	// failed (they were rolled back).
-	err = d.opts.Checkpoint.Update(func(recs map[types.UID]ClaimRecord) error {
+	err = d.opts.Checkpoint.Update(func(recs *Records) error {
 		for _, w := range work {
 			if w.done {
 				continue
 			}
 			if rec, ok := completed[w.claim.UID]; ok {
-				recs[w.claim.UID] = rec
+				recs.Set(w.claim.UID, rec)
 			} else if !w.dirty {
-				delete(recs, w.claim.UID)
+				recs.Delete(w.claim.UID)
 			}
 		}
-		d.opts.Metrics.PreparedClaims.Set(float64(countCompleted(recs)))
+		d.opts.Metrics.PreparedClaims.Set(float64(countCompleted(recs.All())))
 		return nil
 	})
 	if err != nil {
@@ -244,15 +244,21 @@ func (d *Driver) allocations(claim *resourceapi.ResourceClaim, devices map[strin
 
 // checkConflicts is the driver's last line of defence against a device
 // given twice: an unshared device must not be prepared for another claim,
-// and shares of a device must fit in its capacity.
-func checkConflicts(uid types.UID, allocs []Allocation, recs map[types.UID]ClaimRecord, devices map[string]slices.Entry) error {
-	byDevice := map[string][]Allocation{}
-	for other, rec := range recs {
+// and shares of a device must fit in its capacity. Only the other claims'
+// allocations of the claim's own devices are gathered.
+func checkConflicts(uid types.UID, allocs []Allocation, recs *Records, devices map[string]slices.Entry) error {
+	byDevice := make(map[string][]Allocation, len(allocs))
+	for _, a := range allocs {
+		byDevice[a.Device] = nil
+	}
+	for other, rec := range recs.All() {
 		if other == uid {
 			continue
 		}
 		for _, a := range rec.Allocations {
-			byDevice[a.Device] = append(byDevice[a.Device], a)
+			if others, ok := byDevice[a.Device]; ok {
+				byDevice[a.Device] = append(others, a)
+			}
 		}
 	}
 	for _, a := range allocs {

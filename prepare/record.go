@@ -13,6 +13,9 @@ import (
 // Checkpoint is the checkpoint of claim records that the driver keeps.
 type Checkpoint = checkpoint.Checkpoint[ClaimRecord]
 
+// Records is what an update of the checkpoint sees (checkpoint.Records).
+type Records = checkpoint.Records[ClaimRecord]
+
 // OpenCheckpoint opens the driver's checkpoint in dir (see checkpoint.Open).
 func OpenCheckpoint(dir, bootID string, onCorrupt func(kept string, err error)) (*Checkpoint, error) {
 	return checkpoint.Open[ClaimRecord](dir, bootID, onCorrupt)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"os"
 	"reflect"
 	"time"
@@ -24,7 +25,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		uids[i] = c.UID
 	}
 	defer d.locks.lock(uids)()
-	records, err := d.opts.Checkpoint.Read()
+	records, err := d.opts.Checkpoint.Lookup(uids...)
 	if err != nil {
 		return nil, err
 	}
@@ -46,9 +47,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		// Every claim needs an entry: the kubelet takes a missing one
 		// for a claim the driver skipped, and retries.
 		out[c.UID] = nil
-		if err := d.opts.Checkpoint.Update(func(recs map[types.UID]ClaimRecord) error {
-			delete(recs, c.UID)
-			d.opts.Metrics.PreparedClaims.Set(float64(countCompleted(recs)))
+		if err := d.opts.Checkpoint.Update(func(recs *Records) error {
+			recs.Delete(c.UID)
+			d.opts.Metrics.PreparedClaims.Set(float64(countCompleted(recs.All())))
 			return nil
 		}); err != nil {
 			out[c.UID] = fmt.Errorf("unprepare claim %s: %w", c.NamespacedName, err)
@@ -92,7 +93,7 @@ func (d *Driver) undo(ctx context.Context, rec ClaimRecord) error {
 	return nil
 }
 
-func countCompleted(recs map[types.UID]ClaimRecord) int {
+func countCompleted(recs iter.Seq2[types.UID, ClaimRecord]) int {
 	n := 0
 	for _, r := range recs {
 		if r.State == ClaimCompleted {

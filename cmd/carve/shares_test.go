@@ -35,7 +35,7 @@ func TestSharesCommand(t *testing.T) {
 	rec := prepare.ClaimRecord{UID: "u1", Namespace: "ns", Name: "c1", State: prepare.ClaimStarted, Allocations: []prepare.Allocation{{
 		ClaimUID: "u1", ClaimNamespace: "ns", ClaimName: "c1", Request: "net", Device: "nic-eth0", Kind: "nic", ShareID: &id,
 		Consumed: map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse("100M")}}}}
-	if err := cp.Update(func(c map[types.UID]prepare.ClaimRecord) error { c[rec.UID] = rec; return nil }); err != nil {
+	if err := cp.Update(func(c *prepare.Records) error { c.Set(rec.UID, rec); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	stdout, stderr, code = runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "-o", "json")
@@ -73,7 +73,7 @@ func TestSharesCommandGPU(t *testing.T) {
 	rec := prepare.ClaimRecord{UID: "u1", Namespace: "ns", Name: "train", State: prepare.ClaimCompleted, Allocations: []prepare.Allocation{{
 		ClaimUID: "u1", ClaimNamespace: "ns", ClaimName: "train", Request: "gpu", Device: "gpu-0000-19-00-0", Kind: "gpu", ShareID: &id,
 		Consumed: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}}}, Undo: []json.RawMessage{undo}}
-	if err := cp.Update(func(c map[types.UID]prepare.ClaimRecord) error { c[rec.UID] = rec; return nil }); err != nil {
+	if err := cp.Update(func(c *prepare.Records) error { c.Set(rec.UID, rec); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	stdout, stderr, code := runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "-o", "json", "--nvidia-driver-root", t.TempDir())

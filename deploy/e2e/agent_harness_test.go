@@ -78,9 +78,11 @@ type agentHost struct {
 	pins       string
 	tree       *sysfstest.Tree
 	rescan     string
-	proc       *exec.Cmd
-	exited     chan error
-	logs       *bytes.Buffer
+	// args are more flags for the agent (a --config).
+	args   []string
+	proc   *exec.Cmd
+	exited chan error
+	logs   *bytes.Buffer
 }
 
 func newAgentHost(t testing.TB, cs kubernetes.Interface, node string) *agentHost {
@@ -155,6 +157,7 @@ func (h *agentHost) start(env ...string) {
 		"--kubelet-registrar-dir", h.path("plugins_registry"), "--kubelet-plugins-dir", h.path("plugins"),
 		"--cdi-dir", h.path("cdi"), "--state-dir", h.path("state"), "--metrics-addr", h.metrics, "--health-addr", h.health,
 		"--rescan-interval", h.rescan, "--host-netns", h.netns, "--bpf-pin-dir", h.pins, "--profiling", "-v", "1")
+	h.proc.Args = append(h.proc.Args, h.args...)
 	h.proc.Env = append(os.Environ(), env...)
 	h.logs = &bytes.Buffer{}
 	h.proc.Stdout, h.proc.Stderr = h.logs, h.logs

@@ -71,15 +71,28 @@ func (noopDriver) WatchHealthStatus(context.Context, chan<- kubeletplugin.Device
 
 func startNoopDriver(b *testing.B, _ kubernetes.Interface, node string, _ *agentHost) (string, func()) {
 	dir := b.TempDir()
-	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("CARVE_KUBECONFIG"))
+	stop, err := runNoopDriver(node, dir)
 	if err != nil {
 		b.Fatal(err)
 	}
+	return filepath.Join(dir, "reg"), stop
+}
+
+// runNoopDriver starts the do-nothing driver for node, its registration and
+// plugin sockets under dir, against the API server CARVE_KUBECONFIG names.
+func runNoopDriver(node, dir string) (stop func(), err error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("CARVE_KUBECONFIG"))
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
 	cfg.QPS, cfg.Burst = 200, 400 // the same client limits as carve's agent
-	cs := kubernetes.NewForConfigOrDie(cfg)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
 	for _, d := range []string{"reg", "plugin"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o750); err != nil {
-			b.Fatal(err)
+			return nil, err
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -87,9 +100,10 @@ func startNoopDriver(b *testing.B, _ kubernetes.Interface, node string, _ *agent
 		kubeletplugin.KubeClient(cs), kubeletplugin.RegistrarDirectoryPath(filepath.Join(dir, "reg")),
 		kubeletplugin.PluginDataDirectoryPath(filepath.Join(dir, "plugin")), kubeletplugin.Serialize(false))
 	if err != nil {
-		b.Fatal(err)
+		cancel()
+		return nil, fmt.Errorf("start the do-nothing driver: %w", err)
 	}
-	return filepath.Join(dir, "reg"), func() { helper.Stop(); cancel() }
+	return func() { helper.Stop(); cancel() }, nil
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {

@@ -49,9 +49,9 @@ func (f *listFixture) write(t *testing.T, claims map[types.UID]prepare.ClaimReco
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cp.Update(func(c map[types.UID]prepare.ClaimRecord) error {
+	if err := cp.Update(func(c *prepare.Records) error {
 		for k, v := range claims {
-			c[k] = v
+			c.Set(k, v)
 		}
 		return nil
 	}); err != nil {

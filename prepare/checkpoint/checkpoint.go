@@ -13,6 +13,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -71,10 +72,21 @@ type Checkpoint[R any] struct {
 	// then; it spares re-parsing a file no other process has changed.
 	cache    map[types.UID]R
 	cacheKey fileKey
+	// enc holds each cached record's encoding as last written (its key
+	// and value, `"uid":{...}`): a write encodes only the records that
+	// changed since, so that one claim's update does not cost the
+	// encoding of every claim held. It is emptied with the cache.
+	enc map[types.UID][]byte
+	// buf is the file's bytes at the last write, reused by the next.
+	buf []byte
+	// onWrite, when set, is told each write's size and duration (the
+	// agent's metrics): the file holds every claim, so both grow with
+	// the claims held.
+	onWrite func(size int, d time.Duration)
 }
 
 type pendingUpdate[R any] struct {
-	fn   func(map[types.UID]R) error
+	fn   func(*Records[R]) error
 	done chan error
 	// lead hands this caller the writing of the next group.
 	lead chan struct{}
@@ -99,16 +111,21 @@ func Open[R any](dir, bootID string, onCorrupt func(kept string, err error)) (*C
 	return &Checkpoint[R]{path: filepath.Join(dir, "checkpoint.json"), bootID: bootID, onCorrupt: onCorrupt}, nil
 }
 
+// OnWrite has fn told the size in bytes and the duration of each write that
+// succeeds, encoding included. Set it before the first Update.
+func (c *Checkpoint[R]) OnWrite(fn func(size int, d time.Duration)) { c.onWrite = fn }
+
 // Path is the checkpoint file's path.
 func (c *Checkpoint[R]) Path() string { return c.path }
 
 // Update runs fn on the current records under the lock and writes the result
-// atomically if fn returns nil. A failing fn changes nothing. Updates from
+// atomically if fn returns nil. A failing fn changes nothing: its changes
+// are kept apart from the records until it returns. Updates from
 // concurrent callers may be written together; each caller returns once its
 // own change is on disk. The caller that writes a group returns after it,
 // handing the next group to its first waiter: no caller keeps writing
 // other callers' changes after its own is done.
-func (c *Checkpoint[R]) Update(fn func(claims map[types.UID]R) error) error {
+func (c *Checkpoint[R]) Update(fn func(claims *Records[R]) error) error {
 	p := &pendingUpdate[R]{fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	c.mu.Lock()
 	c.queue = append(c.queue, p)
@@ -170,16 +187,24 @@ func (c *Checkpoint[R]) commit(batch []*pendingUpdate[R]) []error {
 		return fail(err)
 	}
 	defer unlock()
-	claims, err := c.read()
+	claims, err := c.load()
 	if err != nil {
 		return fail(err)
 	}
 	for i, p := range batch {
-		// Each update works on a copy, so that one that fails leaves
-		// no trace; records are values, replaced rather than changed.
-		next := maps.Clone(claims)
-		if errs[i] = p.fn(next); errs[i] == nil {
-			claims = next
+		// Each update's changes are applied only if it succeeds, so
+		// that one that fails leaves no trace.
+		r := &Records[R]{base: claims}
+		if errs[i] = p.fn(r); errs[i] != nil {
+			continue
+		}
+		for uid, ch := range r.changes {
+			if ch.deleted {
+				delete(claims, uid)
+			} else {
+				claims[uid] = ch.rec
+			}
+			delete(c.enc, uid)
 		}
 	}
 	if err := c.write(claims); err != nil {
@@ -199,7 +224,32 @@ func (c *Checkpoint[R]) Read() (map[types.UID]R, error) {
 		return nil, err
 	}
 	defer unlock()
-	return c.read()
+	claims, err := c.load()
+	if err != nil {
+		return nil, err
+	}
+	return maps.Clone(claims), nil
+}
+
+// Lookup returns the records of uids that exist: what a prepare or an
+// unprepare needs, without copying every record held.
+func (c *Checkpoint[R]) Lookup(uids ...types.UID) (map[types.UID]R, error) {
+	unlock, err := c.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	claims, err := c.load()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[types.UID]R, len(uids))
+	for _, uid := range uids {
+		if rec, ok := claims[uid]; ok {
+			out[uid] = rec
+		}
+	}
+	return out, nil
 }
 
 func (c *Checkpoint[R]) lock() (func(), error) {
@@ -221,20 +271,22 @@ func (c *Checkpoint[R]) lock() (func(), error) {
 	}, nil
 }
 
-// read loads the records. A missing file is empty; a corrupt one, or one of
-// an older version, is renamed aside and reported, and reading goes on from
-// empty, so that a bad file never crash-loops the agent.
-func (c *Checkpoint[R]) read() (map[types.UID]R, error) {
+// load returns the current records: the cache itself, which only commit
+// changes, re-read from the file when another process replaced it. A
+// missing file is empty; a corrupt one, or one of an older version, is
+// renamed aside and reported, and reading goes on from empty, so that a bad
+// file never crash-loops the agent. The caller holds the lock.
+func (c *Checkpoint[R]) load() (map[types.UID]R, error) {
 	key, err := statKey(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[types.UID]R{}, nil
+		return c.setCache(map[types.UID]R{}, fileKey{}), nil
 	}
 	if err == nil && c.cache != nil && key == c.cacheKey {
-		return maps.Clone(c.cache), nil
+		return c.cache, nil
 	}
 	raw, err := os.ReadFile(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[types.UID]R{}, nil
+		return c.setCache(map[types.UID]R{}, fileKey{}), nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read checkpoint: %w", err)
@@ -249,15 +301,21 @@ func (c *Checkpoint[R]) read() (map[types.UID]R, error) {
 			return nil, fmt.Errorf("checkpoint %s is unreadable (%v) and could not be kept aside: %w", c.path, err, rerr)
 		}
 		c.onCorrupt(kept, err)
-		return map[types.UID]R{}, nil
+		return c.setCache(map[types.UID]R{}, fileKey{}), nil
 	}
 	if data.BootID != c.bootID {
 		// After a reboot nothing the records describe exists: the
 		// interfaces, pins and CDI specs under /run are gone.
-		return map[types.UID]R{}, nil
+		return c.setCache(map[types.UID]R{}, key), nil
 	}
-	c.cache, c.cacheKey = maps.Clone(data.Claims), key
-	return data.Claims, nil
+	return c.setCache(data.Claims, key), nil
+}
+
+// setCache makes claims the cache, as the file whose identity is key holds
+// it (the zero key: no file), with nothing of it encoded yet.
+func (c *Checkpoint[R]) setCache(claims map[types.UID]R, key fileKey) map[types.UID]R {
+	c.cache, c.cacheKey, c.enc = claims, key, map[types.UID][]byte{}
+	return claims
 }
 
 func statKey(path string) (fileKey, error) {
@@ -297,27 +355,84 @@ func checksum(data []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// write replaces the file atomically: temp file, fsync, rename, fsync of the
-// directory.
+// fileHead is what the file holds before its payload; the checksum's hex
+// digits go at checksumAt. The file is assembled by hand, not by
+// json.Marshal, which would validate and compact the whole payload again.
+var (
+	fileHead   = checksumHead + zeroSum + `","data":`
+	checksumAt = len(checksumHead)
+)
+
+const zeroSum = "0000000000000000000000000000000000000000000000000000000000000000"
+
+var checksumHead = `{"version":` + strconv.Itoa(Version) + `,"checksum":"sha256:`
+
+// write replaces the file atomically with claims: temp file, fsync, rename,
+// fsync of the directory. Only the records not encoded since they last
+// changed are encoded; the others' bytes are copied. On failure the cache
+// is dropped: claims, changed already, may not be what the file holds.
 func (c *Checkpoint[R]) write(claims map[types.UID]R) error {
-	data, err := json.Marshal(checkpointData[R]{BootID: c.bootID, Claims: claims})
-	if err != nil {
-		return fmt.Errorf("encode checkpoint: %w", err)
+	start := time.Now()
+	if c.enc == nil {
+		c.enc = map[types.UID][]byte{}
 	}
-	out, err := json.Marshal(checkpointFile{Version: Version, Checksum: checksum(data), Data: data})
+	out := append(c.buf[:0], fileHead...)
+	payload := len(out)
+	out = append(out, `{"bootID":`...)
+	out, err := appendJSON(out, c.bootID)
 	if err != nil {
-		return fmt.Errorf("encode checkpoint: %w", err)
-	}
-	if err := atomicfile.Write(c.path, out, 0o600); err != nil {
-		c.cache = nil
+		c.setCache(nil, fileKey{})
 		return err
 	}
-	if key, err := statKey(c.path); err == nil {
-		c.cache, c.cacheKey = maps.Clone(claims), key
-	} else {
-		c.cache = nil
+	out = append(out, `,"claims":{`...)
+	first := true
+	for uid, rec := range claims {
+		e, ok := c.enc[uid]
+		if !ok {
+			if e, err = appendJSON(nil, string(uid)); err == nil {
+				e = append(e, ':')
+				e, err = appendJSON(e, rec)
+			}
+			if err != nil {
+				c.setCache(nil, fileKey{})
+				return fmt.Errorf("claim %s: %w", uid, err)
+			}
+			c.enc[uid] = e
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = append(out, e...)
 	}
+	out = append(out, "}}"...)
+	sum := sha256.Sum256(out[payload:])
+	hex.Encode(out[checksumAt:checksumAt+len(zeroSum)], sum[:])
+	out = append(out, '}')
+	c.buf = out
+	if err := atomicfile.Write(c.path, out, 0o600); err != nil {
+		c.setCache(nil, fileKey{})
+		return err
+	}
+	if c.onWrite != nil {
+		c.onWrite(len(out), time.Since(start))
+	}
+	key, err := statKey(c.path)
+	if err != nil {
+		c.setCache(nil, fileKey{})
+		return nil
+	}
+	c.cache, c.cacheKey = claims, key
 	return nil
+}
+
+// appendJSON appends v's JSON encoding, as json.Marshal gives it, to b.
+func appendJSON(b []byte, v any) ([]byte, error) {
+	e, err := json.Marshal(v)
+	if err != nil {
+		return b, fmt.Errorf("encode checkpoint: %w", err)
+	}
+	return append(b, e...), nil
 }
 
 // ReadBootID reads the running kernel's boot id. The boot id belongs to the

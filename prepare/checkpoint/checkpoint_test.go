@@ -35,8 +35,8 @@ func open(t *testing.T, dir, bootID string, onCorrupt func(string, error)) *chec
 
 func put(t *testing.T, cp *checkpoint.Checkpoint[record], uid string) {
 	t.Helper()
-	if err := cp.Update(func(recs map[types.UID]record) error {
-		recs[types.UID(uid)] = record{UID: types.UID(uid), State: "completed"}
+	if err := cp.Update(func(recs *checkpoint.Records[record]) error {
+		recs.Set(types.UID(uid), record{UID: types.UID(uid), State: "completed"})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -135,7 +135,7 @@ func TestNewerCheckpointIsRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "version 2") || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("read = %v, %v; want an error naming the newer version", recs, err)
 	}
-	if err := cp.Update(func(map[types.UID]record) error { return nil }); err == nil {
+	if err := cp.Update(func(*checkpoint.Records[record]) error { return nil }); err == nil {
 		t.Error("an update over a newer checkpoint succeeded")
 	}
 	if b, _ := os.ReadFile(cp.Path()); string(b) != string(newer) {
@@ -209,19 +209,19 @@ func TestWriterReturnsAfterItsOwnGroup(t *testing.T) {
 	bRunning, bRelease := make(chan struct{}), make(chan struct{})
 	aDone, bDone := make(chan error, 1), make(chan error, 1)
 	go func() {
-		aDone <- cp.Update(func(recs map[types.UID]record) error {
+		aDone <- cp.Update(func(recs *checkpoint.Records[record]) error {
 			close(aRunning)
 			<-aRelease
-			recs["a"] = record{UID: "a"}
+			recs.Set("a", record{UID: "a"})
 			return nil
 		})
 	}()
 	<-aRunning
 	go func() {
-		bDone <- cp.Update(func(recs map[types.UID]record) error {
+		bDone <- cp.Update(func(recs *checkpoint.Records[record]) error {
 			close(bRunning)
 			<-bRelease
-			recs["b"] = record{UID: "b"}
+			recs.Set("b", record{UID: "b"})
 			return nil
 		})
 	}()

@@ -145,9 +145,9 @@ func FuzzCheckpointRead(f *testing.F) {
 		if err != nil {
 			t.Fatalf("encode %v: %v", recs, err)
 		}
-		if err := cp.Update(func(m map[types.UID]fuzzRecord) error {
-			m["fuzz-probe"] = fuzzRecord{}
-			delete(m, "fuzz-probe")
+		if err := cp.Update(func(m *checkpoint.Records[fuzzRecord]) error {
+			m.Set("fuzz-probe", fuzzRecord{})
+			m.Delete("fuzz-probe")
 			return nil
 		}); err != nil {
 			t.Fatalf("write back: %v", err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -131,6 +132,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	records.OnWrite(func(size int, d time.Duration) {
+		metrics.CheckpointWrite.Observe(d.Seconds())
+		metrics.CheckpointBytes.Set(float64(size))
+	})
 	cdiWriter, err := cdi.NewWriter(opts.CDIDir, driverName)
 	if err != nil {
 		return err
@@ -202,6 +207,11 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	metrics.Publishes.Inc()
 	logger.Info("Agent started", "driver", driverName, "node", opts.NodeName, "devices", len(inv.devices()))
+	// Start-up (discovery, pci.ids, the first publish) is the agent's
+	// peak; what it freed would otherwise stay resident for minutes, until
+	// the runtime's scavenger returns it: the agent then idles at its
+	// start-up peak, several times the heap it uses.
+	debug.FreeOSMemory()
 
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -227,9 +227,9 @@ func TestStartedClaimIsRolledBackAndRedone(t *testing.T) {
 	e := newEnv(t, nic)
 	c := claim("s", "s", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-1", consumed: bw("1G")}})
 	// What a crash after phase 1 leaves behind.
-	if err := e.cp.Update(func(recs map[types.UID]prepare.ClaimRecord) error {
-		recs["s"] = prepare.ClaimRecord{UID: "s", Namespace: "default", Name: "s", State: prepare.ClaimStarted,
-			Allocations: []prepare.Allocation{{ClaimUID: "s", Request: "net", Device: "nic-0000-17-00-0", Kind: "nic", ShareID: ptr.To(types.UID("s-1"))}}}
+	if err := e.cp.Update(func(recs *prepare.Records) error {
+		recs.Set("s", prepare.ClaimRecord{UID: "s", Namespace: "default", Name: "s", State: prepare.ClaimStarted,
+			Allocations: []prepare.Allocation{{ClaimUID: "s", Request: "net", Device: "nic-0000-17-00-0", Kind: "nic", ShareID: ptr.To(types.UID("s-1"))}}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

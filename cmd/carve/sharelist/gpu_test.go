@@ -47,9 +47,9 @@ func gpuNode(t *testing.T) (root, state string) {
 	sid := types.UID("share-1")
 	a := prepare.Allocation{ClaimUID: "c1", ClaimNamespace: "ns", ClaimName: "train", Request: "gpu", Device: "gpu-0000-19-00-0", Kind: names.KindGPU, ShareID: &sid}
 	rec, _ := json.Marshal(memslice.Record{Tier: memslice.TierMPSPoliced, UUID: "GPU-1", Slice: 10 << 30})
-	if err := cp.Update(func(c map[types.UID]prepare.ClaimRecord) error {
-		c["c1"] = prepare.ClaimRecord{UID: "c1", Namespace: "ns", Name: "train", State: prepare.ClaimCompleted,
-			Allocations: []prepare.Allocation{a}, Undo: []json.RawMessage{rec}}
+	if err := cp.Update(func(c *prepare.Records) error {
+		c.Set("c1", prepare.ClaimRecord{UID: "c1", Namespace: "ns", Name: "train", State: prepare.ClaimCompleted,
+			Allocations: []prepare.Allocation{a}, Undo: []json.RawMessage{rec}})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

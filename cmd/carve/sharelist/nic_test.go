@@ -79,7 +79,7 @@ func share(t *testing.T, cp *prepare.Checkpoint, uid, name string, egress, ingre
 		rec.Devices = []prepare.PreparedDevice{{Request: "net", Device: "nic-eth0", ShareID: &id,
 			Network: &resourceapi.NetworkDeviceData{InterfaceName: "net1"}}}
 	}
-	if err := cp.Update(func(claims map[types.UID]prepare.ClaimRecord) error { claims[rec.UID] = rec; return nil }); err != nil {
+	if err := cp.Update(func(claims *prepare.Records) error { claims.Set(rec.UID, rec); return nil }); err != nil {
 		t.Fatal(err)
 	}
 }
