@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -36,6 +37,15 @@ type Options struct {
 	StatusClient status.Writer
 	// Health reports device health to the kubelet; nil means not supported.
 	Health func(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error
+	// ConflictWait is how long a prepare whose device is still held by
+	// another claim's record (an unshared device, or a share over the
+	// device's capacity) waits for that record to go before it fails: the
+	// scheduler gives a device to a new claim as soon as the old claim's
+	// allocation is gone from the API server, and the kubelet unprepares
+	// the old claim on its own time, often just after. A failed prepare
+	// costs the pod the kubelet's retry backoff (74 s was measured on the
+	// local node). Zero fails at once.
+	ConflictWait time.Duration
 	// Fatal is called with errors the helper reports as unrecoverable; the
 	// agent cancels its context there. Never called from a goroutine to
 	// exit the process itself.

@@ -72,28 +72,11 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	}
 
 	// Phase 1: record every valid claim as started, checking that no
-	// device is used twice and no share exceeds its device.
-	err = d.opts.Checkpoint.Update(func(recs *Records) error {
-		for _, w := range work {
-			if w.done {
-				if w.rolledBack {
-					recs.Delete(w.claim.UID)
-				}
-				continue
-			}
-			if err := checkConflicts(w.claim.UID, w.allocs, recs, devices); err != nil {
-				w.result, w.done = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s: %w", klog.KObj(w.claim), err)}, true
-				if w.rolledBack {
-					recs.Delete(w.claim.UID)
-				}
-				continue
-			}
-			recs.Set(w.claim.UID, ClaimRecord{UID: w.claim.UID, Namespace: w.claim.Namespace, Name: w.claim.Name,
-				State: ClaimStarted, Allocations: w.allocs, Updated: time.Now().UTC()})
-		}
-		return nil
-	})
-	if err != nil {
+	// device is used twice and no share exceeds its device. A claim whose
+	// device another claim's record still holds waits, up to
+	// ConflictWait, for that record to go (its unprepare on the way), with
+	// no lock of the other claim's held.
+	if err := d.recordStarted(ctx, work, devices); err != nil {
 		return nil, err
 	}
 	crash.Point("prepare-started")
@@ -242,6 +225,59 @@ func (d *Driver) allocations(claim *resourceapi.ResourceClaim, devices map[strin
 	return out, nil
 }
 
+// recordStarted is phase 1 of PrepareResourceClaims.
+func (d *Driver) recordStarted(ctx context.Context, work []*claimWork, devices map[string]slices.Entry) error {
+	deadline := time.Now().Add(d.opts.ConflictWait)
+	started := make(map[*claimWork]bool, len(work))
+	for {
+		var waiting []string
+		err := d.opts.Checkpoint.Update(func(recs *Records) error {
+			waiting = waiting[:0]
+			for _, w := range work {
+				if started[w] {
+					continue
+				}
+				if w.done {
+					if w.rolledBack {
+						recs.Delete(w.claim.UID)
+					}
+					continue
+				}
+				if err := checkConflicts(w.claim.UID, w.allocs, recs, devices); err != nil {
+					var held *conflictError
+					if errors.As(err, &held) && time.Now().Before(deadline) && ctx.Err() == nil {
+						waiting = append(waiting, err.Error())
+						continue
+					}
+					w.result, w.done = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s: %w", klog.KObj(w.claim), err)}, true
+					if w.rolledBack {
+						recs.Delete(w.claim.UID)
+					}
+					continue
+				}
+				recs.Set(w.claim.UID, ClaimRecord{UID: w.claim.UID, Namespace: w.claim.Namespace, Name: w.claim.Name,
+					State: ClaimStarted, Allocations: w.allocs, Updated: time.Now().UTC()})
+				started[w] = true
+			}
+			return nil
+		})
+		if err != nil || len(waiting) == 0 {
+			return err
+		}
+		klog.FromContext(ctx).V(2).Info("Waiting for another claim's record to go", "conflicts", waiting)
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// conflictError is a refusal of checkConflicts that another claim's
+// unprepare may end.
+type conflictError struct{ error }
+
+func (e *conflictError) Unwrap() error { return e.error }
+
 // checkConflicts is the driver's last line of defence against a device
 // given twice: an unshared device must not be prepared for another claim,
 // and shares of a device must fit in its capacity. Only the other claims'
@@ -265,15 +301,19 @@ func checkConflicts(uid types.UID, allocs []Allocation, recs *Records, devices m
 		others := byDevice[a.Device]
 		if a.ShareID == nil {
 			if len(others) > 0 {
-				return fmt.Errorf("device %s is already prepared for claim %s/%s", a.Device, others[0].ClaimNamespace, others[0].ClaimName)
+				return &conflictError{fmt.Errorf("device %s is already prepared for claim %s/%s", a.Device, others[0].ClaimNamespace, others[0].ClaimName)}
 			}
 		} else {
 			for _, o := range others {
 				if o.ShareID == nil {
-					return fmt.Errorf("device %s is already prepared whole for claim %s/%s", a.Device, o.ClaimNamespace, o.ClaimName)
+					return &conflictError{fmt.Errorf("device %s is already prepared whole for claim %s/%s", a.Device, o.ClaimNamespace, o.ClaimName)}
 				}
 			}
 			if err := CheckCapacity(devices[a.Device], a, others); err != nil {
+				var over *OverCapacityError
+				if errors.As(err, &over) {
+					return &conflictError{err}
+				}
 				return err
 			}
 		}

@@ -94,6 +94,11 @@ type ClaimCleaner interface {
 	UnprepareClaim(ctx context.Context, claimUID types.UID) error
 }
 
+// OverCapacityError is CheckCapacity's refusal.
+type OverCapacityError struct{ msg string }
+
+func (e *OverCapacityError) Error() string { return e.msg }
+
 // CheckCapacity reports whether a share's consumption fits beside the others
 // already prepared on the device.
 func CheckCapacity(dev slices.Entry, alloc Allocation, others []Allocation) error {
@@ -111,8 +116,8 @@ func CheckCapacity(dev slices.Entry, alloc Allocation, others []Allocation) erro
 		if used.Cmp(capacity.Value) > 0 {
 			inUse := used.DeepCopy()
 			inUse.Sub(want)
-			return fmt.Errorf("device %s: %s of %s requested with %s already in use exceeds its capacity %s",
-				dev.Device.Name, want.String(), name, inUse.String(), capacity.Value.String())
+			return &OverCapacityError{fmt.Sprintf("device %s: %s of %s requested with %s already in use exceeds its capacity %s",
+				dev.Device.Name, want.String(), name, inUse.String(), capacity.Value.String())}
 		}
 	}
 	return nil

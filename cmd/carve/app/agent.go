@@ -94,6 +94,12 @@ type Options struct {
 	MPSCgroup string
 }
 
+// prepareConflictWait is how long a prepare waits for another claim's
+// record that still holds its device (prepare.Options.ConflictWait): well
+// within the kubelet's timeout for NodePrepareResources, and far under the
+// retry backoff a refused prepare costs the pod.
+const prepareConflictWait = 10 * time.Second
+
 // Run runs the kubelet plugin until ctx is done or a fatal error occurs,
 // which it returns.
 func Run(ctx context.Context, opts Options) error {
@@ -168,6 +174,7 @@ func Run(ctx context.Context, opts Options) error {
 		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: records, CDI: cdiWriter,
 		Preparers: k.preparers, Devices: inv.devices, Metrics: metrics, Health: devHealth.watch(inv.devices, inv.subscribe),
 		StatusClient: status.NewAsync(ctx, status.ClaimStatusWriter{Client: opts.KubeClient}),
+		ConflictWait: prepareConflictWait,
 		Fatal:        func(err error) { cancel(err) },
 	})
 	if err != nil {

@@ -2,15 +2,18 @@ package app_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
@@ -189,6 +192,52 @@ func TestBadClaimsFailCleanly(t *testing.T) {
 	}
 	if files := e.specFiles(); len(files) != 1 {
 		t.Errorf("CDI specs = %v, want only the good claim's", files)
+	}
+}
+
+// A share over its device's capacity waits, up to ConflictWait, for the
+// claim whose record holds the capacity to be unprepared: the scheduler
+// gives the capacity away as soon as the old claim's allocation is gone,
+// and the kubelet unprepares the old claim on its own time, often just
+// after (on the real node, a refused prepare cost the new pod the kubelet's
+// 74 s retry backoff). A claim that does not leave is refused once the
+// wait is over.
+func TestPrepareWaitsForALeavingClaim(t *testing.T) {
+	e := newEnv(t, nil)
+	e.conflictWait = time.Minute
+	e.driver = e.newDriver(nil)
+	a := claim("a", "a", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-a", consumed: bw("20G")}})
+	b := claim("b", "b", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-b", consumed: bw("5G")}})
+	c := claim("c", "c", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-c", consumed: bw("1G")}})
+	if res := e.prepare(a, b); res["a"].Err != nil || res["b"].Err != nil {
+		t.Fatalf("a, b = %v, %v", res["a"].Err, res["b"].Err)
+	}
+	// b's unprepare comes while c waits; the kubelet calls each claim on
+	// its own, so c's wait holds nothing b's unprepare needs.
+	left := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		res, err := e.driver.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{{UID: "b"}})
+		left <- errors.Join(err, res["b"])
+	}()
+	if res := e.prepare(c); res["c"].Err != nil {
+		t.Errorf("c, while b was leaving: %v", res["c"].Err)
+	}
+	if err := <-left; err != nil {
+		t.Fatalf("unprepare b: %v", err)
+	}
+	if _, ok := e.records()["b"]; ok {
+		t.Fatal("b is still recorded: c was prepared beside it, over the capacity")
+	}
+
+	e.conflictWait = 200 * time.Millisecond
+	e.driver = e.newDriver(nil)
+	d := claim("d", "d", []result{{request: "net", device: "nic-0000-17-00-0", share: "s-d", consumed: bw("5G")}})
+	if res := e.prepare(d); res["d"].Err == nil || !strings.Contains(res["d"].Err.Error(), "exceeds its capacity") {
+		t.Errorf("d beside a and c, which stay = %v, want over capacity", res["d"].Err)
+	}
+	if _, ok := e.records()["d"]; ok {
+		t.Error("refused d recorded")
 	}
 }
 

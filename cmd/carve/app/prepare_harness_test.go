@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -41,6 +42,8 @@ type env struct {
 	driver  *prepare.Driver
 	devices map[string]slices.Entry
 	cp      *prepare.Checkpoint
+	// conflictWait is the drivers' ConflictWait; 0 fails at once.
+	conflictWait time.Duration
 }
 
 // recorder is a preparer that counts calls, so tests can see that nothing is
@@ -110,7 +113,7 @@ func (e *env) newDriver(nic *recorder) *prepare.Driver {
 		preparers[names.KindNIC] = nic
 	}
 	d, err := prepare.NewDriver(prepare.Options{DriverName: driverName, StateDir: e.state, Checkpoint: e.cp, CDI: cdiWriter,
-		Preparers: preparers, Devices: func() map[string]slices.Entry { return e.devices }})
+		Preparers: preparers, Devices: func() map[string]slices.Entry { return e.devices }, ConflictWait: e.conflictWait})
 	if err != nil {
 		e.t.Fatal(err)
 	}
