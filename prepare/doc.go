@@ -23,7 +23,12 @@
 // opaque configuration (package api/v1alpha1), checks that every device is
 // its own, that an unshared device is not prepared for another claim and
 // that shares fit the device's capacity, and records the claim as started
-// in the checkpoint (package checkpoint). After the preparers it writes the
+// in the checkpoint (package checkpoint). Where another claim's record
+// still holds the device, the claim waits for it (Options.ConflictWait, 10
+// s in the agent): the scheduler hands out what an old claim had as soon as
+// its allocation is gone from the API server, while the kubelet unprepares
+// the old claim on its own time, and a refused prepare would cost the new
+// pod the kubelet's retry backoff. After the preparers it writes the
 // claim's CDI spec (package cdi) and info file, records the claim as
 // completed, and reports network data in the claim's status (package
 // status), after the answer to the kubelet rather than inside prepare. A
