@@ -231,8 +231,9 @@ func (d *Driver) recordStarted(ctx context.Context, work []*claimWork, devices m
 	started := make(map[*claimWork]bool, len(work))
 	for {
 		var waiting []string
+		var holders []types.UID
 		err := d.opts.Checkpoint.Update(func(recs *Records) error {
-			waiting = waiting[:0]
+			waiting, holders = waiting[:0], holders[:0]
 			for _, w := range work {
 				if started[w] {
 					continue
@@ -246,7 +247,7 @@ func (d *Driver) recordStarted(ctx context.Context, work []*claimWork, devices m
 				if err := checkConflicts(w.claim.UID, w.allocs, recs, devices); err != nil {
 					var held *conflictError
 					if errors.As(err, &held) && time.Now().Before(deadline) && ctx.Err() == nil {
-						waiting = append(waiting, err.Error())
+						waiting, holders = append(waiting, err.Error()), append(holders, held.holders...)
 						continue
 					}
 					w.result, w.done = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s: %w", klog.KObj(w.claim), err)}, true
@@ -265,18 +266,57 @@ func (d *Driver) recordStarted(ctx context.Context, work []*claimWork, devices m
 			return err
 		}
 		klog.FromContext(ctx).V(2).Info("Waiting for another claim's record to go", "conflicts", waiting)
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
+		if err := waitForGone(ctx, d.opts.Checkpoint, holders, deadline); err != nil {
+			return err
 		}
 	}
 }
 
+// waitForGone polls, reading only, until a record of holders is gone, the
+// deadline passes or ctx ends: the conflicts are checked again (and the
+// checkpoint written) only once something may have changed.
+func waitForGone(ctx context.Context, cp *Checkpoint, holders []types.UID, deadline time.Time) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+		held, err := cp.Lookup(holders...)
+		if err != nil {
+			return err
+		}
+		if len(held) < len(uniqueUIDs(holders)) || !time.Now().Before(deadline) {
+			return nil
+		}
+	}
+}
+
+func uniqueUIDs(uids []types.UID) map[types.UID]bool {
+	out := make(map[types.UID]bool, len(uids))
+	for _, u := range uids {
+		out[u] = true
+	}
+	return out
+}
+
 // conflictError is a refusal of checkConflicts that another claim's
 // unprepare may end.
-type conflictError struct{ error }
+type conflictError struct {
+	error
+	// holders are the claims whose records hold the device.
+	holders []types.UID
+}
 
 func (e *conflictError) Unwrap() error { return e.error }
+
+func claimUIDs(allocs []Allocation) []types.UID {
+	out := make([]types.UID, 0, len(allocs))
+	for _, a := range allocs {
+		out = append(out, a.ClaimUID)
+	}
+	return out
+}
 
 // checkConflicts is the driver's last line of defence against a device
 // given twice: an unshared device must not be prepared for another claim,
@@ -301,18 +341,18 @@ func checkConflicts(uid types.UID, allocs []Allocation, recs *Records, devices m
 		others := byDevice[a.Device]
 		if a.ShareID == nil {
 			if len(others) > 0 {
-				return &conflictError{fmt.Errorf("device %s is already prepared for claim %s/%s", a.Device, others[0].ClaimNamespace, others[0].ClaimName)}
+				return &conflictError{fmt.Errorf("device %s is already prepared for claim %s/%s", a.Device, others[0].ClaimNamespace, others[0].ClaimName), claimUIDs(others)}
 			}
 		} else {
 			for _, o := range others {
 				if o.ShareID == nil {
-					return &conflictError{fmt.Errorf("device %s is already prepared whole for claim %s/%s", a.Device, o.ClaimNamespace, o.ClaimName)}
+					return &conflictError{fmt.Errorf("device %s is already prepared whole for claim %s/%s", a.Device, o.ClaimNamespace, o.ClaimName), []types.UID{o.ClaimUID}}
 				}
 			}
 			if err := CheckCapacity(devices[a.Device], a, others); err != nil {
 				var over *OverCapacityError
 				if errors.As(err, &over) {
-					return &conflictError{err}
+					return &conflictError{err, claimUIDs(others)}
 				}
 				return err
 			}
