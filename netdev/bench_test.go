@@ -11,6 +11,7 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
+	"github.com/carve-dra/carve/netdev"
 )
 
 // BenchmarkConformance measures how well shares are held to their
@@ -145,8 +146,9 @@ func BenchmarkPrepareNetworkClaim(b *testing.B) {
 // or a UDP flood (iperf3) at twice its rate; 10M and 100M shares, each way.
 // It reports the ping's p50 and p99 round trip (ms), the bulk TCP flows'
 // own smoothed RTT from TCP_INFO (p50 over flows and 100 ms samples, ms),
-// their goodput over the limit, Jain's fairness index over them, and how
-// many of the share's frames went through its sparse child (bpf/flows.h).
+// their goodput over the limit, Jain's fairness index over them, how many
+// of the share's frames went through its sparse child (bpf/flows.h), and
+// how many of its frames its queues dropped.
 func BenchmarkLatencyUnderLoad(b *testing.B) {
 	for _, load := range []string{"idle", "tcp1", "tcp8", "tcp32", "udp2x"} {
 		for _, limit := range []string{"10M", "100M"} {
@@ -161,7 +163,7 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 	env := newBench(b)
 	s := env.add("lat", limit, limit, nil)
 	key := bpf.Key{MAC: s.mac, Dir: dir}
-	var p50, p99, srtt, goodput, jain, sparse, lost float64
+	var p50, p99, srtt, goodput, jain, sparse, lost, drops float64
 	for b.Loop() {
 		// The load's flows, each to its own port.
 		var flows []nettest.Flow
@@ -185,6 +187,7 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 			flows = append(flows, f)
 		}
 		before, _ := env.shaper.Flows()
+		dropsBefore := netdev.ClassDrops(env.p)[key]
 		type outcome struct {
 			tcp []nettest.Result
 			err error
@@ -214,6 +217,7 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 			b.Fatal(out.err)
 		}
 		after, _ := env.shaper.Flows()
+		drops += float64(netdev.ClassDrops(env.p)[key] - dropsBefore)
 		p50 += float64(nettest.Quantile(rtts, 0.5)) / 1e6
 		p99 += float64(nettest.Quantile(rtts, 0.99)) / 1e6
 		lost += float64(l)
@@ -242,4 +246,5 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 		b.ReportMetric(jain/nf, "jain")
 	}
 	b.ReportMetric(sparse/nf, "sparse-frames")
+	b.ReportMetric(drops/nf, "drops")
 }

@@ -1,5 +1,7 @@
 package netdev
 
+import "github.com/carve-dra/carve/bpf"
+
 // KeyByAddress makes p tell every bandwidth share apart by address, as it
 // does ipvlan's: where the kernel has no ipvlan, macvlan children (which
 // have addresses too) carry the address-keyed path in tests.
@@ -11,3 +13,7 @@ func HeldShares(p *NICPreparer, parent string) int {
 	defer p.mu.Unlock()
 	return len(p.held[parent])
 }
+
+// ClassDrops is each share's drops at its HTB leaves (bfifo, or fq_codel
+// where the kernel has it), as carve_share_drops_total reports them.
+func ClassDrops(p *NICPreparer) map[bpf.Key]uint64 { return p.classDrops() }
