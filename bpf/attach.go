@@ -124,7 +124,7 @@ func (s *Shaper) attachAt(ifindex int, prog *ebpf.Program, name string, at ebpf.
 		return fmt.Errorf("bad ifindex %d", ifindex)
 	}
 	if forceLegacy {
-		return s.attachLegacy(ifindex, prog, name, hookParent(at))
+		return attachLegacy(ifindex, prog, name, hookParent(at))
 	}
 	path, err := s.pinPath(name, ifindex)
 	if err != nil {
@@ -154,7 +154,7 @@ func (s *Shaper) attachAt(ifindex int, prog *ebpf.Program, name string, at ebpf.
 		Anchor:    link.Head(),
 	})
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		return s.attachLegacy(ifindex, prog, name, hookParent(at))
+		return attachLegacy(ifindex, prog, name, hookParent(at))
 	}
 	if err != nil {
 		return fmt.Errorf("attach %s to ifindex %d: %w", name, ifindex, err)
@@ -284,7 +284,7 @@ func CleanupDefunct(pinDir string) (removed []string, err error) {
 // attachLegacy adds (or atomically replaces) a direct-action cls_bpf filter
 // on the clsact hook (egress or ingress). The filter holds the program, so it too
 // outlives this process; a fixed priority and handle make it replaceable.
-func (s *Shaper) attachLegacy(ifindex int, prog *ebpf.Program, name string, hook uint32) error {
+func attachLegacy(ifindex int, prog *ebpf.Program, name string, hook uint32) error {
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{
 			LinkIndex: ifindex,

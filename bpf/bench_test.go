@@ -73,7 +73,7 @@ func benchClassify(b *testing.B, src []byte, pod, guard, learned, flows, counted
 		}
 	}
 	if flows {
-		if err := s.SetShareQueue(Egress, mac1, 100e6); err != nil {
+		if err := s.SetShareQueue(Egress, mac1, ShareQueue{BitsPerSec: 100e6, ClassIfindex: 7, Minor: 0x10}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -35,7 +35,7 @@ func (s *Shaper) AttachEgressShaper(parent, shaper, back int, shaperMAC net.Hard
 	// RCU grace period (7–15 ms here), paid on the first limited share of
 	// every parent, and no program but this one ever runs on the device,
 	// so TCX's ordering buys nothing there.
-	if err := s.attachLegacy(back, s.objs.ReturnShaped, shaperProgReturnShaped, netlink.HANDLE_MIN_INGRESS); err != nil {
+	if err := attachLegacy(back, s.objs.ReturnShaped, shaperProgReturnShaped, netlink.HANDLE_MIN_INGRESS); err != nil {
 		if terr := s.attachAt(back, s.objs.ReturnShaped, shaperProgReturnShaped, ebpf.AttachTCXIngress); terr != nil {
 			return errors.Join(err, terr)
 		}

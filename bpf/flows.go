@@ -1,14 +1,18 @@
 package bpf
 
 import (
+	"errors"
 	"fmt"
 	"net"
+
+	"github.com/cilium/ebpf"
 )
 
 // Flow isolation inside a share (flows.h): a share whose class has flow
 // children (netdev makes them) gets a queue entry with its rate, and the
 // classifier then sends its sparse flows to one child, served first, and
-// its bulk flows to another.
+// each of its bulk flows to a bulk child of its own while one is free,
+// whose queue the AQM (aqm.h) keeps short.
 
 // FlowSparseChild and FlowBulkFirst are flows.h's: the child classes of a
 // share's class C are C+FlowSparseChild (sparse flows) and C+FlowBulkFirst
@@ -16,23 +20,102 @@ import (
 const (
 	FlowSparseChild  = 1
 	FlowBulkFirst    = 2
-	FlowBulkChildren = 1
+	FlowBulkChildren = 8
 )
 
-// SetShareQueue turns on flow isolation for the share named by mac in dir,
-// at rate bits/s (its class's): its class must have the children above.
-func (s *Shaper) SetShareQueue(dir Direction, mac net.HardwareAddr, bitsPerSec uint64) error {
+// aqmRoundFrame is the frame whose time at a share's rate, 2.5 times, is
+// each busy bulk child's part of the AQM's target (aqm.h).
+const aqmRoundFrame = 1514
+
+// ShareQueue is where a flow-isolated share's classes are: class 1:Minor
+// on the device ClassIfindex (the parent's egress shaper, its IFB), with
+// the children above.
+type ShareQueue struct {
+	BitsPerSec   uint64
+	ClassIfindex int
+	Minor        uint16
+}
+
+// SetShareQueue turns on flow isolation for the share named by mac in dir:
+// the classifier sorts its flows into its children, and the AQM of each
+// bulk child starts afresh.
+func (s *Shaper) SetShareQueue(dir Direction, mac net.HardwareAddr, q ShareQueue) error {
 	k, err := makeKey(dir, mac)
 	if err != nil {
 		return err
 	}
-	if bitsPerSec < 8 {
-		return fmt.Errorf("rate %d bit/s is under a byte per second", bitsPerSec)
+	if q.BitsPerSec < 8 {
+		return fmt.Errorf("rate %d bit/s is under a byte per second", q.BitsPerSec)
 	}
-	if err := s.objs.ShareQueues.Put(&k, &shaperShareQueue{BytesPerSec: bitsPerSec / 8}); err != nil {
+	if q.ClassIfindex <= 0 || q.ClassIfindex > 0xffffff {
+		return fmt.Errorf("share %s: class device ifindex %d out of range", mac, q.ClassIfindex)
+	}
+	bps := q.BitsPerSec / 8
+	round := uint64(aqmRoundFrame) * 1e9 * 5 / 2 / bps
+	for i := range FlowBulkChildren {
+		ak := shaperAqmKey{Ifindex: uint32(q.ClassIfindex), Minor: q.Minor + FlowBulkFirst + uint16(i)}
+		if err := s.objs.AqmState.Put(&ak, &shaperAqmVal{Share: k, RoundNs: round}); err != nil {
+			return fmt.Errorf("the AQM entry of share %s's class 1:%x: %w", mac, ak.Minor, err)
+		}
+	}
+	if err := s.objs.ShareChildren.Put(&k, &shaperBulkChildren{BytesPerSec: bps, ClassIfindex: uint32(q.ClassIfindex)}); err != nil {
+		return fmt.Errorf("the children entry of share %s: %w", mac, err)
+	}
+	if err := s.objs.ShareQueues.Put(&k, &shaperShareQueue{BytesPerSec: bps}); err != nil {
 		return fmt.Errorf("the queue entry of share %s: %w", mac, err)
 	}
 	return nil
+}
+
+// deleteShareQueue removes the children and AQM entries of the share k,
+// whose class is classid.
+func (s *Shaper) deleteShareQueue(k *shaperShareKey, classid uint32) error {
+	var c shaperBulkChildren
+	if err := s.objs.ShareChildren.Lookup(k, &c); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return err
+	}
+	if classid != 0 {
+		for i := range FlowBulkChildren {
+			ak := shaperAqmKey{Ifindex: c.ClassIfindex, Minor: uint16(classid) + FlowBulkFirst + uint16(i)}
+			var v shaperAqmVal
+			// Only the share's own: the minor may be another's by now.
+			if s.objs.AqmState.Lookup(&ak, &v) == nil && v.Share == *k {
+				if err := s.objs.AqmState.Delete(&ak); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return err
+				}
+			}
+		}
+	}
+	if err := s.objs.ShareChildren.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+// AQMCounters are what a share's AQM did: frames dropped, and frames
+// marked CE instead.
+type AQMCounters struct{ Drops, Marks uint64 }
+
+// AQM returns each share's AQM counters, summed over CPUs.
+func (s *Shaper) AQM() (map[Key]AQMCounters, error) { return aqmCounters(s.objs.ShareAqmStats) }
+
+func aqmCounters(m *ebpf.Map) (map[Key]AQMCounters, error) {
+	out := map[Key]AQMCounters{}
+	var k shaperShareKey
+	var per []shaperAqmCounters
+	it := m.Iterate()
+	for it.Next(&k, &per) {
+		var c AQMCounters
+		for _, p := range per {
+			c.Drops += p.Drops
+			c.Marks += p.Marks
+		}
+		out[k.key()] = c
+	}
+	return out, it.Err()
 }
 
 // FlowCounters are how many frames of a share went through its sparse and

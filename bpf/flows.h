@@ -6,11 +6,11 @@
 //
 // A share with a share_queues entry has, under its HTB class C (its
 // classid), a child class for its sparse flows, C + FLOW_SPARSE_CHILD, at
-// HTB priority 0, and one for its bulk flows, C + FLOW_BULK_FIRST, at
-// priority 1, each with an MTU quantum: HTB serves the sparse child first,
-// and both borrow up to the share's rate and no further (the agent makes
-// them; netdev/flows.go). The bulk child's bfifo is the bound the share's
-// one queue had before, so bulk traffic fares as it did.
+// HTB priority 0, and FLOW_BULK_CHILDREN for its bulk flows, C +
+// FLOW_BULK_FIRST on, at priority 1, each with an MTU quantum: HTB serves
+// the sparse child first and the bulk children round-robin, a frame each
+// turn, and all of them borrow up to the share's rate and no further (the
+// agent makes them; netdev/flows.go).
 //
 // A flow (skb->hash) is sparse while it sends at under 1/FLOW_SPARSE_DIV
 // of the share's rate: its own virtual clock at that rate stays within
@@ -18,10 +18,16 @@
 // turns bulk is past it within a few packets (a GSO burst at once), and
 // stays bulk until idle for FLOW_IDLE_NS, so nothing gains priority by
 // volume or by pausing, and no flow's frames overtake its own.
-
+//
+// A flow that turns bulk is given a bulk child of its own while one is
+// idle (share_children), else the next in turn, and keeps it until it goes
+// idle: unlike a hash of the flow, eight flows get eight children, so each
+// gets an equal part of the share. The children's queues are kept short
+// by the AQM in aqm.h, which needs each frame stamped with the class it
+// went to (aqm_stamp).
 #define FLOW_SPARSE_CHILD 1
 #define FLOW_BULK_FIRST 2
-#define FLOW_BULK_CHILDREN 1
+#define FLOW_BULK_CHILDREN 8
 #define FLOW_SPARSE_DIV 16
 #define FLOW_SPARSE_BYTES 3028 // two full frames
 #define FLOW_IDLE_NS (100ULL * 1000 * 1000)
@@ -48,8 +54,26 @@ struct flow_key {
 struct flow_val {
 	__u64 vclock; // the flow's own clock at 1/FLOW_SPARSE_DIV of the share's rate
 	__u32 bulk;   // bulk until idle for FLOW_IDLE_NS
-	__u32 pad;
+	__u32 child;  // its bulk child, 1-based; 0: none yet (and an older carve's entries)
 };
+
+// A share's bulk children, written by the agent with the share's
+// share_queues entry (an older agent's shares have none: all their bulk
+// flows share FLOW_BULK_FIRST, unstamped).
+struct bulk_children {
+	__u64 bytes_per_sec;                 // the share's rate
+	__u64 last[FLOW_BULK_CHILDREN];      // when each bulk child last got a frame
+	__u32 next;                          // where the search for an idle child starts
+	__u32 class_ifindex;                 // the device that holds the share's class (egress shaper, IFB)
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct share_key);
+	__type(value, struct bulk_children);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} share_children SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -88,16 +112,48 @@ static __always_inline void flow_count(struct share_key *key, int sparse)
 	c->bulk += !sparse;
 }
 
+// The AQM of the bulk children: aqm_stamp, aqm_enqueue, aqm_dequeue.
+#include "aqm.h"
+
+// bulk_child picks a bulk child for a flow that turned bulk: the first idle
+// one from c->next on, else c->next itself. 0-based.
+static __always_inline __u32 bulk_child(struct bulk_children *c, __u64 now)
+{
+	__u32 start = c->next % FLOW_BULK_CHILDREN;
+	__u32 pick = start;
+#pragma unroll
+	for (__u32 j = 0; j < FLOW_BULK_CHILDREN; j++) {
+		__u32 i = (start + j) % FLOW_BULK_CHILDREN;
+		if (c->last[i] + FLOW_IDLE_NS < now) {
+			pick = i;
+			break;
+		}
+	}
+	c->next = (pick + 1) % FLOW_BULK_CHILDREN;
+	return pick;
+}
+
 // share_flows_classify puts skb, a frame of the share named by key whose
-// class is classid, in the child class its flow belongs to (skb->priority).
-// A share with no share_queues entry keeps its one class.
-static __always_inline void share_flows_classify(struct __sk_buff *skb, struct share_key *key, __u32 classid)
+// class is classid, in the child class its flow belongs to (skb->priority),
+// and stamps it for the AQM where the share has bulk children. A share
+// with no share_queues entry keeps its one class. It returns 1 where the
+// AQM drops skb, else 0.
+static __always_inline int share_flows_classify(struct __sk_buff *skb, struct share_key *key, __u32 classid)
 {
 	skb->priority = classid;
-	struct share_queue *q = bpf_map_lookup_elem(&share_queues, key);
-	if (!q || !q->bytes_per_sec)
-		return;
-	__u64 slow = q->bytes_per_sec / FLOW_SPARSE_DIV;
+	__u64 bps;
+	struct bulk_children *c = bpf_map_lookup_elem(&share_children, key);
+	if (c) {
+		bps = c->bytes_per_sec;
+	} else {
+		struct share_queue *q = bpf_map_lookup_elem(&share_queues, key);
+		if (!q)
+			return 0;
+		bps = q->bytes_per_sec;
+	}
+	if (!bps)
+		return 0;
+	__u64 slow = bps / FLOW_SPARSE_DIV;
 	if (!slow)
 		slow = 1;
 	__u64 len = skb->len;
@@ -105,23 +161,47 @@ static __always_inline void share_flows_classify(struct __sk_buff *skb, struct s
 	struct flow_key fk = { .dir = key->dir, .hash = bpf_get_hash_recalc(skb) };
 	__builtin_memcpy(fk.mac, key->mac, ETH_ALEN);
 	struct flow_val *f = bpf_map_lookup_elem(&share_flows, &fk);
-	int sparse;
+	struct flow_val nf = {};
 	if (f) {
 		// A bulk flow stays bulk until it has been idle (its clock
 		// behind now) for a while: see above.
-		if (f->bulk && f->vclock + FLOW_IDLE_NS < now)
+		if (f->bulk && f->vclock + FLOW_IDLE_NS < now) {
 			f->bulk = 0;
+			f->child = 0;
+		}
 		__u64 vc = f->vclock > now ? f->vclock : now;
 		vc += len * NSEC_PER_SEC / slow;
 		f->vclock = vc; // racing CPUs may lose a frame's worth: harmless
 		if (vc - now > FLOW_SPARSE_BYTES * NSEC_PER_SEC / slow)
 			f->bulk = 1;
-		sparse = !f->bulk;
 	} else {
-		sparse = len <= FLOW_SPARSE_BYTES;
-		struct flow_val nf = { .vclock = now + len * NSEC_PER_SEC / slow, .bulk = !sparse };
-		bpf_map_update_elem(&share_flows, &fk, &nf, BPF_ANY);
+		nf.vclock = now + len * NSEC_PER_SEC / slow;
+		nf.bulk = len > FLOW_SPARSE_BYTES;
+		f = &nf;
 	}
-	skb->priority = classid + (sparse ? FLOW_SPARSE_CHILD : FLOW_BULK_FIRST);
-	flow_count(key, sparse);
+	__u32 child = FLOW_SPARSE_CHILD;
+	if (f->bulk) {
+		child = FLOW_BULK_FIRST;
+		if (c) {
+			__u32 i = f->child;
+			if (i < 1 || i > FLOW_BULK_CHILDREN) {
+				i = bulk_child(c, now) + 1;
+				f->child = i;
+			}
+			i -= 1;
+			if (i < FLOW_BULK_CHILDREN) // for the verifier
+				c->last[i] = now;
+			child += i;
+		}
+	}
+	if (f == &nf)
+		bpf_map_update_elem(&share_flows, &fk, &nf, BPF_ANY);
+	skb->priority = classid + child;
+	if (c) {
+		if (child != FLOW_SPARSE_CHILD && aqm_enqueue(skb, c->class_ifindex, skb->priority & 0xffff, now))
+			return 1;
+		aqm_stamp(skb, c->class_ifindex, skb->priority, now);
+	}
+	flow_count(key, child == FLOW_SPARSE_CHILD);
+	return 0;
 }

@@ -698,7 +698,8 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 			__builtin_memcpy(key.mac, n->mac, ETH_ALEN);
 			skb->priority = n->classid;
 			if (n->classid) {
-				share_flows_classify(skb, &key, n->classid);
+				if (share_flows_classify(skb, &key, n->classid))
+					return TC_ACT_SHOT; // the AQM's
 				count(&key, skb->len);
 			}
 			return CARVE_TCX_NEXT;
@@ -730,7 +731,8 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 	}
 	if (!v)
 		return CARVE_TCX_NEXT;
-	share_flows_classify(skb, &key, v->classid);
+	if (share_flows_classify(skb, &key, v->classid))
+		return TC_ACT_SHOT; // the AQM's
 	count(&key, skb->len);
 	return CARVE_TCX_NEXT;
 }
@@ -769,6 +771,17 @@ int redirect_ingress(struct __sk_buff *skb)
 	if (!ifb)
 		return CARVE_TCX_NEXT;
 	return bpf_redirect(*ifb, 0); // to the IFB's egress, its HTB
+}
+
+// On the ingress of a share's own interface (in its pod; the runtime hook
+// attaches it): the ingress side's first hook after the IFB's queue, where
+// the share's AQM judges each frame (aqm.h). Everything else passes.
+SEC("tc")
+int share_dequeued(struct __sk_buff *skb)
+{
+	if (aqm_dequeue(skb))
+		return TC_ACT_SHOT;
+	return CARVE_TCX_NEXT;
 }
 
 // Egress only: keyed by the sending pod's netns, else by source MAC, else

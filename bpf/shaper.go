@@ -1,6 +1,6 @@
 package bpf
 
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return -type share_queue -type flow_key -type flow_val -type flow_counters shaper shaper.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return -type share_queue -type flow_key -type flow_val -type flow_counters -type bulk_children -type aqm_key -type aqm_val -type aqm_counters shaper shaper.c
 
 import (
 	"errors"
@@ -113,6 +113,10 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		return nil, fmt.Errorf("load shaper: %w", err)
+	}
+	if err := s.pinDequeued(); err != nil {
+		s.objs.Close()
+		return nil, err
 	}
 	return s, nil
 }
@@ -238,9 +242,16 @@ func (s *Shaper) DeleteShare(dir Direction, mac net.HardwareAddr) error {
 	if err != nil {
 		return err
 	}
+	var v shaperShareVal
+	if err := s.objs.Shares.Lookup(&k, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	if err := s.deleteShareQueue(&k, v.Classid); err != nil {
+		return err
+	}
 	// Share first: a packet that found the share just before may still
 	// recreate a small stats entry, which the next DeleteShare removes.
-	maps := []*ebpf.Map{s.objs.Shares, s.objs.ShareStats, s.objs.ShareQueues, s.objs.ShareFlowStats}
+	maps := []*ebpf.Map{s.objs.Shares, s.objs.ShareStats, s.objs.ShareQueues, s.objs.ShareFlowStats, s.objs.ShareAqmStats}
 	if dir == Egress {
 		maps = append(maps, s.objs.ShareRates)
 	}

@@ -27,6 +27,42 @@ type shaperAddrOwner struct {
 	Pad [2]uint8
 }
 
+type shaperAqmCounters struct {
+	_     structs.HostLayout
+	Drops uint64
+	Marks uint64
+}
+
+type shaperAqmKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Minor   uint16
+	Pad     uint16
+}
+
+type shaperAqmVal struct {
+	_           structs.HostLayout
+	Share       shaperShareKey
+	RoundNs     uint64
+	FirstAbove  uint64
+	DropNext    uint64
+	LastDequeue uint64
+	TargetNs    uint64
+	Count       uint32
+	Lastcount   uint32
+	Dropping    uint16
+	Owed        uint16
+	RecInvSqrt  uint32
+}
+
+type shaperBulkChildren struct {
+	_            structs.HostLayout
+	BytesPerSec  uint64
+	Last         [8]uint64
+	Next         uint32
+	ClassIfindex uint32
+}
+
 type shaperDropKey struct {
 	_      structs.HostLayout
 	Mac    [6]uint8
@@ -58,7 +94,7 @@ type shaperFlowVal struct {
 	_      structs.HostLayout
 	Vclock uint64
 	Bulk   uint32
-	Pad    uint32
+	Child  uint32
 }
 
 type shaperLearnedKey struct {
@@ -131,6 +167,7 @@ type shaperShareVal struct {
 const (
 	shaperMapAddrsUsed        = "addrs_used"
 	shaperMapAllowedAddrs     = "allowed_addrs"
+	shaperMapAqmState         = "aqm_state"
 	shaperMapEgressShapers    = "egress_shapers"
 	shaperMapIfbOf            = "ifb_of"
 	shaperMapLearnedCount     = "learned_count"
@@ -139,6 +176,8 @@ const (
 	shaperMapLocalMacs        = "local_macs"
 	shaperMapShaperReturns    = "shaper_returns"
 	shaperMapShareAddrs       = "share_addrs"
+	shaperMapShareAqmStats    = "share_aqm_stats"
+	shaperMapShareChildren    = "share_children"
 	shaperMapShareFlowStats   = "share_flow_stats"
 	shaperMapShareFlows       = "share_flows"
 	shaperMapShareNetns       = "share_netns"
@@ -152,6 +191,7 @@ const (
 	shaperProgEdtEgress       = "edt_egress"
 	shaperProgRedirectIngress = "redirect_ingress"
 	shaperProgReturnShaped    = "return_shaped"
+	shaperProgShareDequeued   = "share_dequeued"
 )
 
 // loadShaper returns the embedded CollectionSpec for shaper.
@@ -201,6 +241,7 @@ type shaperProgramSpecs struct {
 	EdtEgress       *ebpf.ProgramSpec `ebpf:"edt_egress"`
 	RedirectIngress *ebpf.ProgramSpec `ebpf:"redirect_ingress"`
 	ReturnShaped    *ebpf.ProgramSpec `ebpf:"return_shaped"`
+	ShareDequeued   *ebpf.ProgramSpec `ebpf:"share_dequeued"`
 }
 
 // shaperMapSpecs contains maps before they are loaded into the kernel.
@@ -209,6 +250,7 @@ type shaperProgramSpecs struct {
 type shaperMapSpecs struct {
 	AddrsUsed       *ebpf.MapSpec `ebpf:"addrs_used"`
 	AllowedAddrs    *ebpf.MapSpec `ebpf:"allowed_addrs"`
+	AqmState        *ebpf.MapSpec `ebpf:"aqm_state"`
 	EgressShapers   *ebpf.MapSpec `ebpf:"egress_shapers"`
 	IfbOf           *ebpf.MapSpec `ebpf:"ifb_of"`
 	LearnedCount    *ebpf.MapSpec `ebpf:"learned_count"`
@@ -217,6 +259,8 @@ type shaperMapSpecs struct {
 	LocalMacs       *ebpf.MapSpec `ebpf:"local_macs"`
 	ShaperReturns   *ebpf.MapSpec `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.MapSpec `ebpf:"share_addrs"`
+	ShareAqmStats   *ebpf.MapSpec `ebpf:"share_aqm_stats"`
+	ShareChildren   *ebpf.MapSpec `ebpf:"share_children"`
 	ShareFlowStats  *ebpf.MapSpec `ebpf:"share_flow_stats"`
 	ShareFlows      *ebpf.MapSpec `ebpf:"share_flows"`
 	ShareNetns      *ebpf.MapSpec `ebpf:"share_netns"`
@@ -255,6 +299,7 @@ func (o *shaperObjects) Close() error {
 type shaperMaps struct {
 	AddrsUsed       *ebpf.Map `ebpf:"addrs_used"`
 	AllowedAddrs    *ebpf.Map `ebpf:"allowed_addrs"`
+	AqmState        *ebpf.Map `ebpf:"aqm_state"`
 	EgressShapers   *ebpf.Map `ebpf:"egress_shapers"`
 	IfbOf           *ebpf.Map `ebpf:"ifb_of"`
 	LearnedCount    *ebpf.Map `ebpf:"learned_count"`
@@ -263,6 +308,8 @@ type shaperMaps struct {
 	LocalMacs       *ebpf.Map `ebpf:"local_macs"`
 	ShaperReturns   *ebpf.Map `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.Map `ebpf:"share_addrs"`
+	ShareAqmStats   *ebpf.Map `ebpf:"share_aqm_stats"`
+	ShareChildren   *ebpf.Map `ebpf:"share_children"`
 	ShareFlowStats  *ebpf.Map `ebpf:"share_flow_stats"`
 	ShareFlows      *ebpf.Map `ebpf:"share_flows"`
 	ShareNetns      *ebpf.Map `ebpf:"share_netns"`
@@ -277,6 +324,7 @@ func (m *shaperMaps) Close() error {
 	return _ShaperClose(
 		m.AddrsUsed,
 		m.AllowedAddrs,
+		m.AqmState,
 		m.EgressShapers,
 		m.IfbOf,
 		m.LearnedCount,
@@ -285,6 +333,8 @@ func (m *shaperMaps) Close() error {
 		m.LocalMacs,
 		m.ShaperReturns,
 		m.ShareAddrs,
+		m.ShareAqmStats,
+		m.ShareChildren,
 		m.ShareFlowStats,
 		m.ShareFlows,
 		m.ShareNetns,
@@ -311,6 +361,7 @@ type shaperPrograms struct {
 	EdtEgress       *ebpf.Program `ebpf:"edt_egress"`
 	RedirectIngress *ebpf.Program `ebpf:"redirect_ingress"`
 	ReturnShaped    *ebpf.Program `ebpf:"return_shaped"`
+	ShareDequeued   *ebpf.Program `ebpf:"share_dequeued"`
 }
 
 func (p *shaperPrograms) Close() error {
@@ -320,6 +371,7 @@ func (p *shaperPrograms) Close() error {
 		p.EdtEgress,
 		p.RedirectIngress,
 		p.ReturnShaped,
+		p.ShareDequeued,
 	)
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/vishvananda/netlink"
+
 	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/netdev"
 )
@@ -146,7 +148,8 @@ func BenchmarkPrepareNetworkClaim(b *testing.B) {
 // or a UDP flood (iperf3) at twice its rate; 10M and 100M shares, each way.
 // It reports the ping's p50 and p99 round trip (ms), the bulk TCP flows'
 // own smoothed RTT from TCP_INFO (p50 over flows and 100 ms samples, ms),
-// their goodput over the limit, Jain's fairness index over them, how many
+// their goodput over the limit, what the share's class let out over the
+// limit (frame bytes, as HTB counts them, in the same window), Jain's fairness index over them, how many
 // of the share's frames went through its sparse child (bpf/flows.h), and
 // how many of its frames its queues dropped.
 func BenchmarkLatencyUnderLoad(b *testing.B) {
@@ -160,10 +163,13 @@ func BenchmarkLatencyUnderLoad(b *testing.B) {
 }
 
 func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string) {
+	// Long enough for the flows' slow start and its losses to be over:
+	// what is measured is the share under steady load.
+	const warm = 4 * time.Second
 	env := newBench(b)
 	s := env.add("lat", limit, limit, nil)
 	key := bpf.Key{MAC: s.mac, Dir: dir}
-	var p50, p99, srtt, goodput, jain, sparse, lost, drops float64
+	var p50, p99, srtt, goodput, sent, jain, sparse, lost, drops, aqmDrops, marks float64
 	for b.Loop() {
 		// The load's flows, each to its own port.
 		var flows []nettest.Flow
@@ -188,6 +194,7 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 		}
 		before, _ := env.shaper.Flows()
 		dropsBefore := netdev.ClassDrops(env.p)[key]
+		aqmBefore, _ := env.shaper.AQM()
 		type outcome struct {
 			tcp []nettest.Result
 			err error
@@ -201,11 +208,15 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 				_, err := nettest.RunIperfUDP(flows, 1400, []float64{2 * rate(limit)}, time.Second, 3*time.Second, nil)
 				loaded <- outcome{err: err}
 			default:
-				r, err := nettest.RunFlows(flows, time.Second, 3*time.Second, nil)
+				var at []uint64
+				r, err := nettest.RunFlows(flows, warm, 3*time.Second, func() { at = append(at, env.classSent(dir)) })
+				if err == nil {
+					sent += float64(at[1]-at[0]) * 8 / r[0].Duration.Seconds() / rate(limit)
+				}
 				loaded <- outcome{tcp: r, err: err}
 			}
 		}()
-		time.Sleep(1200 * time.Millisecond) // the load fills the share's queues
+		time.Sleep(warm + 200*time.Millisecond) // the load fills the share's queues
 		// Probes from the pod; under ingress load it is their replies
 		// that queue.
 		rtts, l, err := nettest.EchoRTT(s.pod, env.tp.Server, env.tp.ServerIP+":5302", 20*time.Millisecond, 2500*time.Millisecond)
@@ -218,6 +229,9 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 		}
 		after, _ := env.shaper.Flows()
 		drops += float64(netdev.ClassDrops(env.p)[key] - dropsBefore)
+		aqmAfter, _ := env.shaper.AQM()
+		aqmDrops += float64(aqmAfter[key].Drops - aqmBefore[key].Drops)
+		marks += float64(aqmAfter[key].Marks - aqmBefore[key].Marks)
 		p50 += float64(nettest.Quantile(rtts, 0.5)) / 1e6
 		p99 += float64(nettest.Quantile(rtts, 0.99)) / 1e6
 		lost += float64(l)
@@ -243,8 +257,45 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 	if strings.HasPrefix(load, "tcp") {
 		b.ReportMetric(srtt/nf, "bulk-srtt-p50-ms")
 		b.ReportMetric(goodput/nf, "goodput/limit")
+		b.ReportMetric(sent/nf, "sent/limit")
 		b.ReportMetric(jain/nf, "jain")
 	}
 	b.ReportMetric(sparse/nf, "sparse-frames")
 	b.ReportMetric(drops/nf, "drops")
+	b.ReportMetric(aqmDrops/nf, "aqm-drops")
+	b.ReportMetric(marks/nf, "aqm-marks")
+}
+
+// classSent is what the shaper of dir has let out of its top classes, the
+// shares' (bytes, HTB's count).
+func (b *bench) classSent(dir bpf.Direction) uint64 {
+	b.t.Helper()
+	h, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer h.Close()
+	parent, err := h.LinkByName(b.tp.Parent)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	name := netdev.EgressShaperName(parent.Attrs().Index)
+	if dir == bpf.Ingress {
+		name = netdev.IFBName(parent.Attrs().Index)
+	}
+	dev, err := h.LinkByName(name)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	classes, err := h.ClassList(dev, netlink.MakeHandle(1, 0))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var sent uint64
+	for _, c := range classes {
+		if c.Attrs().Parent == netlink.HANDLE_ROOT && c.Attrs().Statistics != nil && c.Attrs().Statistics.Basic != nil {
+			sent += c.Attrs().Statistics.Basic.Bytes
+		}
+	}
+	return sent
 }

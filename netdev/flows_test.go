@@ -1,22 +1,27 @@
 package netdev_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
-// On a kernel without fq_codel, a share's class has two children: its
-// sparse flows' (served first) and its bulk flows'. Under its own bulk
-// transfer, each way, a pod's ping goes through the sparse child and the
-// transfer through the bulk one, which the HTB classes' own counters show;
-// unprepare removes the children with the share's class. (The latency this
-// buys is measured by BenchmarkLatencyUnderLoad, not asserted here.)
+// On a kernel without fq_codel, a share's class has children: its sparse
+// flows' (served first) and its bulk flows', a child per flow. Under two
+// bulk transfers of its own, each way, a pod's ping goes through the sparse
+// child and each transfer through a bulk child of its own, which the HTB
+// classes' own counters show; unprepare removes the children with the
+// share's class. (The latency and fairness this buys are measured by
+// BenchmarkLatencyUnderLoad, not asserted here.)
 func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 	b := newBench(t)
 	node, err := netlink.NewHandleAt(b.tp.Node)
@@ -32,14 +37,18 @@ func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 	}
 	s := b.add("flows", "10M", "10M", nil)
 	for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-		f := nettest.Flow{From: s.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5401"}
-		if dir == bpf.Ingress {
-			f = nettest.Flow{From: b.tp.Server, To: s.pod, ToAddr: s.ip + ":5401"}
+		var flows []nettest.Flow
+		for _, port := range []string{"5401", "5402"} {
+			f := nettest.Flow{From: s.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":" + port}
+			if dir == bpf.Ingress {
+				f = nettest.Flow{From: b.tp.Server, To: s.pod, ToAddr: s.ip + ":" + port}
+			}
+			flows = append(flows, f)
 		}
 		before := b.classPackets(t, node, dir)
 		loaded := make(chan error, 1)
 		go func() {
-			_, err := nettest.RunFlows([]nettest.Flow{f}, 500*time.Millisecond, 2*time.Second, nil)
+			_, err := nettest.RunFlows(flows, 500*time.Millisecond, 2*time.Second, nil)
 			loaded <- err
 		}()
 		time.Sleep(700 * time.Millisecond)
@@ -51,13 +60,24 @@ func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 			t.Fatal(err)
 		}
 		after := b.classPackets(t, node, dir)
-		sparse, bulk := after[bpf.FlowSparseChild]-before[bpf.FlowSparseChild], after[bpf.FlowBulkFirst]-before[bpf.FlowBulkFirst]
-		t.Logf("%s: %d probes answered (%d lost); the sparse child sent %d packets, the bulk child %d", dir, len(rtts), lost, sparse, bulk)
+		sparse := after[bpf.FlowSparseChild] - before[bpf.FlowSparseChild]
+		var bulk []uint64
+		busy := 0
+		for i := range uint16(bpf.FlowBulkChildren) {
+			n := after[bpf.FlowBulkFirst+i] - before[bpf.FlowBulkFirst+i]
+			bulk = append(bulk, n)
+			if n >= 300 {
+				busy++
+			}
+		}
+		t.Logf("%s: %d probes answered (%d lost); the sparse child sent %d packets, the bulk children %v", dir, len(rtts), lost, sparse, bulk)
 		if int(sparse) < len(rtts) || sparse > uint64(len(rtts)+lost)+20 {
 			t.Errorf("%s: the sparse child sent %d packets for %d probes", dir, sparse, len(rtts)+lost)
 		}
-		if bulk < 500 {
-			t.Errorf("%s: the bulk child sent %d packets under a TCP transfer", dir, bulk)
+		// Two TCP transfers at once, each in a bulk child of its own:
+		// at 10M, about 1,000 frames each.
+		if busy != 2 {
+			t.Errorf("%s: %d bulk children sent 300 packets or more under two TCP transfers, want 2: %v", dir, busy, bulk)
 		}
 	}
 	if err := b.p.Unprepare(t.Context(), s.alloc, s.undo); err != nil {
@@ -71,6 +91,16 @@ func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 // the share's class (bpf.FlowSparseChild, bpf.FlowBulkFirst), on the
 // direction's device: the egress shaper, or the IFB.
 func (b *bench) classPackets(t *testing.T, node *netlink.Handle, dir bpf.Direction) map[uint16]uint64 {
+	t.Helper()
+	out := map[uint16]uint64{}
+	for off, c := range b.classStats(t, node, dir) {
+		out[off] = c.Packets
+	}
+	return out
+}
+
+// classStats is classPackets with bytes.
+func (b *bench) classStats(t *testing.T, node *netlink.Handle, dir bpf.Direction) map[uint16]bpf.Counters {
 	t.Helper()
 	parent, err := node.LinkByName(b.tp.Parent)
 	if err != nil {
@@ -88,7 +118,7 @@ func (b *bench) classPackets(t *testing.T, node *netlink.Handle, dir bpf.Directi
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[uint16]uint64{}
+	out := map[uint16]bpf.Counters{}
 	for _, c := range classes {
 		pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent)
 		if pmajor != 1 || pminor == 0 {
@@ -96,8 +126,85 @@ func (b *bench) classPackets(t *testing.T, node *netlink.Handle, dir bpf.Directi
 		}
 		_, minor := netlink.MajorMinor(c.Attrs().Handle)
 		if st := c.Attrs().Statistics; st != nil && st.Basic != nil {
-			out[minor-pminor] = uint64(st.Basic.Packets)
+			out[minor-pminor] = bpf.Counters{Bytes: st.Basic.Bytes, Packets: uint64(st.Basic.Packets)}
 		}
 	}
 	return out
+}
+
+// TestShareInterfaceQueueSettings checks what the hook gives a limited
+// share's interface in its pod: GSO super-packets of about a millisecond
+// of its egress rate (one frame at 10M), and, where its ingress class has
+// bulk children, the AQM's program on its ingress, once, however many of
+// the pod's containers ran the hook (b.add runs it twice).
+func TestShareInterfaceQueueSettings(t *testing.T) {
+	b := newBench(t)
+	for _, c := range []struct {
+		egress, ingress string
+		segs            uint32
+		aqm             bool
+	}{{"10M", "10M", 1, true}, {"100M", "", 8, false}, {"", "20M", 0, true}} {
+		s := b.add("q"+c.egress+c.ingress, c.egress, c.ingress, nil)
+		var flowClasses bool
+		if err := json.Unmarshal(s.undo, &struct{ FlowClasses *bool }{&flowClasses}); err != nil {
+			t.Fatal(err)
+		}
+		if !flowClasses && !b.hasFQCodel(t) {
+			t.Fatalf("share %s/%s has no flow classes on a kernel without fq_codel", c.egress, c.ingress)
+		}
+		err := hook.InNetns(s.pod, func() error {
+			iface, err := netlink.LinkByName(s.spec.PodName)
+			if err != nil {
+				return err
+			}
+			if got := iface.Attrs().GSOMaxSegs; c.segs == 0 && got < 64 {
+				t.Errorf("egress %q: GSO limit %d segments, want the kernel's", c.egress, got)
+			} else if c.segs != 0 && got != c.segs {
+				t.Errorf("egress %q: GSO limit %d segments, want %d", c.egress, got, c.segs)
+			}
+			res, err := link.QueryPrograms(link.QueryOptions{Target: iface.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+			if err != nil {
+				return err
+			}
+			n := 0
+			for _, p := range res.Programs {
+				prog, err := ebpf.NewProgramFromID(p.ID)
+				if err != nil {
+					continue
+				}
+				if info, err := prog.Info(); err == nil && info.Name == "share_dequeued" {
+					n++
+				}
+				prog.Close()
+			}
+			if want := map[bool]int{true: 1}[c.aqm && flowClasses]; n != want {
+				t.Errorf("egress %q ingress %q: share_dequeued attached %d times on the pod's interface, want %d", c.egress, c.ingress, n, want)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// hasFQCodel says whether the kernel has sch_fq_codel, which carve makes
+// the share's leaf instead of flow children.
+func (b *bench) hasFQCodel(t *testing.T) bool {
+	t.Helper()
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	parent, err := node.LinkByName(b.tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := netlink.NewFqCodel(netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x99, 0)})
+	if err := node.QdiscAdd(probe); err != nil {
+		return false
+	}
+	_ = node.QdiscDel(probe)
+	return true
 }

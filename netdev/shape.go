@@ -14,7 +14,8 @@ import (
 // shape gives the share a class of rate bits/s and points the classifier
 // on dev at it: for egress dev is the parent and the class is on its egress
 // shaper; for ingress dev is the parent's IFB, which holds the class too.
-func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr) (minor uint16, flows bool, err error) {
+// mtu is the parent's.
+func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr, mtu int) (minor uint16, flows bool, err error) {
 	classDev := dev
 	if dir == bpf.Egress {
 		// The parent's root qdisc stays the kernel's: the class goes on
@@ -43,7 +44,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	// error, so that the undo removes the class (and its children, with
 	// flows). The classifier entry, the only other record of it, is
 	// written last and may never be.
-	if flows, err = p.setQueues(classDev, minor, rate); err != nil {
+	if flows, err = p.setQueues(classDev, minor, rate, mtu); err != nil {
 		return minor, flows, err
 	}
 	// Attached (and checked to be first on the hook) once per device
@@ -57,7 +58,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	// The queue entry first: from the share entry on, its frames go to
 	// its children.
 	if flows {
-		if err := p.opts.Shaper.SetShareQueue(dir, mac, rate); err != nil {
+		if err := p.opts.Shaper.SetShareQueue(dir, mac, bpf.ShareQueue{BitsPerSec: rate, ClassIfindex: classDev.Attrs().Index, Minor: minor}); err != nil {
 			return minor, flows, fmt.Errorf("classifier entry: %w", err)
 		}
 	}

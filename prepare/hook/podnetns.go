@@ -27,6 +27,10 @@ type PodShareSpec struct {
 	AllowMACChange bool `json:"allowMACChange,omitempty"`
 	CheckIPv4      bool `json:"checkIPv4,omitempty"`
 	CheckIPv6      bool `json:"checkIPv6,omitempty"`
+	// IngressAQM says the share's ingress class has bulk children whose
+	// AQM runs on the interface's ingress, in the pod: the hook attaches
+	// the program the agent pinned (bpf.AttachDequeued).
+	IngressAQM bool `json:"ingressAQM,omitempty"`
 }
 
 // RecordPodNetns records, in the classifier's pinned map, that frames sent
