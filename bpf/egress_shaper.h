@@ -68,8 +68,9 @@ int classify_egress(struct __sk_buff *skb)
 // On the ingress of the shaper's return end: every frame there left a share
 // class of the shaper and goes back out of the parent, except what the node
 // itself sent from the shaper end (IPv6 neighbour discovery, LLDP...),
-// which must never reach the parent's wire, and what the AQM drops: this
-// is the first hook after the egress classes' queues (aqm.h).
+// which must never reach the parent's wire. It is the first hook after the
+// egress classes' queues, where the AQM learns each frame's sojourn
+// (aqm.h).
 SEC("tc")
 int return_shaped(struct __sk_buff *skb)
 {
@@ -81,7 +82,6 @@ int return_shaped(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	if (mac_eq(src, r->shaper_mac))
 		return TC_ACT_SHOT;
-	if (aqm_dequeue(skb))
-		return TC_ACT_SHOT;
+	aqm_dequeue(skb);
 	return bpf_redirect(r->parent_ifindex, 0); // to the parent's egress
 }

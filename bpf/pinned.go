@@ -26,6 +26,8 @@ type Pinned struct {
 	egressShapers *ebpf.Map
 	// spoofDrops is nil where the agent predates anti-spoofing.
 	spoofDrops *ebpf.Map
+	// aqmStats is nil where the agent predates the bulk children's AQM.
+	aqmStats *ebpf.Map
 }
 
 // OpenPinned opens the maps pinned under pinDir; an error wrapping
@@ -48,7 +50,7 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
-	}{{shaperMapShareAddrs, &p.addrs}, {shaperMapEgressShapers, &p.egressShapers}, {shaperMapSpoofDrops, &p.spoofDrops}} {
+	}{{shaperMapShareAddrs, &p.addrs}, {shaperMapEgressShapers, &p.egressShapers}, {shaperMapSpoofDrops, &p.spoofDrops}, {shaperMapShareAqmStats, &p.aqmStats}} {
 		path := filepath.Join(pinDir, m.name)
 		mp, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -63,7 +65,7 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 // Close releases the maps; the pins stay.
 func (p *Pinned) Close() error {
 	var err error
-	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates, p.addrs, p.egressShapers, p.spoofDrops} {
+	for _, m := range []*ebpf.Map{p.shares, p.stats, p.rates, p.addrs, p.egressShapers, p.spoofDrops, p.aqmStats} {
 		if m != nil {
 			err = errors.Join(err, m.Close())
 		}
@@ -85,6 +87,15 @@ func (p *Pinned) SpoofDrops() (map[string]SpoofDrops, error) {
 
 // Stats returns each share's counters summed over CPUs, as Shaper.Stats.
 func (p *Pinned) Stats() (map[Key]Counters, error) { return readStats(p.stats) }
+
+// AQM returns each share's AQM counters (none where the agent predates
+// the AQM).
+func (p *Pinned) AQM() (map[Key]AQMCounters, error) {
+	if p.aqmStats == nil {
+		return map[Key]AQMCounters{}, nil
+	}
+	return aqmCounters(p.aqmStats)
+}
 
 // ShareAddrs returns the addresses of shares told apart by address, as
 // Shaper.ShareAddrs; none where the maps predate them.

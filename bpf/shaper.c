@@ -775,12 +775,11 @@ int redirect_ingress(struct __sk_buff *skb)
 
 // On the ingress of a share's own interface (in its pod; the runtime hook
 // attaches it): the ingress side's first hook after the IFB's queue, where
-// the share's AQM judges each frame (aqm.h). Everything else passes.
+// the share's AQM learns each frame's sojourn (aqm.h). Every frame passes.
 SEC("tc")
 int share_dequeued(struct __sk_buff *skb)
 {
-	if (aqm_dequeue(skb))
-		return TC_ACT_SHOT;
+	aqm_dequeue(skb);
 	return CARVE_TCX_NEXT;
 }
 

@@ -75,9 +75,10 @@ func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 			t.Errorf("%s: the sparse child sent %d packets for %d probes", dir, sparse, len(rtts)+lost)
 		}
 		// Two TCP transfers at once, each in a bulk child of its own:
-		// at 10M, about 1,000 frames each.
-		if busy != 2 {
-			t.Errorf("%s: %d bulk children sent 300 packets or more under two TCP transfers, want 2: %v", dir, busy, bulk)
+		// at 10M, about 1,000 frames each. (A transfer idle for 100 ms,
+		// waiting out a loss, may come back in another child.)
+		if busy < 2 {
+			t.Errorf("%s: %d bulk children sent 300 packets or more under two TCP transfers, want a child each: %v", dir, busy, bulk)
 		}
 	}
 	if err := b.p.Unprepare(t.Context(), s.alloc, s.undo); err != nil {

@@ -31,6 +31,13 @@ type node interface {
 	// classDrops returns the HTB classes of a device, by handle, with the
 	// packets each dropped.
 	classDrops(ifindex int) (map[uint32]uint64, error)
+	// aqm returns what each share's AQM (bpf/aqm.h) dropped and marked.
+	aqm() (map[bpf.Key]bpf.AQMCounters, error)
+	// classQueues returns the queue discipline of a device's share
+	// classes, by handle: "flows+codel" (carve's flow children and AQM),
+	// or the kind of the class's leaf (fq_codel, bfifo, pfifo where it
+	// has none of its own).
+	classQueues(ifindex int) (map[uint32]string, error)
 	// legacyFilter reports whether the cls_bpf filter name is on the
 	// device's clsact hook (kernels without TCX).
 	legacyFilter(ifindex int, ingress bool, name string) bool
@@ -139,6 +146,16 @@ func (st *state) needClass(n node, r *Row, dir, dev string, ifindex int, mac str
 	} else {
 		r.Drops += drops
 	}
+	aqm := st.aqm[bpf.Key{MAC: mac, Dir: d}]
+	r.Drops += aqm.Drops
+	r.Marks += aqm.Marks
+	if q := st.queuesOf(n, ifindex)[handle]; q != "" {
+		if d == bpf.Egress {
+			r.EgressQueue = q
+		} else {
+			r.IngressQueue = q
+		}
+	}
 	if got, ok := st.shares[bpf.Key{MAC: mac, Dir: d}]; !ok {
 		r.Problems = append(r.Problems, fmt.Sprintf("%s: no classifier entry for %s", dir, mac))
 	} else if got != handle {
@@ -199,6 +216,17 @@ func (st *state) index(n node, name string) (int, error) {
 	}
 	st.ifindex[name] = i
 	return i, nil
+}
+
+// queuesOf reads a device's queue disciplines once per listing; none where
+// they cannot be read (the class check says what is wrong).
+func (st *state) queuesOf(n node, ifindex int) map[uint32]string {
+	if q, ok := st.queues[ifindex]; ok {
+		return q
+	}
+	q, _ := n.classQueues(ifindex)
+	st.queues[ifindex] = q
+	return q
 }
 
 // classesOf dumps a device's classes once per listing: only the devices

@@ -1,6 +1,7 @@
 package sharelist
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -96,6 +97,33 @@ func (n *kernelNode) classDrops(ifindex int) (map[uint32]uint64, error) {
 		// as the share's: HTB counts drops at leaves only.
 		if pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent); pmajor == 1 && pminor != 0 {
 			out[c.Attrs().Parent] += drops
+		}
+	}
+	return out, nil
+}
+
+func (n *kernelNode) aqm() (map[bpf.Key]bpf.AQMCounters, error) { return n.pinned.AQM() }
+
+func (n *kernelNode) classQueues(ifindex int) (map[uint32]string, error) {
+	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
+	classes, err := n.h.ClassList(dev, netlink.MakeHandle(1, 0))
+	if err != nil {
+		return nil, err
+	}
+	qdiscs, err := n.h.QdiscList(dev)
+	if err != nil {
+		return nil, err
+	}
+	leaves := make(map[uint32]string, len(qdiscs))
+	for _, q := range qdiscs {
+		leaves[q.Attrs().Parent] = q.Type()
+	}
+	out := make(map[uint32]string, len(classes))
+	for _, c := range classes {
+		if pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent); pmajor == 1 && pminor != 0 {
+			out[c.Attrs().Parent] = "flows+codel" // netdev/flows.go's children
+		} else if _, ok := out[c.Attrs().Handle]; !ok {
+			out[c.Attrs().Handle] = cmp.Or(leaves[c.Attrs().Handle], "pfifo")
 		}
 	}
 	return out, nil

@@ -142,6 +142,8 @@ type state struct {
 	mapsErr  error
 	ifindex  map[string]int
 	classes  map[int]map[uint32]uint64
+	queues   map[int]map[uint32]string
+	aqm      map[bpf.Key]bpf.AQMCounters
 	linkErrs map[string]error
 	// egressShapers are the parents' egress shapers, by parent ifindex.
 	egressShapers map[int]bpf.EgressShaperLinks
@@ -151,7 +153,7 @@ type state struct {
 
 // readState reads the classifier twice, interval apart, for the rates.
 func readState(ctx context.Context, n node, interval time.Duration) (*state, error) {
-	st := &state{ifindex: map[string]int{}, classes: map[int]map[uint32]uint64{}, linkErrs: map[string]error{}}
+	st := &state{ifindex: map[string]int{}, classes: map[int]map[uint32]uint64{}, queues: map[int]map[uint32]string{}, linkErrs: map[string]error{}}
 	if st.mapsErr = n.mapsErr(); st.mapsErr != nil {
 		return st, nil
 	}
@@ -163,6 +165,9 @@ func readState(ctx context.Context, n node, interval time.Duration) (*state, err
 		return nil, err
 	}
 	if st.spoofed, err = n.spoofDrops(); err != nil {
+		return nil, err
+	}
+	if st.aqm, err = n.aqm(); err != nil {
 		return nil, err
 	}
 	if st.links, err = n.links(); err != nil {

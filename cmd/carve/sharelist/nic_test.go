@@ -32,6 +32,8 @@ type fakeNode struct {
 	dumps     []int
 	addrs     []bpf.AddrShare
 	spoofed   map[string]bpf.SpoofDrops
+	aqmStats  map[bpf.Key]bpf.AQMCounters
+	queues    map[int]map[uint32]string
 }
 
 func (f *fakeNode) mapsErr() error                      { return nil }
@@ -40,10 +42,12 @@ func (f *fakeNode) rates() (map[string]uint64, error)   { return nil, nil }
 func (f *fakeNode) spoofDrops() (map[string]bpf.SpoofDrops, error) {
 	return f.spoofed, nil
 }
-func (f *fakeNode) links() ([]bpf.PinnedLink, error)     { return f.pinned, nil }
-func (f *fakeNode) netnsIno() uint64                     { return 77 }
-func (f *fakeNode) shareAddrs() ([]bpf.AddrShare, error) { return f.addrs, nil }
-func (f *fakeNode) legacyFilter(int, bool, string) bool  { return false }
+func (f *fakeNode) aqm() (map[bpf.Key]bpf.AQMCounters, error)          { return f.aqmStats, nil }
+func (f *fakeNode) classQueues(ifindex int) (map[uint32]string, error) { return f.queues[ifindex], nil }
+func (f *fakeNode) links() ([]bpf.PinnedLink, error)                   { return f.pinned, nil }
+func (f *fakeNode) netnsIno() uint64                                   { return 77 }
+func (f *fakeNode) shareAddrs() ([]bpf.AddrShare, error)               { return f.addrs, nil }
+func (f *fakeNode) legacyFilter(int, bool, string) bool                { return false }
 func (f *fakeNode) egressShapers() (map[int]bpf.EgressShaperLinks, error) {
 	return f.shapers, nil
 }
@@ -110,10 +114,12 @@ func TestNICSharesEnforcement(t *testing.T) {
 			{Program: "redirect_ingress", NetnsIno: 77, Ifindex: 2, Ingress: true},
 			{Program: "return_shaped", NetnsIno: 77, Ifindex: 11, Ingress: true},
 			{Program: "classify_egress", NetnsIno: 5, Ifindex: 4}}, // another namespace's
-		shapers: map[int]bpf.EgressShaperLinks{2: {Shaper: 10, Return: 11}},
-		ifindex: map[string]int{"eth0": 2, ifb: 9, "eth1": 4, shaper: 10, back: 11},
-		classes: map[int]map[uint32]uint64{10: {netdev.ClassHandle(0x10): 3}, 9: {netdev.ClassHandle(0x11): 4}},
-		spoofed: map[string]bpf.SpoofDrops{good.MAC: {bpf.SpoofSrcMAC: 5, bpf.SpoofARP: 2}},
+		shapers:  map[int]bpf.EgressShaperLinks{2: {Shaper: 10, Return: 11}},
+		ifindex:  map[string]int{"eth0": 2, ifb: 9, "eth1": 4, shaper: 10, back: 11},
+		classes:  map[int]map[uint32]uint64{10: {netdev.ClassHandle(0x10): 3}, 9: {netdev.ClassHandle(0x11): 4}},
+		spoofed:  map[string]bpf.SpoofDrops{good.MAC: {bpf.SpoofSrcMAC: 5, bpf.SpoofARP: 2}},
+		aqmStats: map[bpf.Key]bpf.AQMCounters{{MAC: good.MAC, Dir: bpf.Ingress}: {Drops: 10, Marks: 6}},
+		queues:   map[int]map[uint32]string{10: {netdev.ClassHandle(0x10): "flows+codel"}, 9: {netdev.ClassHandle(0x11): "fq_codel"}},
 	}
 	src := &NICSource{StateDir: dir, Interval: 50 * time.Millisecond, node: n}
 	rows, err := List(context.Background(), src)
@@ -124,8 +130,11 @@ func TestNICSharesEnforcement(t *testing.T) {
 		t.Fatalf("rows = %+v", rows)
 	}
 	a, b, c := rows[0], rows[1], rows[2]
-	if !a.Enforced || a.Parent != "eth0" || a.Interface != "net1" || a.ShareID != "share-a-good" || a.EgressBandwidth != 100e6 || a.IngressBandwidth != 50e6 || a.Drops != 7 {
-		t.Errorf("enforced share = %+v", a)
+	if !a.Enforced || a.Parent != "eth0" || a.Interface != "net1" || a.ShareID != "share-a-good" || a.EgressBandwidth != 100e6 || a.IngressBandwidth != 50e6 || a.Drops != 17 || a.Marks != 6 {
+		t.Errorf("enforced share = %+v, want 17 drops (7 of its classes, 10 of its AQM) and 6 marks", a)
+	}
+	if a.EgressQueue != "flows+codel" || a.IngressQueue != "fq_codel" || queueOf(a) != "eg: flows+codel, in: fq_codel" {
+		t.Errorf("queues %q, %q (%q)", a.EgressQueue, a.IngressQueue, queueOf(a))
 	}
 	if a.Spoofed["source-mac"] != 5 || a.Spoofed["arp-sender"] != 2 || len(b.Spoofed) != 0 {
 		t.Errorf("spoofed frames dropped: %v, %v", a.Spoofed, b.Spoofed)

@@ -34,9 +34,16 @@ type Row struct {
 	// per-share counters, in bits/s.
 	EgressRate  int64 `json:"egressRate"`
 	IngressRate int64 `json:"ingressRate"`
-	// Drops are the packets the share's classes dropped since they were
-	// made.
+	// Drops are the packets the share's classes and its AQM dropped since
+	// they were made; Marks those its AQM marked CE instead.
 	Drops uint64 `json:"drops"`
+	Marks uint64 `json:"marks,omitempty"`
+	// EgressQueue and IngressQueue are the share's queue discipline each
+	// way: flows+codel (a child per flow under carve's CoDel, bpf/aqm.h,
+	// where the kernel has no fq_codel), fq_codel, or the leaf an older
+	// carve made (bfifo).
+	EgressQueue  string `json:"egressQueue,omitempty"`
+	IngressQueue string `json:"ingressQueue,omitempty"`
 	// Spoofed are the frames the share's pod sent claiming another's
 	// identity, which the classifier dropped, by reason (source-mac,
 	// vlan-tag, source-ip, arp-sender, nd-target).
@@ -109,10 +116,10 @@ func Write(w io.Writer, rows []Row, format string) error {
 		}
 		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 		if len(nics) > 0 || len(gpus) == 0 {
-			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tDROPS\tSPOOFED\tHEALTH\tENFORCED")
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tQUEUE\tDROPS\tSPOOFED\tHEALTH\tENFORCED")
 			for _, r := range nics {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
-					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), r.Drops, spoofed(r), healthOf(r), enforced(r))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
+					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), queueOf(r), r.Drops, spoofed(r), healthOf(r), enforced(r))
 			}
 		}
 		if len(gpus) > 0 {
@@ -178,4 +185,18 @@ func spoofed(r Row) uint64 {
 		n += c
 	}
 	return n
+}
+
+// queueOf is the share's queue discipline, once where both ways have the
+// same.
+func queueOf(r Row) string {
+	switch {
+	case r.EgressQueue == r.IngressQueue:
+		return orDash(r.EgressQueue)
+	case r.EgressQueue == "":
+		return "in: " + r.IngressQueue
+	case r.IngressQueue == "":
+		return "eg: " + r.EgressQueue
+	}
+	return "eg: " + r.EgressQueue + ", in: " + r.IngressQueue
 }
