@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/carve-dra/carve/bpf/nettest"
 )
 
@@ -20,7 +22,11 @@ import (
 //   - hit-guarded: the same share with its guard (a socket-less frame of
 //     its pod, with its IPv4 source checked against its addresses);
 //   - hit-flows: the share with flow isolation (flows.h: its rate, its
-//     flow's entry, a child class), one flow;
+//     flow's entry, a bulk child of its own, the AQM's state and stamp),
+//     one flow;
+//   - hit-flows-queue-only: the same share as an agent before the AQM
+//     left it (a queue entry only: one bulk child, no stamp), the
+//     reference for hit-flows in the same run;
 //   - pod: a pod's socket frame, found by its netns, no checks but its MAC;
 //   - pod-guarded: the same with the share's VLAN and address checks.
 func BenchmarkClassify(b *testing.B) {
@@ -32,20 +38,24 @@ func BenchmarkClassify(b *testing.B) {
 		learned bool
 		flows   bool
 		counted bool
+		// queueOnly: the share's queue entry alone, as an agent
+		// before the AQM wrote it.
+		queueOnly bool
 	}{
 		{name: "miss", src: mac2},
 		{name: "miss-learned", src: mac2, learned: true},
 		{name: "hit", src: mac1, counted: true},
 		{name: "hit-guarded", src: mac1, guard: true, counted: true},
 		{name: "hit-flows", src: mac1, flows: true, counted: true},
+		{name: "hit-flows-queue-only", src: mac1, flows: true, queueOnly: true, counted: true},
 		{name: "pod", src: mac1, pod: true, counted: true},
 		{name: "pod-guarded", src: mac1, pod: true, guard: true, counted: true},
 	} {
-		b.Run(c.name, func(b *testing.B) { benchClassify(b, c.src, c.pod, c.guard, c.learned, c.flows, c.counted) })
+		b.Run(c.name, func(b *testing.B) { benchClassify(b, c.src, c.pod, c.guard, c.learned, c.flows, c.queueOnly, c.counted) })
 	}
 }
 
-func benchClassify(b *testing.B, src []byte, pod, guard, learned, flows, counted bool) {
+func benchClassify(b *testing.B, src []byte, pod, guard, learned, flows, queueOnly, counted bool) {
 	needRoot(b)
 	s := openShaper(b, testPinDir(b))
 	defer s.Close()
@@ -72,7 +82,12 @@ func benchClassify(b *testing.B, src []byte, pod, guard, learned, flows, counted
 			b.Fatal(err)
 		}
 	}
-	if flows {
+	if flows && queueOnly {
+		k, _ := makeKey(Egress, mac1)
+		if err := s.objs.ShareQueues.Put(&k, &shaperShareQueue{BytesPerSec: 100e6 / 8}); err != nil {
+			b.Fatal(err)
+		}
+	} else if flows {
 		if err := s.SetShareQueue(Egress, mac1, ShareQueue{BitsPerSec: 100e6, ClassIfindex: 7, Minor: 0x10}); err != nil {
 			b.Fatal(err)
 		}
@@ -101,5 +116,54 @@ func benchClassify(b *testing.B, src []byte, pod, guard, learned, flows, counted
 	}
 	if d, _ := s.SpoofDrops(); len(d) != 0 {
 		b.Fatalf("dropped %v", d)
+	}
+}
+
+// BenchmarkDequeued measures share_dequeued, the AQM's program after the
+// IFB's queue (on a share's interface in its pod), with BPF_PROG_RUN, one
+// frame per call: "unstamped" is a frame of no bulk child (the sparse
+// child's, an unshaped share's), "stamped" a bulk child's frame under its
+// target (the stamp read and cleared, the class's state, its share's busy
+// children, CoDel). The program clears the stamp it reads, so a stamped
+// frame cannot be run repeatedly in one call: ns/op is a whole call,
+// system call included, the same way for both. return_shaped does the
+// same work on egress.
+func BenchmarkDequeued(b *testing.B) {
+	for _, stamped := range []bool{false, true} {
+		b.Run(map[bool]string{false: "unstamped", true: "stamped"}[stamped], func(b *testing.B) {
+			needRoot(b)
+			s := openShaper(b, testPinDir(b))
+			defer s.Close()
+			if err := s.SetShare(Egress, mac1, 0x10010); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.SetShareQueue(Egress, mac1, ShareQueue{BitsPerSec: 100e6, ClassIfindex: 7, Minor: 0x10}); err != nil {
+				b.Fatal(err)
+			}
+			frame := make([]byte, 64)
+			copy(frame, ipFrame(mac2, mac1, "10.9.0.5", "10.9.0.1", false))
+			var out aqmCtx
+			ctx := aqmCtx{}
+			b.ResetTimer()
+			for b.Loop() {
+				if stamped {
+					ctx.Tstamp = aqmStamp(monoNow(b), 7, 0x10+FlowBulkFirst)
+				}
+				ret, err := s.objs.ShareDequeued.Run(&ebpf.RunOptions{Data: frame, Context: ctx, ContextOut: &out})
+				if err != nil {
+					nettest.SkipIfLacks(b, err, nettest.BPF("BPF_PROG_RUN"))
+					b.Fatal(err)
+				}
+				if int32(ret) != -1 || out.Tstamp != 0 {
+					b.Fatalf("returned %d, stamp %#x left", int32(ret), out.Tstamp)
+				}
+			}
+			b.StopTimer()
+			var st shaperAqmVal
+			seen := s.objs.AqmState.Lookup(&shaperAqmKey{Ifindex: 7, Minor: 0x10 + FlowBulkFirst}, &st) == nil && st.LastDequeue != 0
+			if seen != stamped {
+				b.Fatalf("stamped %v, the class's AQM saw a frame: %v", stamped, seen)
+			}
+		})
 	}
 }

@@ -3,8 +3,9 @@
 // the OCI state on stdin):
 //
 //   - netns-attach moves a NIC share's interface into the pod's network
-//     namespace, configures it, and ties the pod's namespace to the share in
-//     the classifier's pinned map;
+//     namespace, configures it (its GSO limit included), puts the share's
+//     ingress AQM program (pinned by the agent) on its ingress, and ties
+//     the pod's namespace to the share in the classifier's pinned map;
 //   - resctrl-attach puts the container's process in its LLC share's
 //     resctrl group;
 //   - dmem-limit holds the pod's cgroup to a GPU memory slice (dmem.max).
