@@ -51,7 +51,9 @@ func BenchmarkClassify(b *testing.B) {
 		{name: "pod", src: mac1, pod: true, counted: true},
 		{name: "pod-guarded", src: mac1, pod: true, guard: true, counted: true},
 	} {
-		b.Run(c.name, func(b *testing.B) { benchClassify(b, c.src, c.pod, c.guard, c.learned, c.flows, c.queueOnly, c.counted) })
+		b.Run(c.name, func(b *testing.B) {
+			benchClassify(b, c.src, c.pod, c.guard, c.learned, c.flows, c.queueOnly, c.counted)
+		})
 	}
 }
 
