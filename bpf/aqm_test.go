@@ -32,7 +32,8 @@ func aqmStamp(at uint64, ifindex uint32, minor uint16) uint64 {
 }
 
 // bulkFrame is a frame from mac1 bigger than a sparse flow's first frame,
-// so that its flow is bulk at once; ecn sets its IPv4 ECN field to ECT(0).
+// so that its flow is bulk at once; ecn makes it ECN-capable (code point
+// 10).
 func bulkFrame(ecn bool) []byte {
 	f := ipFrame(mac2, mac1, "10.9.0.5", "10.9.0.1", false)
 	f = append(f, make([]byte, 3100)...) // over FLOW_SPARSE_BYTES, under BPF_PROG_RUN's page

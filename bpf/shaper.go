@@ -115,8 +115,7 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 		return nil, fmt.Errorf("load shaper: %w", err)
 	}
 	if err := s.pinDequeued(); err != nil {
-		s.objs.Close()
-		return nil, err
+		return nil, errors.Join(err, s.objs.Close())
 	}
 	return s, nil
 }

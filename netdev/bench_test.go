@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-dra/carve/bpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/netdev"
 )
