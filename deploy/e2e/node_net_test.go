@@ -275,7 +275,7 @@ func buildNetTestImage(t testing.TB) {
 	t.Helper()
 	root := repoRoot()
 	args := []string{"--name", "carve-net-test:e2e", "--file", "/bin/busybox:/bin/busybox", "--file", "/usr/bin/iperf3:/usr/bin/iperf3"}
-	for _, applet := range []string{"sh", "ip", "env", "sleep", "cat", "ls"} {
+	for _, applet := range []string{"sh", "ip", "env", "sleep", "cat", "ls", "ping"} {
 		args = append(args, "--symlink", "/bin/"+applet+"=busybox")
 	}
 	importOnce(t, strings.Join(args, "\x00"), func() {

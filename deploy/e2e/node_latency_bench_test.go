@@ -1,0 +1,236 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	latParent   = "carve-e2l0"
+	latServer   = "carve-e2l-srv"
+	latServerIP = "10.78.0.1"
+	latPort     = "5311"
+)
+
+// The node's TCP congestion control is the host's: this project's machines
+// run bbr (net.ipv4.tcp_congestion_control), which keeps at least four
+// segments in flight a flow; cubic and reno two.
+
+// BenchmarkNodeLatencyUnderLoad is netdev's BenchmarkLatencyUnderLoad on
+// the real node, as a user sees it: pods with a 10M and a 100M share (the
+// chart's defaults, the real kubelet, containerd and carve's hook), iperf3
+// inside a pod saturating its own share with 1, 8 or 32 TCP flows, or UDP
+// at twice its rate, each way, against a server beside the node; busybox's
+// ping from the same pod meanwhile (ICMP, one every 20 ms, after 4 s of
+// load). It reports the ping's p50 and p99, the TCP senders' own RTT
+// (iperf3's per-interval samples, p50; the server's for ingress), goodput
+// over the limit and Jain's index over the flows (iperf3's receiver
+// side), and the share's drops and CE marks as `carve shares` counts them.
+func BenchmarkNodeLatencyUnderLoad(b *testing.B) {
+	cs := client(b)
+	env := clusterEnv(b)
+	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
+	trafficServer(b, latParent, "carve-e2l1", latServer, latServerIP)
+	// A server of its own that answers in JSON: --get-server-output then
+	// brings the server's side, the sender's RTT for ingress, to the
+	// client.
+	srv := exec.Command("ip", "netns", "exec", latServer, "iperf3", "-s", "-J", "-p", latPort)
+	if err := srv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	buildAgentImage(b, "carve:e2e")
+	buildNetTestImage(b)
+	installChart(b, env, stateDir, nicNodeConfig(latParent, "lat", "10.78.0.0/24", latServerIP, ""))
+	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["lat"],"interfaceName":"net1"}`
+	pods := map[string]string{}
+	for _, limit := range []string{"10M", "100M"} {
+		pods[limit] = "lat-" + strings.ToLower(limit)
+		sharePod{name: pods[limit], parent: latParent, capacity: bothWays(limit), netCfg: netCfg, image: "carve-net-test:e2e"}.start(b, cs)
+	}
+	for _, p := range pods {
+		waitFor(b, "pod "+p, 90*time.Second, podRunning(cs, testNS, p))
+	}
+	for _, load := range []string{"idle", "tcp1", "tcp8", "tcp32", "udp2x"} {
+		for _, limit := range []string{"10M", "100M"} {
+			for _, dir := range []string{"egress", "ingress"} {
+				b.Run(load+"/"+dir+"/"+limit, func(b *testing.B) {
+					for b.Loop() {
+						nodeLatencyCase(b, stateDir, pods[limit], load, dir, limit)
+					}
+				})
+			}
+		}
+	}
+}
+
+func nodeLatencyCase(b *testing.B, stateDir, pod, load, dir, limit string) {
+	const warm, measured = 4, 4 // seconds
+	var loaded chan iperfRun
+	if load != "idle" {
+		args := []string{"-c", latServerIP, "-p", latPort, "-t", strconv.Itoa(warm + measured), "-O", strconv.Itoa(warm), "-J", "--get-server-output"}
+		if load == "udp2x" {
+			args = append(args, "-u", "-l", "1400", "-b", strconv.Itoa(int(2*rate(limit))))
+		} else {
+			args = append(args, "-P", strings.TrimPrefix(load, "tcp"))
+		}
+		if dir == "ingress" {
+			args = append(args, "-R")
+		}
+		loaded = runIperf(pod, args)
+	}
+	before := shareCounters(b, stateDir, pod)
+	time.Sleep(warm * time.Second)
+	rtts := podPing(b, pod, latServerIP, 150)
+	var r iperfRun
+	if loaded != nil {
+		r = <-loaded
+		if r.err != nil {
+			b.Fatalf("iperf3 in %s: %v", pod, r.err)
+		}
+	}
+	after := shareCounters(b, stateDir, pod)
+	b.ReportMetric(float64(percentile(rtts, 0.5).Microseconds())/1000, "ping-p50-ms")
+	b.ReportMetric(float64(percentile(rtts, 0.99).Microseconds())/1000, "ping-p99-ms")
+	b.ReportMetric(float64(after.Drops-before.Drops), "drops")
+	b.ReportMetric(float64(after.Marks-before.Marks), "marks")
+	if strings.HasPrefix(load, "tcp") {
+		b.ReportMetric(r.goodput/rate(limit), "goodput/limit")
+		b.ReportMetric(jain(r.flows), "jain")
+		b.ReportMetric(float64(percentile(r.rtts, 0.5).Microseconds())/1000, "bulk-srtt-p50-ms")
+	}
+}
+
+// iperfRun is what an iperf3 client reported: goodput, each flow's, and
+// the TCP senders' RTT samples (the server's where it sent).
+type iperfRun struct {
+	goodput float64
+	flows   []float64
+	rtts    []time.Duration
+	err     error
+}
+
+// iperfReport is the part of iperf3's JSON read here.
+type iperfReport struct {
+	Intervals []struct {
+		Streams []struct {
+			RTT     float64 `json:"rtt"` // µs, on the sending side
+			Omitted bool    `json:"omitted"`
+		} `json:"streams"`
+	} `json:"intervals"`
+	End struct {
+		Streams []struct {
+			Receiver struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"receiver"`
+		} `json:"streams"`
+		SumReceived struct {
+			BitsPerSecond float64 `json:"bits_per_second"`
+		} `json:"sum_received"`
+	} `json:"end"`
+	ServerOutput *iperfReport `json:"server_output_json"`
+}
+
+// runIperf runs iperf3 in the pod's main container with args.
+func runIperf(pod string, args []string) chan iperfRun {
+	ch := make(chan iperfRun, 1)
+	go func() {
+		out, err := exec.Command(kubectlPath(), append([]string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--", "iperf3"}, args...)...).Output()
+		if err != nil {
+			ch <- iperfRun{err: fmt.Errorf("%v: %s", err, out)}
+			return
+		}
+		var rep iperfReport
+		if err := json.Unmarshal(out, &rep); err != nil {
+			ch <- iperfRun{err: fmt.Errorf("iperf3 JSON: %v", err)}
+			return
+		}
+		r := iperfRun{goodput: rep.End.SumReceived.BitsPerSecond}
+		for _, s := range rep.End.Streams {
+			r.flows = append(r.flows, s.Receiver.BitsPerSecond)
+		}
+		sender := &rep
+		if slices.Contains(args, "-R") && rep.ServerOutput != nil {
+			sender = rep.ServerOutput
+		}
+		for _, iv := range sender.Intervals {
+			for _, s := range iv.Streams {
+				if !s.Omitted && s.RTT > 0 {
+					r.rtts = append(r.rtts, time.Duration(s.RTT)*time.Microsecond)
+				}
+			}
+		}
+		if len(r.rtts) == 0 && !slices.Contains(args, "-u") {
+			r.err = fmt.Errorf("iperf3 reported no RTT:\n%s", out)
+		}
+		ch <- r
+	}()
+	return ch
+}
+
+// podPing pings to from the pod, n times 20 ms apart, and returns the round
+// trips; a lost probe counts as 1 s.
+func podPing(b *testing.B, pod, to string, n int) []time.Duration {
+	b.Helper()
+	out, _ := exec.Command(kubectlPath(), "--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--",
+		"ping", "-c", strconv.Itoa(n), "-i", "0.02", "-W", "1", to).CombinedOutput()
+	var rtts []time.Duration
+	for _, m := range regexp.MustCompile(`time=([0-9.]+) ms`).FindAllSubmatch(out, -1) {
+		ms, _ := strconv.ParseFloat(string(m[1]), 64)
+		rtts = append(rtts, time.Duration(ms*float64(time.Millisecond)))
+	}
+	if len(rtts) < n/2 {
+		b.Fatalf("ping from %s: %d replies of %d:\n%s", pod, len(rtts), n, out)
+	}
+	for len(rtts) < n {
+		rtts = append(rtts, time.Second)
+	}
+	return rtts
+}
+
+// shareCounters are the pod's share's drops and marks, from `carve shares`.
+func shareCounters(b *testing.B, stateDir, pod string) struct{ Drops, Marks uint64 } {
+	b.Helper()
+	out, err := exec.Command(carveBinary(b), "shares", "-o", "json", "--interval", "0s", "--state-dir", stateDir, "--bpf-pin-dir", e2ePins).Output()
+	var rows []struct {
+		Claim        string `json:"claim"`
+		Drops, Marks uint64
+	}
+	if jerr := json.Unmarshal(bytes.TrimSpace(out), &rows); jerr != nil {
+		b.Fatalf("carve shares: %v, %v: %s", err, jerr, out)
+	}
+	for _, r := range rows {
+		if r.Claim == testNS+"/"+pod {
+			return struct{ Drops, Marks uint64 }{r.Drops, r.Marks}
+		}
+	}
+	b.Fatalf("carve shares lists no share of %s: %s", pod, out)
+	return struct{ Drops, Marks uint64 }{}
+}
+
+// jain is Jain's fairness index over the flows' rates.
+func jain(x []float64) float64 {
+	var sum, sq float64
+	for _, v := range x {
+		sum += v
+		sq += v * v
+	}
+	if sq == 0 {
+		return 0
+	}
+	return sum * sum / (float64(len(x)) * sq)
+}
+
+func kubectlPath() string {
+	return filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
+}
