@@ -21,9 +21,9 @@
 // The one departure from RFC 8289: the drop (or mark) the dequeue decides
 // is taken by the class's next arriving frame, before it queues
 // (aqm_enqueue), not by the frame leaving. That frame has had its turn on
-// the link already, which CoDel inside the qdisc would have spared: at
-// 8 flows on a 10M share, dropping at the head wasted a fifth of the share
-// (goodput 0.80 of the limit, against 0.955 dropping on arrival, in
+// the link already, which CoDel inside the qdisc would have spared: with 8
+// flows on a 10M share, dropping at the head cost them 9-20% of their
+// goodput (0.80-0.87 of the limit, against 0.955 dropping on arrival, in
 // BenchmarkLatencyUnderLoad). The sender learns a sojourn later, which the
 // target keeps short.
 //
@@ -32,8 +32,9 @@
 // 9.7 ms with a single frame queued per flow, and TCP keeps at least two
 // in flight. The target is therefore AQM_TARGET_NS or 2.5 MTU times per
 // busy child, whichever is larger (as CAKE raises its target to 1.5 MTU
-// times on a slow link); at 1.5 the AQM dropped without end at 8 flows on
-// 10M, whose floor (two frames each) is 19 ms.
+// times on a slow link): 8 flows on 10M cannot queue less than 19 ms (two
+// frames each), which 1.5 MTU times a child would put over the target for
+// good.
 //
 #define AQM_TARGET_NS (5ULL * 1000 * 1000)
 #define AQM_INTERVAL_NS (100ULL * 1000 * 1000)
