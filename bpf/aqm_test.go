@@ -158,6 +158,24 @@ func TestAQM(t *testing.T) {
 		t.Fatalf("a frame under the target: %+v", state)
 	}
 
+	// A stamp a pod forged (SO_TXTIME) on a frame of a share without bulk
+	// children never reaches the shaper's far end.
+	if err := s.SetShare(Egress, mac2, class+0x100); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.objs.EgressShapers.Put(uint32(1), shaperEgressShaper{ShaperIfindex: 1, ReturnIfindex: 2}); err != nil {
+		t.Fatal(err)
+	}
+	forged := aqmStamp(monoNow(t)-uint64(time.Second), classDev, child)
+	var fout aqmCtx
+	_, err = s.objs.ClassifyEgress.Run(&ebpf.RunOptions{Data: ipFrame(mac1, mac2, "10.9.0.6", "10.9.0.1", false), Context: aqmCtx{Ifindex: 1, Tstamp: forged}, ContextOut: &fout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fout.Tstamp&(1<<63) != 0 {
+		t.Errorf("a forged stamp %#x left the parent for the shaper", fout.Tstamp)
+	}
+
 	// Unpreparing removes the class's state, and the share's children.
 	if err := s.DeleteShare(Egress, mac1); err != nil {
 		t.Fatal(err)

@@ -54,6 +54,11 @@ int classify_egress(struct __sk_buff *skb)
 		return classify(skb, DIR_EGRESS); // an older carve's HTB root on the parent
 	if (skb->ingress_ifindex == sh->return_ifindex)
 		return CARVE_TCX_NEXT;
+	// No frame comes to the parent with a stamp of the AQM's (aqm.h) but
+	// one a pod forged with SO_TXTIME, to stir another share's CoDel from
+	// the shaper's far end: the classifier stamps a frame it queues anew.
+	if (skb->tstamp & AQM_STAMP_BIT)
+		skb->tstamp = 0;
 	__u32 own = skb->priority;
 	skb->priority = 0;
 	if (classify(skb, DIR_EGRESS) == TC_ACT_SHOT)
