@@ -101,12 +101,12 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error
 // adoptParentClasses copies the share classes an older carve made on an
 // HTB at the parent's root to the new shaper: once the classifier sends the
 // parent's limited shares there, their frames find their classes, and the
-// shares stay held until they are unprepared (deleteEgressClass).
+// shares stay held until they are unprepared (retireEgressClass).
 func (p *NICPreparer) adoptParentClasses(parent, shaper netlink.Link) error {
 	if ours, err := checkRootReplaceable(p.h, parent); err != nil || !ours {
 		return nil
 	}
-	classes, err := shareClasses(p.h, parent)
+	classes, err := shareClasses(p.h, parent, false)
 	if err != nil {
 		return err
 	}
@@ -162,11 +162,12 @@ func (p *NICPreparer) removeEgressShaperIfIdle(parent netlink.Link) error {
 		p.setUp.forgetCompanion(companionEgressShaper, parent.Attrs().Index)
 		return nil
 	}
-	left, err := shareClasses(h, shaper)
+	left, err := shareClasses(h, shaper, false)
 	if err != nil || len(left) > 0 {
 		return err
 	}
 	p.setUp.forgetCompanion(companionEgressShaper, parent.Attrs().Index)
+	defer p.forgetParked(shaper.Attrs().Name)
 	if err := p.forgetEgressShaper(parent.Attrs().Index); err != nil {
 		return err
 	}
@@ -192,14 +193,15 @@ func (p *NICPreparer) forgetEgressShaper(parentIndex int) error {
 	return nil
 }
 
-// deleteEgressClass removes an egress share's class from the parent's
-// egress shaper, and, where rootHTB says the parent's root is the HTB an
-// older carve put there (parentRootIsHTB), from it too;
+// retireEgressClass takes an unprepared egress share's classes off the
+// parent's egress shaper (parked or deleted, retireBlock), and, where rootHTB
+// says the parent's root is the HTB an older carve put there
+// (parentRootIsHTB), deletes its class there too;
 // removeEgressShaperIfIdle follows.
-func (p *NICPreparer) deleteEgressClass(parent netlink.Link, minor uint16, flows, rootHTB bool) error {
+func (p *NICPreparer) retireEgressClass(parent netlink.Link, key string, minor uint16, flows bool, rate uint64, rootHTB bool) error {
 	var errs []error
 	if shaper, err := p.h.LinkByName(egressShaperName(parent.Attrs().Index)); err == nil {
-		errs = append(errs, deleteShareClass(p.h, shaper, minor, flows))
+		errs = append(errs, p.retireBlock(shaper, key, minor, flows, rate))
 	}
 	if rootHTB {
 		errs = append(errs, deleteClass(p.h, parent, minor))

@@ -32,6 +32,17 @@ var (
 type shareLabels struct {
 	claim, shareID          string
 	egressBits, ingressBits int64
+	// dropBase is what the share's classes had counted before it took
+	// them over, by direction (park.go).
+	dropBase map[bpf.Direction]uint64
+}
+
+// withDropBase is l with the drop bases of the share's record.
+func (l shareLabels) withDropBase(u undoRecord) shareLabels {
+	if u.EgressDropBase > 0 || u.IngressDropBase > 0 {
+		l.dropBase = map[bpf.Direction]uint64{bpf.Egress: u.EgressDropBase, bpf.Ingress: u.IngressDropBase}
+	}
+	return l
 }
 
 func labelsOf(a prepare.Allocation) shareLabels {
@@ -90,6 +101,9 @@ func (p *NICPreparer) Collect(ch chan<- prometheus.Metric) {
 	}
 	for key, drops := range p.classDrops() {
 		if l, ok := labels[key.MAC]; ok {
+			if base := l.dropBase[key.Dir]; drops >= base {
+				drops -= base
+			}
 			ch <- prometheus.MustNewConstMetric(shareDrops, prometheus.CounterValue, float64(drops), l.claim, l.shareID, key.Dir.String())
 		}
 	}

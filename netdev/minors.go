@@ -36,15 +36,33 @@ func (p *NICPreparer) noteBlock(device, key string, base uint16) {
 	}
 }
 
-// pickMinor returns key's class minor on a device: its own if it has one
-// (own is then true: its class may exist already), else the first of a free
-// block of classBlock minors from its preferred one on. The whole block is
-// key's: its class's children (flows.go) are the next minors.
-func (p *NICPreparer) pickMinor(device, key string, taken map[uint16]uint64) (minor uint16, own bool, err error) {
+// minorPick is the block of class minors a share gets on a device.
+type minorPick struct {
+	minor uint16
+	// own: the block is the share's already, or was parked (park.go):
+	// its classes may exist, and are changed rather than added.
+	own bool
+	// parked: the block was parked, its classes made for another share;
+	// flows, it has flow children; drops is what HTB had counted on them.
+	parked, flows bool
+	drops         uint64
+}
+
+// pickMinor returns key's class minor on a device: its own if it has one,
+// else a parked block's, else the first of a free block of classBlock minors
+// from its preferred one on. The whole block is key's: its class's children
+// (flows.go) are the next minors. taken is set where the kernel said a pick
+// was another's: then no parked block is handed out either.
+func (p *NICPreparer) pickMinor(device, key string, taken map[uint16]uint64) (minorPick, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if bases := p.blocks[device][key]; len(bases) > 0 {
-		return slices.Min(bases), true, nil
+		return minorPick{minor: slices.Min(bases), own: true}, nil
+	}
+	if taken == nil {
+		if pb, ok := p.takeParked(device, key); ok {
+			return minorPick{minor: pb.base, own: true, parked: true, flows: pb.flows, drops: pb.drops}, nil
+		}
 	}
 	set := p.minorSet(device)
 	blocks := int(maxMinor-minMinor) / classBlock
@@ -58,9 +76,9 @@ func (p *NICPreparer) pickMinor(device, key string, taken map[uint16]uint64) (mi
 			set[m] = key
 		}
 		p.noteBlock(device, key, base)
-		return base, false, nil
+		return minorPick{minor: base}, nil
 	}
-	return 0, false, fmt.Errorf("no free HTB class on %s", device)
+	return minorPick{}, fmt.Errorf("no free HTB class on %s", device)
 }
 
 // blockFree reports whether no minor of the block from base is in use.

@@ -6,7 +6,14 @@ import (
 )
 
 func minorTestPreparer() *NICPreparer {
-	return &NICPreparer{minors: map[string]map[uint16]string{}, blocks: map[string]map[string][]uint16{}}
+	return &NICPreparer{minors: map[string]map[uint16]string{}, blocks: map[string]map[string][]uint16{},
+		parked: map[string][]parkedBlock{}, scanned: map[string]bool{}}
+}
+
+// pick is pickMinor's minor and own.
+func (p *NICPreparer) pick(device, key string, taken map[uint16]uint64) (uint16, bool, error) {
+	got, err := p.pickMinor(device, key, taken)
+	return got.minor, got.own, err
 }
 
 // A share's blocks are found and freed through the index, on every device,
@@ -16,11 +23,11 @@ func TestMinorBlocksByShare(t *testing.T) {
 	picked := map[string]uint16{}
 	for i := range 50 {
 		key := fmt.Sprintf("claim-%d/net/share", i)
-		m, own, err := p.pickMinor("cveg7", key, nil)
+		m, own, err := p.pick("cveg7", key, nil)
 		if err != nil || own {
 			t.Fatalf("pick for %s: %d, own %v, %v", key, m, own, err)
 		}
-		if again, own, err := p.pickMinor("cveg7", key, nil); err != nil || !own || again != m {
+		if again, own, err := p.pick("cveg7", key, nil); err != nil || !own || again != m {
 			t.Fatalf("second pick for %s: %d, own %v, %v; want its own %d", key, again, own, err, m)
 		}
 		picked[key] = m
@@ -45,10 +52,10 @@ func TestMinorBlocksByShare(t *testing.T) {
 		t.Errorf("cvifb7's minors %v, want only the older share's 0x200", got)
 	}
 	// The freed block is free again; the others are not.
-	if m, own, err := p.pickMinor("cveg7", "claim-0/net/share", nil); err != nil || own || m != picked["claim-0/net/share"] {
+	if m, own, err := p.pick("cveg7", "claim-0/net/share", nil); err != nil || own || m != picked["claim-0/net/share"] {
 		t.Errorf("pick after free: %#x, own %v, %v; want the freed block %#x, not own", m, own, err, picked["claim-0/net/share"])
 	}
-	if m, own, _ := p.pickMinor("cveg7", "claim-1/net/share", nil); !own || m != picked["claim-1/net/share"] {
+	if m, own, _ := p.pick("cveg7", "claim-1/net/share", nil); !own || m != picked["claim-1/net/share"] {
 		t.Errorf("claim-1's pick after another's free: %#x, own %v", m, own)
 	}
 }
@@ -57,7 +64,7 @@ func TestMinorBlocksByShare(t *testing.T) {
 // block on the device.
 func TestUnpickMinor(t *testing.T) {
 	p := minorTestPreparer()
-	m, _, err := p.pickMinor("cveg7", "k", nil)
+	m, _, err := p.pick("cveg7", "k", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +73,7 @@ func TestUnpickMinor(t *testing.T) {
 		t.Fatalf("after unpick: minors %v, blocks %v", p.minors["cveg7"], p.blocks["cveg7"])
 	}
 	taken := map[uint16]uint64{m: 1}
-	again, own, err := p.pickMinor("cveg7", "k", taken)
+	again, own, err := p.pick("cveg7", "k", taken)
 	if err != nil || own || again == m {
 		t.Errorf("pick past the taken block: %#x, own %v, %v", again, own, err)
 	}
@@ -77,7 +84,7 @@ func TestUnpickMinor(t *testing.T) {
 func TestOthersHoldClasses(t *testing.T) {
 	p := minorTestPreparer()
 	for _, k := range []string{"a", "b"} {
-		if _, _, err := p.pickMinor("cveg7", k, nil); err != nil {
+		if _, _, err := p.pick("cveg7", k, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -197,7 +197,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 	p.mu.Lock()
-	p.labels[u.MAC] = labelsOf(a)
+	p.labels[u.MAC] = labelsOf(a).withDropBase(*u)
 	p.mu.Unlock()
 	logger.V(2).Info("Prepared NIC share", "parent", dev.NIC.Name, "link", u.Link, "mac", u.MAC,
 		"egressBitsPerSecond", egress, "ingressBitsPerSecond", ingress, "addresses", u.Addresses)
@@ -325,7 +325,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 	mac := ShareMAC(key)
 	var flows bool
 	if egress > 0 {
-		u.EgressMinor, flows, err = p.shape(parent, key, egress, bpf.Egress, mac, parent.Attrs().MTU)
+		u.EgressMinor, flows, u.EgressDropBase, err = p.shape(parent, key, egress, bpf.Egress, mac, parent.Attrs().MTU)
 		u.FlowClasses = u.FlowClasses || flows
 		if err != nil {
 			return fmt.Errorf("egress: %w", err)
@@ -336,7 +336,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 		if err != nil {
 			return fmt.Errorf("ingress: %w", err)
 		}
-		u.IngressMinor, flows, err = p.shape(ifb, key, ingress, bpf.Ingress, mac, parent.Attrs().MTU)
+		u.IngressMinor, flows, u.IngressDropBase, err = p.shape(ifb, key, ingress, bpf.Ingress, mac, parent.Attrs().MTU)
 		u.FlowClasses = u.FlowClasses || flows
 		if err != nil {
 			return fmt.Errorf("ingress: %w", err)

@@ -57,6 +57,11 @@ type NICPreparer struct {
 	minors map[string]map[uint16]string
 	// blocks indexes minors by device and share (minors.go).
 	blocks map[string]map[string][]uint16
+	// parked holds the blocks of classes waiting for a share, by device,
+	// and scanned the devices whose blocks parked before this agent
+	// started are known (park.go).
+	parked  map[string][]parkedBlock
+	scanned map[string]bool
 	// plainRoot holds the parents (by ifindex) whose root qdisc was
 	// found not to be an older carve's HTB (parentRootIsHTB).
 	plainRoot map[int]bool
@@ -96,7 +101,7 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	}
 	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{},
 		blocks: map[string]map[string][]uint16{}, plainRoot: map[int]bool{}, labels: map[string]shareLabels{},
-		held: map[string]map[string]bool{}}
+		held: map[string]map[string]bool{}, parked: map[string][]parkedBlock{}, scanned: map[string]bool{}}
 	if p.reaper, err = newReaper(p); err != nil {
 		h.Close()
 		return nil, err
@@ -120,9 +125,14 @@ type undoRecord struct {
 	IngressMinor uint16 `json:"ingressMinor,omitempty"`
 	// FlowClasses is set where the share's classes have children for its
 	// flows (flows.go): they go before their parent.
-	FlowClasses bool     `json:"flowClasses,omitempty"`
-	Addresses   []string `json:"addresses,omitempty"`
-	PoolAddrs   []string `json:"poolAddresses,omitempty"`
+	FlowClasses bool `json:"flowClasses,omitempty"`
+	// EgressDropBase and IngressDropBase are the drops HTB had counted on
+	// the share's classes before it took them over (a parked block,
+	// park.go): its own drops are what is counted past them.
+	EgressDropBase  uint64   `json:"egressDropBase,omitempty"`
+	IngressDropBase uint64   `json:"ingressDropBase,omitempty"`
+	Addresses       []string `json:"addresses,omitempty"`
+	PoolAddrs       []string `json:"poolAddresses,omitempty"`
 	// AddressKeyed is set where the classifier tells the share apart by
 	// its addresses (ipvlan), not by its MAC.
 	AddressKeyed bool `json:"addressKeyed,omitempty"`
@@ -154,7 +164,7 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 		p.ipam.reserve(key, addrs)
 		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor, u.FlowClasses)
 		p.mu.Lock()
-		p.labels[u.MAC] = labelsOf(a)
+		p.labels[u.MAC] = labelsOf(a).withDropBase(u)
 		if p.held[u.Parent] == nil {
 			p.held[u.Parent] = map[string]bool{}
 		}

@@ -46,6 +46,11 @@ type reapItem struct {
 	IngressMinor uint16 `json:"ingressMinor,omitempty"`
 	// FlowClasses: the share's classes have flow children (flows.go).
 	FlowClasses bool `json:"flowClasses,omitempty"`
+	// EgressRate and IngressRate are the share's class rates, bits/s,
+	// kept while its classes are parked (park.go); an item without them
+	// (an older carve's) has its classes deleted.
+	EgressRate  uint64 `json:"egressRate,omitempty"`
+	IngressRate uint64 `json:"ingressRate,omitempty"`
 }
 
 // merge fills what it does not know from an older item of the same share.
@@ -57,6 +62,8 @@ func (it reapItem) merge(old reapItem) reapItem {
 	it.EgressMinor = cmp.Or(it.EgressMinor, old.EgressMinor)
 	it.IngressMinor = cmp.Or(it.IngressMinor, old.IngressMinor)
 	it.FlowClasses = it.FlowClasses || old.FlowClasses
+	it.EgressRate = cmp.Or(it.EgressRate, old.EgressRate)
+	it.IngressRate = cmp.Or(it.IngressRate, old.IngressRate)
 	return it
 }
 
@@ -334,9 +341,9 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 	return failed
 }
 
-// reapClasses deletes the items' classes on parent's egress shaper and its
-// IFB, then the shaper and IFB if no share is left on them, under the
-// parent's lock.
+// reapClasses takes the items' classes off parent's egress shaper and its
+// IFB (parked or deleted, park.go), then removes the shaper and IFB if no
+// share is left on them, under the parent's lock.
 func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []int, errs []error) error {
 	unlock, err := p.lockParent(parent)
 	if err != nil {
@@ -358,11 +365,11 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 		batch[items[i].Key] = true
 		if m := items[i].EgressMinor; m != 0 {
 			egress = true
-			errs[i] = errors.Join(errs[i], p.deleteEgressClass(parent, m, items[i].FlowClasses, rootHTB))
+			errs[i] = errors.Join(errs[i], p.retireEgressClass(parent, items[i].Key, m, items[i].FlowClasses, items[i].EgressRate, rootHTB))
 		}
 		if m := items[i].IngressMinor; m != 0 && ifbErr == nil {
 			ingress = true
-			errs[i] = errors.Join(errs[i], deleteShareClass(p.h, ifb, m, items[i].FlowClasses))
+			errs[i] = errors.Join(errs[i], p.retireBlock(ifb, items[i].Key, m, items[i].FlowClasses, items[i].IngressRate))
 		}
 	}
 	// Where this agent's own shares still hold classes on a device, it

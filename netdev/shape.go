@@ -6,6 +6,7 @@ import (
 	"net"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare/hook"
@@ -15,43 +16,46 @@ import (
 // on dev at it: for egress dev is the parent and the class is on its egress
 // shaper; for ingress dev is the parent's IFB, which holds the class too.
 // mtu is the parent's.
-func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr, mtu int) (minor uint16, flows bool, err error) {
+// dropBase is what HTB had counted on the class's block before the share
+// took it (a parked block, park.go), to be subtracted from its drops.
+func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr, mtu int) (minor uint16, flows bool, dropBase uint64, err error) {
 	classDev := dev
 	if dir == bpf.Egress {
 		// The parent's root qdisc stays the kernel's: the class goes on
 		// its egress shaper.
 		if classDev, err = p.ensureEgressShaper(dev); err != nil {
-			return 0, false, err
+			return 0, false, 0, err
 		}
 	} else if !p.setUp.has("htb", dev.Attrs().Index) {
 		// The device's HTB is made once and then known (under the
 		// parent's lock): a steady-state prepare makes no qdisc dump.
 		if err := ensureHTB(p.h, dev); err != nil {
-			return 0, false, err
+			return 0, false, 0, err
 		}
 		p.setUp.add("htb", dev.Attrs().Index)
 	}
-	minor, err = p.addClass(classDev, key, rate)
+	pick, err := p.addClass(classDev, key, rate)
+	minor, dropBase = pick.minor, pick.drops
 	if err != nil {
 		if dir == bpf.Egress {
 			p.setUp.forgetCompanion(companionEgressShaper, dev.Attrs().Index)
 		} else {
 			p.setUp.forget("htb", dev.Attrs().Index)
 		}
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	// From here on the class exists: the minor is returned with any
 	// error, so that the undo removes the class (and its children, with
 	// flows). The classifier entry, the only other record of it, is
 	// written last and may never be.
 	if flows, err = p.setQueues(classDev, minor, rate, mtu); err != nil {
-		return minor, flows, err
+		return minor, flows, dropBase, err
 	}
 	// Attached (and checked to be first on the hook) once per device
 	// while it is set up, not by every share.
 	if what := "classifier-" + dir.String(); !p.setUp.has(what, dev.Attrs().Index) {
 		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
-			return minor, flows, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
+			return minor, flows, dropBase, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
 		}
 		p.setUp.add(what, dev.Attrs().Index)
 	}
@@ -59,35 +63,62 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	// its children.
 	if flows {
 		if err := p.opts.Shaper.SetShareQueue(dir, mac, bpf.ShareQueue{BitsPerSec: rate, ClassIfindex: classDev.Attrs().Index, Minor: minor}); err != nil {
-			return minor, flows, fmt.Errorf("classifier entry: %w", err)
+			return minor, flows, dropBase, fmt.Errorf("classifier entry: %w", err)
 		}
 	}
 	if err := p.opts.Shaper.SetShare(dir, mac, uint32(netlink.MakeHandle(1, minor))); err != nil {
-		return minor, flows, fmt.Errorf("classifier entry: %w", err)
+		return minor, flows, dropBase, fmt.Errorf("classifier entry: %w", err)
 	}
-	return minor, flows, nil
+	return minor, flows, dropBase, nil
 }
 
-// addClass gives key a class of rate bits/s on dev and returns its minor.
-// The minor is picked from this agent's own record of the device's classes;
-// only where the kernel says it is taken (another agent's, during a rolling
-// update) are the device's classes listed and the pick made again.
-func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (uint16, error) {
-	minor, own, err := p.pickMinor(dev.Attrs().Name, key, nil)
-	if err != nil {
-		return 0, err
+// addClass gives key a class of rate bits/s on dev and returns its block.
+// The minor is picked from this agent's own record of the device's classes:
+// a parked block first (park.go), changed to the share's; only where the
+// kernel says a pick is taken (another agent's, during a rolling update) are
+// the device's classes listed and the pick made again.
+func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (minorPick, error) {
+	if err := p.adoptParked(dev); err != nil {
+		return minorPick{}, err
 	}
-	err = setClass(p.h, dev, minor, rate, own)
+	pick, err := p.pickMinor(dev.Attrs().Name, key, nil)
+	if err != nil {
+		return minorPick{}, err
+	}
+	if pick.parked {
+		err := p.h.ClassChange(shareClass(dev, pick.minor, rate, false))
+		if err == nil {
+			if pick.flows {
+				// Made in this boot with flow children: this
+				// kernel has no fq_codel (setQueues).
+				p.mu.Lock()
+				p.noFQCodel = true
+				p.mu.Unlock()
+			}
+			return pick, nil
+		}
+		// What this agent knew of the device's parked blocks is
+		// stale (ENOENT: the device was made again): a fresh block.
+		p.unpickMinor(dev.Attrs().Name, pick.minor, key)
+		p.forgetParked(dev.Attrs().Name)
+		if !errors.Is(err, unix.ENOENT) {
+			return minorPick{}, fmt.Errorf("take parked HTB class 1:%x on %s: %w", pick.minor, dev.Attrs().Name, err)
+		}
+		if pick, err = p.pickMinor(dev.Attrs().Name, key, nil); err != nil {
+			return minorPick{}, err
+		}
+	}
+	err = setClass(p.h, dev, pick.minor, rate, pick.own)
 	if !errors.Is(err, errClassTaken) {
-		return minor, err
+		return pick, err
 	}
-	p.unpickMinor(dev.Attrs().Name, minor, key)
-	taken, err := shareClasses(p.h, dev)
+	p.unpickMinor(dev.Attrs().Name, pick.minor, key)
+	taken, err := shareClasses(p.h, dev, true)
 	if err != nil {
-		return 0, err
+		return minorPick{}, err
 	}
-	if minor, own, err = p.pickMinor(dev.Attrs().Name, key, taken); err != nil {
-		return 0, err
+	if pick, err = p.pickMinor(dev.Attrs().Name, key, taken); err != nil {
+		return minorPick{}, err
 	}
-	return minor, setClass(p.h, dev, minor, rate, own)
+	return pick, setClass(p.h, dev, pick.minor, rate, pick.own)
 }

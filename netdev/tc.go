@@ -82,9 +82,7 @@ func ensureHTB(h *netlink.Handle, link netlink.Link) error {
 // A class that exists and is not the share's own is never taken over: with
 // two agents on a node (a rolling update) that would make two shares one.
 func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint64, own bool) error {
-	attrs := netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: rootHandle, Handle: netlink.MakeHandle(1, minor)}
-	buf := htbBuffer(rateBits)
-	class := netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rateBits, Ceil: rateBits, Buffer: buf, Cbuffer: buf, Quantum: quantum(rateBits)})
+	class := shareClass(link, minor, rateBits, false)
 	err := h.ClassAdd(class)
 	if errors.Is(err, unix.EEXIST) && own {
 		err = h.ClassChange(class)
@@ -96,6 +94,17 @@ func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint6
 		return fmt.Errorf("set HTB class 1:%x on %s to %d bit/s: %w", minor, link.Attrs().Name, rateBits, err)
 	}
 	return nil
+}
+
+// shareClass is the share class 1:minor on link, held to rate bits/s;
+// parked, with the parked mark (park.go).
+func shareClass(link netlink.Link, minor uint16, rateBits uint64, parked bool) *netlink.HtbClass {
+	attrs := netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: rootHandle, Handle: netlink.MakeHandle(1, minor)}
+	buf, cbuf := htbBuffer(rateBits), htbBuffer(rateBits)
+	if parked {
+		cbuf += buf / 2
+	}
+	return netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rateBits, Ceil: rateBits, Buffer: buf, Cbuffer: cbuf, Quantum: quantum(rateBits)})
 }
 
 // errClassTaken is a class number that another share holds.
@@ -116,8 +125,9 @@ func deleteClass(h *netlink.Handle, link netlink.Link, minor uint16) error {
 	return nil
 }
 
-// shareClasses lists the minors of carve's share classes on link.
-func shareClasses(h *netlink.Handle, link netlink.Link) (map[uint16]uint64, error) {
+// shareClasses lists the minors of carve's share classes on link, with
+// their rates; parked ones (park.go) only where withParked says so.
+func shareClasses(h *netlink.Handle, link netlink.Link, withParked bool) (map[uint16]uint64, error) {
 	classes, err := h.ClassList(link, rootHandle)
 	if err != nil {
 		return nil, fmt.Errorf("list classes of %s: %w", link.Attrs().Name, err)
@@ -131,17 +141,23 @@ func shareClasses(h *netlink.Handle, link netlink.Link) (map[uint16]uint64, erro
 		major, minor := netlink.MajorMinor(c.Attrs().Handle)
 		// Shares' classes only, not their flow children: those are
 		// in the same block of minors.
-		pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent)
-		if major == 1 && minor >= minMinor && (pmajor != 1 || pminor == 0) {
+		if major == 1 && minor >= minMinor && topLevel(c) && (withParked || !parkedClass(htb)) {
 			out[minor] = htb.Rate * 8
 		}
 	}
 	return out, nil
 }
 
+// topLevel reports whether c hangs from its HTB itself, as a share class
+// does, not from another class, as a flow child does.
+func topLevel(c netlink.Class) bool {
+	pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent)
+	return pmajor != 1 || pminor == 0
+}
+
 // removeHTBIfIdle removes carve's root qdisc once no share class is left.
 func removeHTBIfIdle(h *netlink.Handle, link netlink.Link) (removed bool, err error) {
-	left, err := shareClasses(h, link)
+	left, err := shareClasses(h, link, false)
 	if err != nil || len(left) > 0 {
 		return false, err
 	}
@@ -238,11 +254,12 @@ func (p *NICPreparer) removeIngressIFBIfIdle(parent netlink.Link) error {
 		p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
 		return nil
 	}
-	left, err := shareClasses(h, ifb)
+	left, err := shareClasses(h, ifb, false)
 	if err != nil || len(left) > 0 {
 		return err
 	}
 	p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
+	defer p.forgetParked(ifb.Attrs().Name)
 	if p.opts.Shaper != nil {
 		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
 			return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)

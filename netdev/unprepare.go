@@ -14,6 +14,7 @@ import (
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/hook"
+	"github.com/carve-dra/carve/slices/names"
 )
 
 // Unprepare releases the share at once: its classifier entries go (its
@@ -77,7 +78,9 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 	if err := os.Rename(p.specPath(u.Link), p.specPath(u.Link)+reapingSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("set the attach spec of %s aside: %w", u.Link, err)
 	}
-	if err := p.reaper.enqueue(reapItem{Key: key, Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor, FlowClasses: u.FlowClasses}); err != nil {
+	it := reapItem{Key: key, Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor, FlowClasses: u.FlowClasses,
+		EgressRate: bandwidth(a, names.CapEgressBandwidth), IngressRate: bandwidth(a, names.CapIngressBandwidth)}
+	if err := p.reaper.enqueue(it); err != nil {
 		return err
 	}
 	p.ipam.release(key)

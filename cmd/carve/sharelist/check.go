@@ -88,7 +88,7 @@ func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
 			problem("ingress: IFB %s: %v", name, err)
 			return
 		}
-		st.needClass(n, r, "ingress", name, ifb, u.MAC, bpf.Ingress, u.IngressMinor)
+		st.needClass(n, r, "ingress", name, ifb, u.MAC, bpf.Ingress, u.IngressMinor, u.IngressDropBase)
 		st.needLink(n, r, "classify_ingress", name, ifb, false)
 		st.needLink(n, r, "redirect_ingress", u.Parent, parent, true)
 	}
@@ -103,14 +103,14 @@ func (st *state) needEgressShaper(n node, r *Row, u netdev.ShareRecord, parent i
 	shaper, err := st.index(n, name)
 	if err != nil {
 		if _, ok := st.classesOfOK(n, parent)[netdev.ClassHandle(u.EgressMinor)]; ok {
-			st.needClass(n, r, "egress", u.Parent, parent, u.MAC, bpf.Egress, u.EgressMinor)
+			st.needClass(n, r, "egress", u.Parent, parent, u.MAC, bpf.Egress, u.EgressMinor, u.EgressDropBase)
 			st.needLink(n, r, "classify_egress", u.Parent, parent, false)
 			return
 		}
 		r.Problems = append(r.Problems, fmt.Sprintf("egress: shaper %s: %v", name, err))
 		return
 	}
-	st.needClass(n, r, "egress", name, shaper, u.MAC, bpf.Egress, u.EgressMinor)
+	st.needClass(n, r, "egress", name, shaper, u.MAC, bpf.Egress, u.EgressMinor, u.EgressDropBase)
 	st.needLink(n, r, "classify_egress", u.Parent, parent, false)
 	backName := netdev.EgressReturnName(parent)
 	back, err := st.index(n, backName)
@@ -131,8 +131,9 @@ func (st *state) classesOfOK(n node, ifindex int) map[uint32]uint64 {
 }
 
 // needClass checks the share's class on a device and its classifier entry,
-// and adds the class's drops.
-func (st *state) needClass(n node, r *Row, dir, dev string, ifindex int, mac string, d bpf.Direction, minor uint16) {
+// and adds the class's drops past dropBase (what its classes had counted
+// before the share took them over).
+func (st *state) needClass(n node, r *Row, dir, dev string, ifindex int, mac string, d bpf.Direction, minor uint16, dropBase uint64) {
 	if minor == 0 {
 		r.Problems = append(r.Problems, dir+": no class recorded")
 		return
@@ -143,8 +144,8 @@ func (st *state) needClass(n node, r *Row, dir, dev string, ifindex int, mac str
 		r.Problems = append(r.Problems, fmt.Sprintf("%s: classes of %s: %v", dir, dev, err))
 	} else if drops, ok := classes[handle]; !ok {
 		r.Problems = append(r.Problems, fmt.Sprintf("%s: class 1:%x missing on %s", dir, minor, dev))
-	} else {
-		r.Drops += drops
+	} else if drops >= dropBase {
+		r.Drops += drops - dropBase
 	}
 	aqm := st.aqm[bpf.Key{MAC: mac, Dir: d}]
 	r.Drops += aqm.Drops

@@ -1,0 +1,172 @@
+package netdev_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+
+	"github.com/carve-dra/carve/bpf/nettest"
+	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare"
+)
+
+// An unprepared share's classes wait, parked, for the next share on the
+// device, which takes them over by class changes: no class is added or
+// deleted (each add or delete walks every class of the HTB), and the drops
+// counted for the first share are not the next one's. An agent that
+// restarts takes over what the one before it parked. Once no share is
+// left, the shaper and the IFB go, parked classes with them.
+func TestUnpreparedClassesAreTakenOverByTheNext(t *testing.T) {
+	b := newBench(t)
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	parent, err := node.LinkByName(b.tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keeper := b.add("keeper", "10M", "10M", nil) // holds the shaper and the IFB
+	first := b.add("first", "10M", "20M", nil)
+	// A UDP flood past the egress limit: drops on first's classes.
+	if _, err := nettest.RunUDP([]nettest.Flow{{From: first.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5401"}}, 1400, 0, time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec := record(t, first.undo)
+	devices := map[string]uint16{netdev.EgressShaperName(parent.Attrs().Index): rec.EgressMinor, netdev.IFBName(parent.Attrs().Index): rec.IngressMinor}
+	classes := func(dev string) map[uint32]*netlink.HtbClass {
+		t.Helper()
+		l, err := node.LinkByName(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := node.ClassList(l, netlink.MakeHandle(1, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint32]*netlink.HtbClass{}
+		for _, c := range list {
+			if htb, ok := c.(*netlink.HtbClass); ok {
+				out[c.Attrs().Handle] = htb
+			}
+		}
+		return out
+	}
+	count := map[string]int{}
+	for dev := range devices {
+		count[dev] = len(classes(dev))
+	}
+
+	if err := b.p.Unprepare(context.Background(), first.alloc, first.undo); err != nil {
+		t.Fatal(err)
+	}
+	b.p.WaitReaped()
+	for dev, minor := range devices {
+		got := classes(dev)
+		if len(got) != count[dev] {
+			t.Errorf("%s: %d classes after first was reaped, want the %d it had (parked)", dev, len(got), count[dev])
+		}
+		if c := got[netlink.MakeHandle(1, minor)]; c == nil || c.Cbuffer <= c.Buffer {
+			t.Errorf("%s: first's class 1:%x after it was reaped is %+v, want it parked (its ceil burst past its burst)", dev, minor, c)
+		}
+	}
+
+	second := b.add("second", "50M", "30M", nil)
+	rec2 := record(t, second.undo)
+	if rec2.EgressMinor != rec.EgressMinor || rec2.IngressMinor != rec.IngressMinor {
+		t.Errorf("second took classes 1:%x / 1:%x, want first's parked 1:%x / 1:%x", rec2.EgressMinor, rec2.IngressMinor, rec.EgressMinor, rec.IngressMinor)
+	}
+	if rec2.EgressDropBase == 0 {
+		t.Error("second's record has no egress drop base, but first's flood dropped frames on those classes")
+	}
+	rates := map[string]uint64{netdev.EgressShaperName(parent.Attrs().Index): 50e6, netdev.IFBName(parent.Attrs().Index): 30e6}
+	for dev, minor := range devices {
+		got := classes(dev)
+		if len(got) != count[dev] {
+			t.Errorf("%s: %d classes after second was prepared, want %d: none added", dev, len(got), count[dev])
+		}
+		c := got[netlink.MakeHandle(1, minor)]
+		if c == nil || c.Cbuffer != c.Buffer || c.Rate*8 != rates[dev] {
+			t.Errorf("%s: second's class 1:%x is %+v, want it unmarked, at %d bit/s", dev, minor, c, rates[dev])
+			continue
+		}
+		for h, child := range got {
+			if child.Attrs().Parent == h || child.Attrs().Parent != netlink.MakeHandle(1, minor) {
+				continue
+			}
+			if child.Ceil*8 != rates[dev] {
+				t.Errorf("%s: flow child %x of second's class borrows up to %d bit/s, want %d", dev, h, child.Ceil*8, rates[dev])
+			}
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(b.p)
+	if drops := shareDrops(t, reg, "default/second"); drops["egress"] != 0 || len(drops) != 2 {
+		t.Errorf("second's drops by the metrics: %v, want 0 each way: first's are not second's", drops)
+	}
+
+	// A restarted agent: the keeper's record restored, second's classes
+	// parked by the agent before it.
+	if err := b.p.Unprepare(context.Background(), second.alloc, second.undo); err != nil {
+		t.Fatal(err)
+	}
+	b.p.WaitReaped()
+	b.p = b.newPreparer("test", b.tp.Subnet, b.tp.ServerIP)
+	b.p.Restore([]prepare.Allocation{keeper.alloc}, []json.RawMessage{keeper.undo})
+	third := b.add("third", "10M", "10M", nil)
+	if rec3 := record(t, third.undo); rec3.EgressMinor != rec.EgressMinor || rec3.IngressMinor != rec.IngressMinor {
+		t.Errorf("after a restart third took classes 1:%x / 1:%x, want the parked 1:%x / 1:%x", rec3.EgressMinor, rec3.IngressMinor, rec.EgressMinor, rec.IngressMinor)
+	}
+
+	for _, s := range []*share{keeper, third} {
+		if err := b.p.Unprepare(context.Background(), s.alloc, s.undo); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.p.WaitReaped()
+	for dev := range devices {
+		if _, err := node.LinkByName(dev); err == nil {
+			t.Errorf("%s is still there after every share went", dev)
+		}
+	}
+}
+
+// record decodes a share's undo record.
+func record(t *testing.T, undo json.RawMessage) netdev.ShareRecord {
+	t.Helper()
+	u, err := netdev.DecodeShareRecord(undo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// shareDrops is what a scrape reports as a claim's drops, by direction.
+func shareDrops(t *testing.T, reg *prometheus.Registry, claim string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "carve_share_drops_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["claim"] == claim {
+				out[labels["direction"]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
