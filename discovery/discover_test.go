@@ -146,11 +146,13 @@ func TestMissingOptionalFiles(t *testing.T) {
 	}
 }
 
-// A malformed file is an error that names the file.
+// A malformed file is an error that names the file. The L3's files are
+// cpu16's, the first CPU of the typical node's second L3: the CPUs after
+// the first of an L3's shared_cpu_list are not read (listLLCs).
 func TestMalformedFileNamed(t *testing.T) {
 	for _, tc := range []struct{ file, content string }{
-		{"sys/devices/system/cpu/cpu3/cache/index3/size", "lots"},
-		{"sys/devices/system/cpu/cpu3/cache/index3/shared_cpu_list", "0-x"},
+		{"sys/devices/system/cpu/cpu16/cache/index3/size", "lots"},
+		{"sys/devices/system/cpu/cpu16/cache/index3/shared_cpu_list", "0-x"},
 		{"sys/fs/resctrl/info/L3/cbm_mask", "zz"},
 		{"NIC/mtu", "nine thousand"},
 		{"PCI/numa_node", "one"},
