@@ -106,7 +106,7 @@ func (s *Scanner) Scan(ctx context.Context, changes Changes) (*Inventory, error)
 	if err != nil {
 		return nil, fmt.Errorf("discover PCI functions: %w", err)
 	}
-	netdevs, err := t.readNetdevs(opts.Net, s.netdevs, changes)
+	netdevs, err := t.readNetdevs(opts.Net, pci, s.netdevs, changes)
 	if err != nil {
 		return nil, fmt.Errorf("discover NICs: %w", err)
 	}

@@ -146,11 +146,13 @@ func TestMissingOptionalFiles(t *testing.T) {
 	}
 }
 
-// A malformed file is an error that names the file.
+// A malformed file is an error that names the file. The L3's files are
+// cpu16's, the first CPU of the typical node's second L3: the CPUs after
+// the first of an L3's shared_cpu_list are not read (listLLCs).
 func TestMalformedFileNamed(t *testing.T) {
 	for _, tc := range []struct{ file, content string }{
-		{"sys/devices/system/cpu/cpu3/cache/index3/size", "lots"},
-		{"sys/devices/system/cpu/cpu3/cache/index3/shared_cpu_list", "0-x"},
+		{"sys/devices/system/cpu/cpu16/cache/index3/size", "lots"},
+		{"sys/devices/system/cpu/cpu16/cache/index3/shared_cpu_list", "0-x"},
 		{"sys/fs/resctrl/info/L3/cbm_mask", "zz"},
 		{"NIC/mtu", "nine thousand"},
 		{"PCI/numa_node", "one"},
@@ -246,5 +248,41 @@ func TestCPUCacheRootOverlay(t *testing.T) {
 	}
 	if len(blind.LLCs) != 0 {
 		t.Errorf("an empty cache root still gave LLCs %+v", blind.LLCs)
+	}
+}
+
+// A netdev's driver is its device's: the PCI function's where the netdev
+// sits in the function's directory (taken from the PCI scan), its own
+// device's where it sits below another device, as virtio's netdevs sit
+// below a virtio device whose driver is virtio_net, not virtio-pci.
+func TestNICDriverIsItsDevices(t *testing.T) {
+	tree := sysfstest.Typical(t.TempDir())
+	const fn = "0000:00:04.0"
+	fnDir := tree.AddPCI(fn, sysfstest.PCI{Vendor: sysfstest.VendorRedHat, Device: 0x1041, Class: sysfstest.ClassEthernet, NUMANode: -1, Driver: "virtio-pci"})
+	virtio := filepath.Join(fnDir, "virtio1")
+	netdev := filepath.Join(virtio, "net/eth1")
+	for file, v := range map[string]string{"address": "02:fc:00:00:00:02", "mtu": "1500", "speed": "-1", "operstate": "up", "carrier": "1", "dev_port": "0"} {
+		tree.Write(filepath.Join(netdev, file), v)
+	}
+	tree.Write("sys/bus/virtio/drivers/virtio_net/bind", "")
+	for link, target := range map[string]string{
+		filepath.Join(virtio, "driver"): "sys/bus/virtio/drivers/virtio_net",
+		filepath.Join(netdev, "device"): virtio,
+		"sys/class/net/eth1":            netdev,
+	} {
+		rel, err := filepath.Rel(filepath.Dir(link), target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(rel, filepath.Join(tree.Root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inv := discover(t, tree.Root, discovery.NetFilter{})
+	if n := nicByName(inv, "eth1"); n == nil || n.Driver != "virtio_net" || n.PCI == nil || n.PCI.Address != fn || n.PCI.Driver != "virtio-pci" {
+		t.Errorf("eth1 = %+v, want driver virtio_net on %s (driver virtio-pci)", n, fn)
+	}
+	if n := nicByName(inv, "ens1f0np0"); n == nil || n.Driver != "mlx5_core" || n.PCI == nil || n.PCI.Driver != "mlx5_core" {
+		t.Errorf("ens1f0np0 = %+v, want driver mlx5_core, its function's", n)
 	}
 }

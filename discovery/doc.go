@@ -44,7 +44,9 @@
 // whose vendor and device IDs it did not name. Discovery reads each PCI
 // function's modalias, numa_node and two links, and each netdev's
 // attributes, relative to its directory and on as many goroutines as the
-// process has CPUs (at most 8).
+// process has CPUs (at most 8); a netdev whose device is a PCI function
+// takes that function's driver, and an L3 is read under the first CPU
+// that lists it, not under each.
 //
 // # Rescans (Scanner)
 //
@@ -78,6 +80,23 @@
 // same run), goal 150 ms, missed for the same reason plus encoding 2070
 // devices as JSON (about 60 ms of CPU). The run's other figures, memory
 // among them, are in deploy/README.md.
+//
+// Later, in one sitting at load 6–7 (another engineer's builds and local
+// cluster), medians of three, before → after: cold 360 → 252 ms/op (CPU
+// 206 → 217 ms, noise; profiles of 30 runs at lower load gave 235 → 189
+// ms), 5.7 → 5.0 MB/op; process start to slices 526 → 392 ms (CPU 430 →
+// 327 ms; `carve --help` 47 ms), the List's items now marshaled in
+// parallel (package slices). Both goals are still missed, and discovery
+// cannot meet its goal on this VM by doing less of what it does now: its
+// time is the kernel's path walks, not system call entry (getppid costs
+// 0.28 µs here, an fstatat of one file in a directory already open 2.2
+// µs, open, read and close of a tmpfs attribute 5.6 µs, sysfs 10 µs; the
+// VM is nested, nested_pvm=1), and the large node has some 16,600
+// attribute files (six per netdev, two per PCI function) and 8,300 links
+// to read: some 110 ms of CPU, 55 ms on two idle CPUs. io_uring would save
+// only the entries. Fewer files per device would: on a real node the
+// netdevs' attributes could come from one netlink dump where the root is
+// the running kernel's, which would not change the fixture benchmark.
 //
 // # Below
 //

@@ -71,10 +71,13 @@ type netdevScan struct {
 
 // netdevRead is one netdev as read: kept is false where the filter left it
 // out; pciAddr is the PCI function it hangs off, "" for virtual ones.
+// driverOfPCI says the netdev's device is that function itself, so its
+// driver is the function's, as the PCI scan read it (see readNIC).
 type netdevRead struct {
-	kept    bool
-	nic     NIC
-	pciAddr string
+	kept        bool
+	nic         NIC
+	pciAddr     string
+	driverOfPCI bool
 }
 
 // readNetdevs reads sys/class/net. A netdev of the last read whose entry
@@ -82,7 +85,7 @@ type netdevRead struct {
 // from it, with only its PF's sriov_numvfs read again (enabling VFs sends
 // no event for the PF): netlink reports every change of a link's state,
 // address, MTU and name, and re-creating one gives its entry a new inode.
-func (t tree) readNetdevs(filter NetFilter, last *netdevScan, changes Changes) (*netdevScan, error) {
+func (t tree) readNetdevs(filter NetFilter, pci *pciScan, last *netdevScan, changes Changes) (*netdevScan, error) {
 	entries, err := readDirInodes(t.path(netDir))
 	if err != nil || len(entries) == 0 {
 		return &netdevScan{}, err
@@ -103,7 +106,7 @@ func (t tree) readNetdevs(filter NetFilter, last *netdevScan, changes Changes) (
 			}
 		}
 		fresh[i] = true
-		scan.reads[i], err = readNetdevEntry(dir, e.name, filter)
+		scan.reads[i], err = readNetdevEntry(dir, e.name, filter, pci)
 		return err
 	})
 	if err != nil {
@@ -143,6 +146,9 @@ func (s *netdevScan) nics(pci *pciScan, fns []PCIFunction) []NIC {
 		if r.pciAddr != "" {
 			if i, ok := pci.lookup(r.pciAddr); ok {
 				nic.PCI = &fns[i]
+				if r.driverOfPCI {
+					nic.Driver = fns[i].Driver
+				}
 			} else {
 				nic.PCI = &PCIFunction{Address: r.pciAddr, NUMANode: -1}
 			}
@@ -154,7 +160,7 @@ func (s *netdevScan) nics(pci *pciScan, fns []PCIFunction) []NIC {
 
 // readNetdevEntry reads the netdev name of sys/class/net; kept is false where
 // the filter leaves it out or it is gone.
-func readNetdevEntry(netDir dir, name string, filter NetFilter) (netdevRead, error) {
+func readNetdevEntry(netDir dir, name string, filter NetFilter, pci *pciScan) (netdevRead, error) {
 	// The kernel places netdevs with no device behind them (veth,
 	// bridges, lo) under devices/virtual. The link's text is enough to
 	// tell, and to find the PCI function, even where the target is gone
@@ -167,20 +173,57 @@ func readNetdevEntry(netDir dir, name string, filter NetFilter) (netdevRead, err
 	if !filter.keeps(name, !hasDevice) {
 		return netdevRead{}, nil
 	}
-	nic, ok, err := readNIC(netDir, name)
+	r := netdevRead{}
+	if hasDevice {
+		r.pciAddr = lastPCIAddress(target)
+	}
+	// A netdev sits in its device's directory (<device>/net/<name>), and
+	// its device link points there. Where that device is a PCI function
+	// the scan read, its driver link is the one the scan read: one
+	// readlink less for each of a large node's thousands of VFs.
+	var fn *PCIFunction
+	if r.pciAddr != "" && parentDevice(target) == r.pciAddr {
+		if i, ok := pci.lookup(r.pciAddr); ok {
+			fn, r.driverOfPCI = &pci.fns[i], true
+		}
+	}
+	nic, ok, err := readNIC(netDir, name, fn)
 	if err != nil || !ok {
 		return netdevRead{}, err
 	}
 	nic.Virtual = !hasDevice
-	r := netdevRead{kept: true, nic: nic}
-	if hasDevice {
-		r.pciAddr = lastPCIAddress(target)
-	}
+	r.kept, r.nic = true, nic
 	return r, nil
 }
 
-// readNIC reads one netdev's attributes, relative to its directory.
-func readNIC(netDir dir, name string) (NIC, bool, error) {
+// parentDevice is the directory a netdev's sysfs path sits in, its
+// device's: "../../devices/pci0000:80/0000:80:00.1/net/ens0f0v0" gives
+// "0000:80:00.1". "" where the path has another form.
+func parentDevice(target string) string {
+	rest, _, ok := cutLast(target) // the netdev's name
+	if !ok {
+		return ""
+	}
+	rest, net, ok := cutLast(rest)
+	if !ok || net != "net" {
+		return ""
+	}
+	_, device, _ := cutLast(rest)
+	return device
+}
+
+// cutLast splits a slash-separated path at its last slash.
+func cutLast(p string) (before, after string, found bool) {
+	i := strings.LastIndexByte(p, '/')
+	if i < 0 {
+		return "", p, false
+	}
+	return p[:i], p[i+1:], true
+}
+
+// readNIC reads one netdev's attributes, relative to its directory. Where
+// fn is the netdev's device, its driver is fn's and is not read again.
+func readNIC(netDir dir, name string, fn *PCIFunction) (NIC, bool, error) {
 	d, ok, err := netDir.openDir(name)
 	if err != nil || !ok {
 		return NIC{}, false, err
@@ -231,7 +274,11 @@ func readNIC(netDir dir, name string) (NIC, bool, error) {
 	if err != nil {
 		return NIC{}, false, fmt.Errorf("netdev %s: %w", name, err)
 	}
-	nic.Driver = d.linkBase("device/driver")
+	if fn != nil {
+		nic.Driver = fn.Driver
+	} else {
+		nic.Driver = d.linkBase("device/driver")
+	}
 	return nic, true, nil
 }
 
