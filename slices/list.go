@@ -49,8 +49,7 @@ const (
 // devices take encoding/json some 100 ms of CPU (reflection, the attribute
 // maps' sorted keys, then the indenting pass), most of `carve discover`'s
 // time after discovery. The items are independent, so each is marshaled
-// and indented alone (appendIndent: json.Indent without its validating
-// scanner), and joined as the whole would have been.
+// and indented alone, and joined as the whole would have been.
 func encodeJSON(items []resourceapi.ResourceSlice) ([]byte, error) {
 	if len(items) == 0 {
 		b, err := json.MarshalIndent(list{APIVersion: "v1", Kind: "List", Items: items}, "", "  ")
@@ -66,7 +65,9 @@ func encodeJSON(items []resourceapi.ResourceSlice) ([]byte, error) {
 			for i := int(next.Add(1) - 1); i < len(items); i = int(next.Add(1) - 1) {
 				var b []byte
 				if b, errs[i] = json.Marshal(&items[i]); errs[i] == nil {
-					parts[i] = appendIndent(make([]byte, 0, 2*len(b)), b, itemPrefix, "  ")
+					out := bytes.NewBuffer(make([]byte, 0, 2*len(b)))
+					errs[i] = json.Indent(out, b, itemPrefix, "  ")
+					parts[i] = out.Bytes()
 				}
 			}
 		})
