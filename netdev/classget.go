@@ -11,74 +11,97 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// classDropsOf sums the drops HTB counted on the given classes of ifindex,
-// asking the kernel for each class alone (RTM_GETTCLASS without a dump): the
-// netlink library lists classes only by dumping every class of the device,
-// 10,000 of them on a parent holding 1,000 shares. A class that is not there
-// counts nothing.
-func (p *NICPreparer) classDropsOf(ifindex int, handles []uint32) (uint64, error) {
-	sock, err := nl.GetNetlinkSocketAt(p.opts.HostNS, netns.None(), unix.NETLINK_ROUTE)
-	if err != nil {
-		return 0, fmt.Errorf("netlink in the node's namespace: %w", err)
-	}
-	defer sock.Close()
-	// The reaper asks this under the parent's lock: a kernel that does
-	// not answer must not hold it long.
-	timeout := unix.NsecToTimeval(classGetTimeout.Nanoseconds())
-	if err := sock.SetReceiveTimeout(&timeout); err != nil {
-		return 0, err
-	}
-	sh := &nl.SocketHandle{Socket: sock}
-	var total uint64
-	for _, handle := range handles {
-		drops, err := getClassDrops(sh, ifindex, handle)
-		if err != nil {
-			return 0, err
-		}
-		total += drops
-	}
-	return total, nil
+// One class at a time. The netlink library lists classes only by dumping
+// every class of a device, 10,000 of them on a parent holding 1,000 shares;
+// the kernel also answers for one class (RTM_GETTCLASS without a dump),
+// which is what parking (park.go) asks on the prepare's and the reaper's
+// path.
+
+// classState is what the kernel says of one HTB class.
+type classState struct {
+	exists bool
+	parked bool   // it carries the parked mark (parkedClass)
+	drops  uint64 // HTB's count of its drops
 }
 
-// classGetTimeout bounds the wait for the kernel's answer about one class.
+// classGetTimeout bounds the wait for the kernel's answer about one class:
+// it is asked under the parent's lock.
 const classGetTimeout = 2 * time.Second
 
-// getClassDrops asks the kernel, on sh, for one class's queue statistics and
-// returns its drops. The kernel answers a class get only to a request that
-// asks for an echo (tclass_get_notify).
-func getClassDrops(sh *nl.SocketHandle, ifindex int, handle uint32) (uint64, error) {
+// classStates asks the kernel of the node's namespace about the given
+// classes of ifindex, in order.
+func (p *NICPreparer) classStates(ifindex int, handles []uint32) ([]classState, error) {
+	sock, err := nl.GetNetlinkSocketAt(p.opts.HostNS, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in the node's namespace: %w", err)
+	}
+	defer sock.Close()
+	timeout := unix.NsecToTimeval(classGetTimeout.Nanoseconds())
+	if err := sock.SetReceiveTimeout(&timeout); err != nil {
+		return nil, err
+	}
+	sh := &nl.SocketHandle{Socket: sock}
+	out := make([]classState, len(handles))
+	for i, handle := range handles {
+		if out[i], err = getClass(sh, ifindex, handle); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// classDropsOf sums the drops HTB counted on the given classes of ifindex;
+// a class that is not there counts nothing.
+func (p *NICPreparer) classDropsOf(ifindex int, handles []uint32) (uint64, error) {
+	states, err := p.classStates(ifindex, handles)
+	var total uint64
+	for _, s := range states {
+		total += s.drops
+	}
+	return total, err
+}
+
+// getClass asks the kernel, on sh, for one class. The kernel answers a class
+// get only to a request that asks for an echo (tclass_get_notify).
+func getClass(sh *nl.SocketHandle, ifindex int, handle uint32) (classState, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETTCLASS, unix.NLM_F_ECHO)
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: sh}
 	req.AddData(&nl.TcMsg{Family: nl.FAMILY_ALL, Ifindex: int32(ifindex), Handle: handle})
+	what := fmt.Sprintf("class %x:%x of ifindex %d", handle>>16, handle&0xffff, ifindex)
 	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWTCLASS)
 	if errors.Is(err, unix.ENOENT) {
-		return 0, nil
+		return classState{}, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("get class %x:%x of ifindex %d: %w", handle>>16, handle&0xffff, ifindex, err)
+		return classState{}, fmt.Errorf("get %s: %w", what, err)
 	}
+	var st classState
 	for _, m := range msgs {
 		msg := nl.DeserializeTcMsg(m)
 		attrs, err := nl.ParseRouteAttr(m[msg.Len():])
 		if err != nil {
-			return 0, fmt.Errorf("class %x:%x of ifindex %d: %w", handle>>16, handle&0xffff, ifindex, err)
+			return classState{}, fmt.Errorf("%s: %w", what, err)
 		}
+		st.exists = true
 		for _, a := range attrs {
-			if a.Attr.Type != nl.TCA_STATS2 {
-				continue
+			nested, err := nl.ParseRouteAttr(a.Value)
+			if err != nil && (a.Attr.Type == nl.TCA_STATS2 || a.Attr.Type == nl.TCA_OPTIONS) {
+				return classState{}, fmt.Errorf("%s: %w", what, err)
 			}
-			stats, err := nl.ParseRouteAttr(a.Value)
-			if err != nil {
-				return 0, fmt.Errorf("statistics of class %x:%x: %w", handle>>16, handle&0xffff, err)
-			}
-			for _, s := range stats {
-				// struct gnet_stats_queue: qlen, backlog, drops,
-				// requeues, overlimits, each a u32.
-				if s.Attr.Type == nl.TCA_STATS_QUEUE && len(s.Value) >= 12 {
-					return uint64(binary.NativeEndian.Uint32(s.Value[8:12])), nil
+			for _, n := range nested {
+				switch {
+				case a.Attr.Type == nl.TCA_STATS2 && n.Attr.Type == nl.TCA_STATS_QUEUE && len(n.Value) >= 12:
+					// struct gnet_stats_queue: qlen, backlog,
+					// drops, requeues, overlimits, each a u32.
+					st.drops = uint64(binary.NativeEndian.Uint32(n.Value[8:12]))
+				case a.Attr.Type == nl.TCA_OPTIONS && n.Attr.Type == nl.TCA_HTB_PARMS && len(n.Value) >= nl.SizeofTcHtbCopt:
+					// The bursts in ticks, as the kernel keeps
+					// them: the mark survives the conversion.
+					opt := nl.DeserializeTcHtbCopt(n.Value)
+					st.parked = opt.Cbuffer > opt.Buffer
 				}
 			}
 		}
 	}
-	return 0, nil
+	return st, nil
 }

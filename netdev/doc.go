@@ -132,7 +132,8 @@
 // Unprepare of a network share releases it at once: its classifier entries
 // are deleted (from the next frame on its traffic is neither charged nor
 // shaped), its pool addresses are free, and its attach spec is set aside. Its
-// HTB classes, the parent's HTB and IFB once no share is left, its interface
+// HTB classes (parked for the next share on the device, not deleted:
+// park.go), the parent's HTB and IFB once no share is left, its interface
 // (if still in the node's namespace: one that moved into a pod went with the
 // pod's namespace and is not deleted twice) and the spec are queued, on disk
 // (<state-dir>/netdev/reaper/, a checkpoint of this boot), for a reaper that
@@ -156,7 +157,9 @@
 //
 // Two agents on a node (a rolling update with maxSurge: 1) take a node-wide
 // flock around NIC work, so class numbers and pool addresses are never
-// picked twice; classes are added, never taken over. A checkpoint written by
+// picked twice; a share's classes are never taken over (a parked block is
+// taken only after the kernel, asked under the parent's lock, says it is
+// still parked: park.go). A checkpoint written by
 // a newer carve (found after a rollback) stops the agent with a clear error
 // instead of being set aside. A restart never deletes a classifier entry
 // because the checkpoint is empty: each share's attach spec names its claim

@@ -170,3 +170,29 @@ func shareDrops(t *testing.T, reg *prometheus.Registry, claim string) map[string
 	}
 	return out
 }
+
+// A parked block goes to one share only: an agent that parked it, whose
+// record is stale because another agent (a rolling update's) took it since,
+// asks the kernel before taking it and picks a block of its own instead.
+func TestAParkedBlockIsTakenOnce(t *testing.T) {
+	b := newBench(t)
+	agentA := b.p
+	b.add("keeper", "10M", "10M", nil)
+	first := b.add("first", "10M", "10M", nil)
+	if err := agentA.Unprepare(context.Background(), first.alloc, first.undo); err != nil {
+		t.Fatal(err)
+	}
+	agentA.WaitReaped()
+	parked := record(t, first.undo).EgressMinor
+
+	b.p = b.newPreparer("test", b.tp.Subnet, b.tp.ServerIP) // agent B
+	second := b.add("second", "10M", "10M", nil)
+	if got := record(t, second.undo).EgressMinor; got != parked {
+		t.Fatalf("agent B gave second class 1:%x, want the parked 1:%x", got, parked)
+	}
+	b.p = agentA
+	third := b.add("third", "10M", "10M", nil)
+	if got := record(t, third.undo); got.EgressMinor == parked || got.IngressMinor == parked {
+		t.Errorf("agent A gave third classes 1:%x / 1:%x, which agent B had given second", got.EgressMinor, got.IngressMinor)
+	}
+}

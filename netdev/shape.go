@@ -72,6 +72,10 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	return minor, flows, dropBase, nil
 }
 
+// errNotParked is a block this agent had parked that the kernel says is
+// not, or no longer.
+var errNotParked = errors.New("the class is no longer parked")
+
 // addClass gives key a class of rate bits/s on dev and returns its block.
 // The minor is picked from this agent's own record of the device's classes:
 // a parked block first (park.go), changed to the share's; only where the
@@ -86,7 +90,16 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (minor
 		return minorPick{}, err
 	}
 	if pick.parked {
-		err := p.h.ClassChange(shareClass(dev, pick.minor, rate, false))
+		// Still parked, by the kernel's word: the parent's lock, held
+		// by every agent that takes a block, makes this check and the
+		// change one step.
+		st, err := p.classStates(dev.Attrs().Index, []uint32{netlink.MakeHandle(1, pick.minor)})
+		if err == nil && !st[0].parked {
+			err = errNotParked
+		}
+		if err == nil {
+			err = p.h.ClassChange(shareClass(dev, pick.minor, rate, false))
+		}
 		if err == nil {
 			if pick.flows {
 				// Made in this boot with flow children: this
@@ -98,10 +111,11 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (minor
 			return pick, nil
 		}
 		// What this agent knew of the device's parked blocks is
-		// stale (ENOENT: the device was made again): a fresh block.
+		// stale (the device was made again, or another agent took
+		// the block): a fresh block.
 		p.unpickMinor(dev.Attrs().Name, pick.minor, key)
 		p.forgetParked(dev.Attrs().Name)
-		if !errors.Is(err, unix.ENOENT) {
+		if !errors.Is(err, unix.ENOENT) && !errors.Is(err, errNotParked) {
 			return minorPick{}, fmt.Errorf("take parked HTB class 1:%x on %s: %w", pick.minor, dev.Attrs().Name, err)
 		}
 		if pick, err = p.pickMinor(dev.Attrs().Name, key, nil); err != nil {
