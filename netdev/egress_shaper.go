@@ -198,15 +198,20 @@ func (p *NICPreparer) forgetEgressShaper(parentIndex int) error {
 // says the parent's root is the HTB an older carve put there
 // (parentRootIsHTB), deletes its class there too;
 // removeEgressShaperIfIdle follows.
-func (p *NICPreparer) retireEgressClass(parent netlink.Link, key string, minor uint16, flows bool, rate uint64, rootHTB bool) error {
+func (p *NICPreparer) retireEgressClass(parent netlink.Link, key string, minor uint16, flows bool, rate uint64, rootHTB bool) ([]retiredBlock, error) {
 	var errs []error
+	var out []retiredBlock
 	if shaper, err := p.h.LinkByName(egressShaperName(parent.Attrs().Index)); err == nil {
-		errs = append(errs, p.retireBlock(shaper, key, minor, flows, rate))
+		rb, err := p.retireBlock(shaper, key, minor, flows, rate)
+		if err == nil {
+			out = append(out, rb)
+		}
+		errs = append(errs, err)
 	}
 	if rootHTB {
 		errs = append(errs, deleteClass(p.h, parent, minor))
 	}
-	return errors.Join(errs...)
+	return out, errors.Join(errs...)
 }
 
 // parentRootIsHTB reports whether parent's root qdisc is carve's HTB (an

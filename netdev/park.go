@@ -63,45 +63,109 @@ func blockHandles(base uint16, flows bool) []uint32 {
 	return out
 }
 
+// retiredBlock is a block of classes a share no longer holds, retired in
+// the kernel (parked, or deleted), not yet handed on in this agent's record
+// (publishRetired): that waits until the share's removal records it on disk,
+// so that a crash never has a share's removal act again on a block that
+// another share took meanwhile.
+type retiredBlock struct {
+	device string
+	key    string
+	base   uint16
+	parked bool
+	block  parkedBlock
+	// heldBy is the other share whose record names the block, where it
+	// is contested, or parkedOwner where it is parked already: it stays
+	// as it is.
+	heldBy string
+}
+
 // retireBlock takes key's block from base off link (an egress shaper or an
 // IFB) once its share is unprepared: parked while fewer than maxParked wait
 // there, deleted otherwise. rate is the share's class rate; 0 (an item an
 // older carve queued, or a block not aligned as this carve makes them) is
-// deleted.
-func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, flows bool, rate uint64) error {
+// deleted. A block another share's record also names (an unprepare retried
+// after a restart, whose share's block went on to another) is left alone.
+// The caller holds the parent's lock.
+func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, flows bool, rate uint64) (retiredBlock, error) {
 	dev := link.Attrs().Name
+	out := retiredBlock{device: dev, key: key, base: base}
 	p.mu.Lock()
 	room := len(p.parked[dev]) < maxParked
+	out.heldBy = p.otherHolder(dev, key, base)
+	if p.minors[dev][base] == parkedOwner {
+		// Retired and handed on already (an unprepare retried): what
+		// the block is now is not this share's to change.
+		out.heldBy = parkedOwner
+	}
 	p.mu.Unlock()
+	if out.heldBy != "" {
+		return out, nil
+	}
 	if rate == 0 || !room || (base-minMinor)%classBlock != 0 {
-		return deleteShareClass(p.h, link, base, flows)
+		return out, deleteShareClass(p.h, link, base, flows)
 	}
 	if err := p.h.ClassChange(shareClass(link, base, rate, true)); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil // gone, and its children with it
+			return out, nil // gone, and its children with it
 		}
-		return fmt.Errorf("park HTB class 1:%x on %s: %w", base, dev, err)
+		return out, fmt.Errorf("park HTB class 1:%x on %s: %w", base, dev, err)
 	}
 	drops, err := p.classDropsOf(link.Attrs().Index, blockHandles(base, flows))
 	if err != nil {
-		return err
+		return out, err
 	}
+	out.parked, out.block = true, parkedBlock{base: base, flows: flows, drops: drops}
+	return out, nil
+}
+
+// otherHolder is a share other than key that holds the block from base on
+// device by this agent's record, or ""; the caller holds mu.
+func (p *NICPreparer) otherHolder(device, key string, base uint16) string {
+	for k, bases := range p.blocks[device] {
+		if k != key && slices.Contains(bases, base) {
+			return k
+		}
+	}
+	return ""
+}
+
+// publishRetired hands on, in this agent's record, the blocks retired for
+// their shares: a parked one waits for the next share on its device, a
+// deleted one's minors are free. A contested block (retireBlock) stays the
+// other share's.
+func (p *NICPreparer) publishRetired(blocks []retiredBlock) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	set := p.minorSet(dev)
-	for m := base; m < base+classBlock && m >= base; m++ {
-		if owner, used := set[m]; !used || owner == key {
-			set[m] = parkedOwner
+	for _, rb := range blocks {
+		if byKey := p.blocks[rb.device]; byKey != nil {
+			byKey[rb.key] = slices.DeleteFunc(byKey[rb.key], func(b uint16) bool { return b == rb.base })
+			if len(byKey[rb.key]) == 0 {
+				delete(byKey, rb.key)
+			}
+			if len(byKey) == 0 {
+				delete(p.blocks, rb.device)
+			}
+		}
+		set := p.minorSet(rb.device)
+		for m := rb.base; m < rb.base+classBlock && m >= rb.base; m++ {
+			switch owner, used := set[m]; {
+			case used && owner != rb.key:
+			case rb.heldBy != "":
+				set[m] = rb.heldBy
+			case rb.parked:
+				set[m] = parkedOwner
+			default:
+				delete(set, m)
+			}
+		}
+		if len(set) == 0 {
+			delete(p.minors, rb.device)
+		}
+		if rb.parked {
+			p.parked[rb.device] = append(p.parked[rb.device], rb.block)
 		}
 	}
-	if byKey := p.blocks[dev]; byKey != nil {
-		byKey[key] = slices.DeleteFunc(byKey[key], func(b uint16) bool { return b == base })
-		if len(byKey[key]) == 0 {
-			delete(byKey, key)
-		}
-	}
-	p.parked[dev] = append(p.parked[dev], parkedBlock{base: base, flows: flows, drops: drops})
-	return nil
 }
 
 // takeParked hands key a parked block of device, if one waits; the caller
@@ -202,4 +266,48 @@ next:
 		p.parked[dev] = append(p.parked[dev], *pb)
 	}
 	return nil
+}
+
+// retireAtUnprepare retires the unprepared share's blocks at once, under the
+// parent's lock, so that the next share on the device can take them: the
+// reaper's batches wait a moment to gather, and a pod started meanwhile
+// would pay for adding classes. It zeroes in u the minors it retired, and
+// reports whether it did any: the reaper then checks only whether the
+// parent's shaper and IFB are idle. What it cannot do here (the parent or a
+// device gone, an older carve's HTB at the parent's root, an error) stays
+// the reaper's. The blocks are handed on (publishRetired) once the reaper's
+// queue holds the share.
+func (p *NICPreparer) retireAtUnprepare(key string, u *undoRecord, egressRate, ingressRate uint64) ([]retiredBlock, bool) {
+	if u.Parent == "" || (u.EgressMinor == 0 && u.IngressMinor == 0) {
+		return nil, false
+	}
+	parent, err := p.h.LinkByName(u.Parent)
+	if err != nil {
+		return nil, false
+	}
+	unlock, err := p.lockParent(parent)
+	if err != nil {
+		return nil, false
+	}
+	defer unlock()
+	var out []retiredBlock
+	retire := func(dev string, minor *uint16, rate uint64) {
+		link, err := p.h.LinkByName(dev)
+		if err != nil {
+			return
+		}
+		rb, err := p.retireBlock(link, key, *minor, u.FlowClasses, rate)
+		if err != nil {
+			return
+		}
+		out = append(out, rb)
+		*minor = 0
+	}
+	if u.EgressMinor != 0 && !p.parentRootIsHTB(parent) {
+		retire(egressShaperName(parent.Attrs().Index), &u.EgressMinor, egressRate)
+	}
+	if u.IngressMinor != 0 {
+		retire(ifbName(parent), &u.IngressMinor, ingressRate)
+	}
+	return out, len(out) > 0
 }

@@ -32,6 +32,10 @@ func TestUnpreparedClassesAreTakenOverByTheNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	keeper := b.add("keeper", "10M", "10M", nil) // holds the shaper and the IFB
+	before := b.p
+	// The shares' cleanups unprepare through b.p, and the first
+	// preparer's wait for its reaper is the last cleanup.
+	defer func() { b.p = before }()
 	first := b.add("first", "10M", "20M", nil)
 	// A UDP flood past the egress limit: drops on first's classes.
 	if _, err := nettest.RunUDP([]nettest.Flow{{From: first.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5401"}}, 1400, 0, time.Second, nil); err != nil {
@@ -62,17 +66,18 @@ func TestUnpreparedClassesAreTakenOverByTheNext(t *testing.T) {
 		count[dev] = len(classes(dev))
 	}
 
+	// Parked by the unprepare itself, not by the reaper later: the next
+	// pod may start at once.
 	if err := b.p.Unprepare(context.Background(), first.alloc, first.undo); err != nil {
 		t.Fatal(err)
 	}
-	b.p.WaitReaped()
 	for dev, minor := range devices {
 		got := classes(dev)
 		if len(got) != count[dev] {
-			t.Errorf("%s: %d classes after first was reaped, want the %d it had (parked)", dev, len(got), count[dev])
+			t.Errorf("%s: %d classes after first was unprepared, want the %d it had (parked)", dev, len(got), count[dev])
 		}
 		if c := got[netlink.MakeHandle(1, minor)]; c == nil || c.Cbuffer <= c.Buffer {
-			t.Errorf("%s: first's class 1:%x after it was reaped is %+v, want it parked (its ceil burst past its burst)", dev, minor, c)
+			t.Errorf("%s: first's class 1:%x after it was unprepared is %+v, want it parked (its ceil burst past its burst)", dev, minor, c)
 		}
 	}
 
@@ -102,6 +107,17 @@ func TestUnpreparedClassesAreTakenOverByTheNext(t *testing.T) {
 			if child.Ceil*8 != rates[dev] {
 				t.Errorf("%s: flow child %x of second's class borrows up to %d bit/s, want %d", dev, h, child.Ceil*8, rates[dev])
 			}
+		}
+	}
+	// The kubelet retries first's unprepare (its checkpoint write
+	// failed, say): second's classes are not first's to park again.
+	if err := b.p.Unprepare(context.Background(), first.alloc, first.undo); err != nil {
+		t.Fatal(err)
+	}
+	b.p.WaitReaped()
+	for dev, minor := range devices {
+		if c := classes(dev)[netlink.MakeHandle(1, minor)]; c == nil || c.Cbuffer != c.Buffer {
+			t.Errorf("%s: second's class 1:%x after first's unprepare was retried is %+v, want it second's still, unmarked", dev, minor, c)
 		}
 	}
 	reg := prometheus.NewRegistry()

@@ -51,6 +51,10 @@ type reapItem struct {
 	// (an older carve's) has its classes deleted.
 	EgressRate  uint64 `json:"egressRate,omitempty"`
 	IngressRate uint64 `json:"ingressRate,omitempty"`
+	// CheckIdle: the share's classes were retired at unprepare (park.go);
+	// the reaper has only to see whether the parent's shaper and IFB
+	// are idle.
+	CheckIdle bool `json:"checkIdle,omitempty"`
 }
 
 // merge fills what it does not know from an older item of the same share.
@@ -64,6 +68,7 @@ func (it reapItem) merge(old reapItem) reapItem {
 	it.FlowClasses = it.FlowClasses || old.FlowClasses
 	it.EgressRate = cmp.Or(it.EgressRate, old.EgressRate)
 	it.IngressRate = cmp.Or(it.IngressRate, old.IngressRate)
+	it.CheckIdle = it.CheckIdle || old.CheckIdle
 	return it
 }
 
@@ -280,9 +285,10 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 	p := r.p
 	logger := klog.FromContext(context.Background()).WithName("reaper")
 	errs := make([]error, len(items))
+	retired := make([][]retiredBlock, len(items))
 	byParent := map[string][]int{}
 	for i, it := range items {
-		if it.Parent != "" && (it.EgressMinor != 0 || it.IngressMinor != 0) {
+		if it.Parent != "" && (it.EgressMinor != 0 || it.IngressMinor != 0 || it.CheckIdle) {
 			byParent[it.Parent] = append(byParent[it.Parent], i)
 		}
 	}
@@ -291,7 +297,7 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 		if err != nil {
 			continue // the parent went, and its classes with it
 		}
-		perr := p.reapClasses(parent, items, idx, errs)
+		perr := p.reapClasses(parent, items, idx, errs, retired)
 		if perr != nil {
 			for _, i := range idx {
 				errs[i] = errors.Join(errs[i], perr)
@@ -312,7 +318,7 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 			logger.Error(err, "Removing defunct classifier links")
 		}
 	}
-	var reaped []string
+	var reaped []int
 	for i, it := range items {
 		if errs[i] == nil {
 			for _, path := range []string{p.specPath(it.Link), p.specPath(it.Link) + reapingSuffix} {
@@ -326,16 +332,23 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 			failed = append(failed, it)
 			continue
 		}
-		p.freeMinors(it.Key)
-		reaped = append(reaped, it.Key)
+		reaped = append(reaped, i)
 	}
 	if err := r.queue.Update(func(q *checkpoint.Records[reapItem]) error {
-		for _, k := range reaped {
-			q.Delete(types.UID(k))
+		for _, i := range reaped {
+			q.Delete(types.UID(items[i].Key))
 		}
 		return nil
 	}); err != nil {
+		// The blocks stay the items' until a restart resumes them:
+		// handed on now, a crash could have them retired twice.
 		logger.Error(err, "Recording reaped shares")
+		return failed
+	}
+	// Only now, with the items off the disk, are their blocks another's.
+	for _, i := range reaped {
+		p.publishRetired(retired[i])
+		p.freeMinors(items[i].Key)
 	}
 	logger.V(3).Info("Reaped shares", "count", len(reaped), "failed", len(failed))
 	return failed
@@ -344,7 +357,9 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 // reapClasses takes the items' classes off parent's egress shaper and its
 // IFB (parked or deleted, park.go), then removes the shaper and IFB if no
 // share is left on them, under the parent's lock.
-func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []int, errs []error) error {
+// What each item retired goes in retired, by the item's index, to be
+// handed on (publishRetired) once the queue records the items reaped.
+func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []int, errs []error, retired [][]retiredBlock) error {
 	unlock, err := p.lockParent(parent)
 	if err != nil {
 		return err
@@ -363,13 +378,22 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	batch := make(map[string]bool, len(idx))
 	for _, i := range idx {
 		batch[items[i].Key] = true
+		// Classes retired at unprepare already: only whether the
+		// shaper and IFB are idle is left.
+		egress = egress || items[i].CheckIdle
+		ingress = ingress || items[i].CheckIdle
 		if m := items[i].EgressMinor; m != 0 {
 			egress = true
-			errs[i] = errors.Join(errs[i], p.retireEgressClass(parent, items[i].Key, m, items[i].FlowClasses, items[i].EgressRate, rootHTB))
+			rbs, err := p.retireEgressClass(parent, items[i].Key, m, items[i].FlowClasses, items[i].EgressRate, rootHTB)
+			errs[i] = errors.Join(errs[i], err)
+			retired[i] = append(retired[i], rbs...)
 		}
 		if m := items[i].IngressMinor; m != 0 && ifbErr == nil {
 			ingress = true
-			errs[i] = errors.Join(errs[i], p.retireBlock(ifb, items[i].Key, m, items[i].FlowClasses, items[i].IngressRate))
+			rb, err := p.retireBlock(ifb, items[i].Key, m, items[i].FlowClasses, items[i].IngressRate)
+			if errs[i] = errors.Join(errs[i], err); err == nil {
+				retired[i] = append(retired[i], rb)
+			}
 		}
 	}
 	// Where this agent's own shares still hold classes on a device, it
@@ -381,6 +405,15 @@ func (p *NICPreparer) reapClasses(parent netlink.Link, items []reapItem, idx []i
 	}
 	if ingress && !p.othersHoldClasses(ifbName(parent), batch) {
 		out = append(out, p.removeIngressIFBIfIdle(parent))
+	}
+	// Blocks parked on a device that went idle and was removed went
+	// with it.
+	for _, i := range idx {
+		for j, rb := range retired[i] {
+			if _, err := p.h.LinkByName(rb.device); err != nil {
+				retired[i][j].parked = false
+			}
+		}
 	}
 	return errors.Join(out...)
 }

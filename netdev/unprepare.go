@@ -78,11 +78,15 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 	if err := os.Rename(p.specPath(u.Link), p.specPath(u.Link)+reapingSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("set the attach spec of %s aside: %w", u.Link, err)
 	}
+	egressRate, ingressRate := bandwidth(a, names.CapEgressBandwidth), bandwidth(a, names.CapIngressBandwidth)
+	retired, checkIdle := p.retireAtUnprepare(key, &u, egressRate, ingressRate)
 	it := reapItem{Key: key, Parent: u.Parent, Link: u.Link, EgressMinor: u.EgressMinor, IngressMinor: u.IngressMinor, FlowClasses: u.FlowClasses,
-		EgressRate: bandwidth(a, names.CapEgressBandwidth), IngressRate: bandwidth(a, names.CapIngressBandwidth)}
+		EgressRate: egressRate, IngressRate: ingressRate, CheckIdle: checkIdle}
 	if err := p.reaper.enqueue(it); err != nil {
 		return err
 	}
+	// Queued with its retired blocks left out: they are another's now.
+	p.publishRetired(retired)
 	p.ipam.release(key)
 	p.releaseShare(key)
 	p.mu.Lock()
