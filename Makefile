@@ -30,8 +30,12 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
+# The build tags of bin/carve (cmd/carve/buildtags says why); the e2e
+# harness and cmd/carve's tests build it with the same.
+CARVE_TAGS := $(shell grep -v '^#' cmd/carve/buildtags)
+
 build: ## build bin/carve, the static bin/carve-hook and bin/carve-scheduler
-	$(GO) build -o $(BIN)/carve ./cmd/carve
+	$(GO) build -tags '$(CARVE_TAGS)' -o $(BIN)/carve ./cmd/carve
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/carve-hook ./cmd/carve-hook
 	$(MAKE) -C scheduler build
 
@@ -157,7 +161,7 @@ bench: build ## benchmarks, printed as a table
 	  trap 'deploy/cluster/down.sh >/dev/null' EXIT; \
 	  export CARVE_KUBECONFIG=$$(deploy/cluster/up.sh | tail -n1); \
 	fi; \
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./... | tee /dev/stderr | deploy/bench-table.sh
+	$(GO) test -tags '$(CARVE_TAGS)' -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./... | tee /dev/stderr | deploy/bench-table.sh
 
 demo: build ## bring up the local cluster, install carve with its chart, run a pod with a claim
 	@deploy/demo.sh

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -38,8 +39,12 @@ func newAgentCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "run the kubelet plugin: publish slices, prepare claims",
-		Args:  noArgs,
+		Long: "Run the kubelet plugin: publish this node's slices, prepare and unprepare its claims. " +
+			"Memory: the Go garbage collector runs at GOGC=50 unless GOGC is set (GOMEMLIMIT, when set, is honoured as well); " +
+			"its heap is a few MB, so the halved headroom costs little CPU and keeps the resident set small.",
+		Args: noArgs,
 		RunE: work(func(cmd *cobra.Command) error {
+			tuneAgentGC()
 			return runAgent(cmd.Context(), f)
 		}),
 	}
@@ -74,6 +79,21 @@ func newAgentCommand() *cobra.Command {
 	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
 	must(cmd.MarkFlagDirname("root"))
 	return cmd
+}
+
+// agentGCPercent is the agent's GOGC unless the environment sets one. The
+// agent's live heap is small (about 3 MB idle, 6 MB with 500 claims held)
+// and its garbage comes in bursts (prepares, rescans), which at the
+// runtime's default of 100 double the heap the process keeps resident: 50
+// keeps a half of the live heap as headroom instead. BenchmarkAgentMemory
+// (deploy/e2e) measured 500 claims held: VmHWM 61-70 MiB at 100, 57 at 50.
+const agentGCPercent = 50
+
+// tuneAgentGC sets the agent's GC percent, unless GOGC says otherwise.
+func tuneAgentGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(agentGCPercent)
+	}
 }
 
 func runAgent(ctx context.Context, f agentFlags) error {

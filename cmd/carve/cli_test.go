@@ -36,7 +36,12 @@ func buildCarve(t testing.TB) string {
 			return
 		}
 		bin := filepath.Join(built.dir, "carve")
-		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		tags, err := buildTags()
+		if err != nil {
+			built.err = err
+			return
+		}
+		if out, err := exec.Command("go", "build", "-tags", tags, "-o", bin, ".").CombinedOutput(); err != nil {
 			built.err = fmt.Errorf("go build: %v\n%s", err, out)
 			return
 		}

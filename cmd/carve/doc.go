@@ -38,5 +38,7 @@
 //	go run ./cmd/carve discover --root /snapshot -o json --node-name n1 --config node.yaml
 //
 // The binary is built with cgo (go-nvml): make sets CGO_ENABLED=1 and
-// CGO_CFLAGS=-Wno-deprecated-declarations.
+// CGO_CFLAGS=-Wno-deprecated-declarations. It is built with the tags in the
+// file buildtags (grpcnotrace, which makes it a third smaller; the file says
+// why): `go build -tags grpcnotrace ./cmd/carve`.
 package main

@@ -46,7 +46,14 @@ func carveBinary(t testing.TB) string {
 			return
 		}
 		carveBin = filepath.Join(dir, "carve")
-		out, err := exec.Command("go", "build", "-o", carveBin, "github.com/carve-dra/carve/cmd/carve").CombinedOutput()
+		// With the tags `make build` gives it: the binary run and
+		// measured is the one shipped.
+		tags, err := carveTags()
+		if err != nil {
+			carveErr = err
+			return
+		}
+		out, err := exec.Command("go", "build", "-tags", tags, "-o", carveBin, "github.com/carve-dra/carve/cmd/carve").CombinedOutput()
 		if err != nil {
 			carveErr = fmt.Errorf("go build: %v\n%s", err, out)
 			return
@@ -62,6 +69,20 @@ func carveBinary(t testing.TB) string {
 		t.Fatal(carveErr)
 	}
 	return carveBin
+}
+
+// carveTags is the line of cmd/carve/buildtags that is not a comment.
+func carveTags() (string, error) {
+	raw, err := os.ReadFile("../../cmd/carve/buildtags")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			return line, nil
+		}
+	}
+	return "", fmt.Errorf("cmd/carve/buildtags: no tags")
 }
 
 // agentHost is one node's worth of directories for an agent run as a host

@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 if [ "${1:-}" = build ]; then
 	cd "$here/../.."
 	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go test -c -tags acceptance -o "$here/carve-acceptance.test" ./gpu/acceptance
-	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go build -o "$here/carve" ./cmd/carve
+	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations go build -tags "$(grep -v '^#' cmd/carve/buildtags)" -o "$here/carve" ./cmd/carve
 	echo "built $here/carve-acceptance.test and $here/carve; copy them with run.sh and cudaclient.py to the GPU host"
 	exit 0
 fi
