@@ -173,17 +173,17 @@ func (p *NICPreparer) publishRetired(blocks []retiredBlock) {
 // this kernel's shares get: flow children where it has no fq_codel.
 func (p *NICPreparer) takeParked(device, key string) (parkedBlock, bool) {
 	list := p.parked[device]
-	for i := len(list) - 1; i >= 0; i-- {
-		pb := list[i]
-		p.parked[device] = slices.Delete(list, i, i+1)
-		set := p.minorSet(device)
-		for m := pb.base; m < pb.base+classBlock && m >= pb.base; m++ {
-			set[m] = key
-		}
-		p.noteBlock(device, key, pb.base)
-		return pb, true
+	if len(list) == 0 {
+		return parkedBlock{}, false
 	}
-	return parkedBlock{}, false
+	pb := list[len(list)-1]
+	p.parked[device] = list[:len(list)-1]
+	set := p.minorSet(device)
+	for m := pb.base; m < pb.base+classBlock && m >= pb.base; m++ {
+		set[m] = key
+	}
+	p.noteBlock(device, key, pb.base)
+	return pb, true
 }
 
 // forgetParked drops what this agent knows of device's parked blocks: the
