@@ -92,6 +92,9 @@
 //     super-packet and a frame: 54 ms at 10M). HTB's default leaf, 1000
 //     frames, held 1.1 s at 10M (BenchmarkLatencyUnderLoad, MEASURED.md).
 //     A share takes an aligned block of 16 class minors, its class's first.
+//     An unprepared share's block is parked, not deleted, and the next share
+//     on the device takes it over by class changes (park.go): the kernel
+//     walks every class of the HTB on each class added or deleted.
 //     `carve shares` shows each share's queue discipline and its AQM's
 //     drops and CE marks.
 //   - Traffic of no limited share never enters a qdisc of carve's, and keeps
