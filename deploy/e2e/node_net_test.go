@@ -117,7 +117,8 @@ func TestNodeNetworkShares(t *testing.T) {
 	}
 	t.Logf("pa egress across the agent restart: %.1f Mbit/s (intervals %v)", r.bps/1e6, mbits(r.intervals))
 
-	// Deleting a pod removes its share's classifier entries and classes.
+	// Deleting a pod removes its share's classifier entries, and its
+	// classes hold it no longer (parked for the next share).
 	shaper, err := bpf.OpenShaper(e2ePins)
 	if err != nil {
 		t.Fatal(err)
@@ -189,12 +190,26 @@ func ifindex(t testing.TB, dev string) string {
 }
 
 // countClasses counts the shares' classes on dev: HTB classes at its root,
-// not the flow children under a share's class (netdev/flows.go).
+// not the flow children under a share's class (netdev/flows.go), nor the
+// parked ones (netdev/park.go), whose ceil burst is past their burst.
 func countClasses(dev string) int {
 	out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
 	n := 0
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(l, "class htb") && strings.Contains(l, " root ") {
+		if !strings.HasPrefix(l, "class htb") || !strings.Contains(l, " root ") {
+			continue
+		}
+		f := strings.Fields(l)
+		var burst, cburst string
+		for i := 0; i+1 < len(f); i++ {
+			switch f[i] {
+			case "burst":
+				burst = f[i+1]
+			case "cburst":
+				cburst = f[i+1]
+			}
+		}
+		if burst == cburst {
 			n++
 		}
 	}
