@@ -19,8 +19,10 @@ import (
 
 // Unprepare releases the share at once: its classifier entries go (its
 // traffic is no longer charged or shaped from the next frame on), and its
-// addresses go back to the pool. Its classes, interface and attach spec are
-// queued for the reaper, on disk, before it returns. With no undo record (a
+// addresses go back to the pool. Its classes are parked for the next share
+// on their device (park.go); what it cannot park there, its interface and
+// its attach spec are queued for the reaper, on disk, before it returns. With
+// no undo record (a
 // crash came before Prepare returned) it finds them from the allocation: the
 // names and the MAC derive from the share's key, and the classifier maps the
 // MAC to its classes.
