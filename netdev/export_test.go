@@ -17,3 +17,19 @@ func HeldShares(p *NICPreparer, parent string) int {
 // ClassDrops is each share's drops at its HTB leaves (bfifo, or fq_codel
 // where the kernel has it), as carve_share_drops_total reports them.
 func ClassDrops(p *NICPreparer) map[bpf.Key]uint64 { return p.classDrops() }
+
+// FillParked records n blocks as parked on device that the kernel does not
+// have (minors from the top of the range down), as though this agent had
+// parked them and the device had been made again since.
+func FillParked(p *NICPreparer, device string, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range n {
+		base := maxMinor - classBlock*uint16(i+1)
+		set := p.minorSet(device)
+		for m := base; m < base+classBlock; m++ {
+			set[m] = parkedOwner
+		}
+		p.parked[device] = append(p.parked[device], parkedBlock{base: base, flows: true})
+	}
+}

@@ -212,3 +212,49 @@ func TestAParkedBlockIsTakenOnce(t *testing.T) {
 		t.Errorf("agent A gave third classes 1:%x / 1:%x, which agent B had given second", got.EgressMinor, got.IngressMinor)
 	}
 }
+
+// At most 128 blocks wait on a device: past that an unprepared share's
+// classes are deleted. A parked block the kernel no longer has (the device
+// made again) is not taken: the agent forgets what it knew of the device's
+// parked blocks and gives the share a block of its own.
+func TestParkedBlocksAreBounded(t *testing.T) {
+	b := newBench(t)
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	parent, err := node.LinkByName(b.tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shaper := netdev.EgressShaperName(parent.Attrs().Index)
+	b.add("keeper", "10M", "", nil)
+	link, err := node.LinkByName(shaper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() int {
+		t.Helper()
+		list, err := node.ClassList(link, netlink.MakeHandle(1, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list)
+	}
+	keepers := count()
+	first := b.add("first", "10M", "", nil)
+	netdev.FillParked(b.p, shaper, 128)
+	if err := b.p.Unprepare(context.Background(), first.alloc, first.undo); err != nil {
+		t.Fatal(err)
+	}
+	b.p.WaitReaped()
+	if after := count(); after != keepers {
+		t.Errorf("%s: %d classes after first went with 128 blocks parked, want the keeper's %d: first's deleted", shaper, after, keepers)
+	}
+	second := b.add("second", "10M", "", nil)
+	got := record(t, second.undo).EgressMinor
+	if got >= 0xfff0-16*128 {
+		t.Errorf("second took class 1:%x, one of the parked blocks the kernel does not have", got)
+	}
+}
