@@ -50,17 +50,6 @@ func (p *NICPreparer) classStates(ifindex int, handles []uint32) ([]classState, 
 	return out, nil
 }
 
-// classDropsOf sums the drops HTB counted on the given classes of ifindex;
-// a class that is not there counts nothing.
-func (p *NICPreparer) classDropsOf(ifindex int, handles []uint32) (uint64, error) {
-	states, err := p.classStates(ifindex, handles)
-	var total uint64
-	for _, s := range states {
-		total += s.drops
-	}
-	return total, err
-}
-
 // getClass asks the kernel, on sh, for one class. The kernel answers a class
 // get only to a request that asks for an echo (tclass_get_notify).
 func getClass(sh *nl.SocketHandle, ifindex int, handle uint32) (classState, error) {

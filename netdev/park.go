@@ -111,9 +111,16 @@ func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, fl
 		}
 		return out, fmt.Errorf("park HTB class 1:%x on %s: %w", base, dev, err)
 	}
-	drops, err := p.classDropsOf(link.Attrs().Index, blockHandles(base, flows))
+	// The children are asked for whatever the record says: an unprepare
+	// with no record does not know whether the share had them.
+	states, err := p.classStates(link.Attrs().Index, blockHandles(base, true))
 	if err != nil {
 		return out, err
+	}
+	var drops uint64
+	for i, st := range states {
+		drops += st.drops
+		flows = flows || (i > 0 && st.exists)
 	}
 	out.parked, out.block = true, parkedBlock{base: base, flows: flows, drops: drops}
 	return out, nil

@@ -21,17 +21,38 @@ func TestSharesHoldTheirRates(t *testing.T) {
 	for r, round := range [][2]string{{"50M", "200M"}, {"1G", "200M"}} {
 		shares := []*share{b.add(fmt.Sprintf("a%d", r), round[0], round[0], nil), b.add(fmt.Sprintf("b%d", r), round[1], round[1], nil)}
 		for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
-			goodput, l2 := b.measure(dir, shares, 3*time.Second)
-			for i, limit := range round {
-				l2Ratio, gpRatio := l2[i]/rate(limit), goodput[i]/rate(limit)
-				t.Logf("%s %s share of %s: L2 %.1f Mbit/s (ratio %.3f), goodput %.1f Mbit/s (ratio %.3f)",
-					dir, []string{"first", "second"}[i], limit, l2[i]/1e6, l2Ratio, goodput[i]/1e6, gpRatio)
-				// The classifier counts frames before the share's
-				// queue, so L2 includes what its bounded leaf dropped
-				// and TCP resent; goodput is what the share delivered
-				// (0.956 of the rate is the limit met to within 1%).
-				if gpRatio < 0.956*0.9 || gpRatio > 0.956*1.1 || l2Ratio < 0.9 {
-					t.Errorf("%s share of %s: goodput ratio %.3f is outside 0.956 ± 10%%, or L2 ratio %.3f under 0.9", dir, limit, gpRatio, l2Ratio)
+			// 1.2 Gbit/s of TCP is near what 2 vCPUs can send: where
+			// other tests' packages run beside this one (make test), a
+			// sender starved of CPU once read 0.89 of its 200M share.
+			// A share short of its limit is measured once more, and
+			// only the second measurement is judged; a share over
+			// its limit fails at once.
+			for attempt := 1; ; attempt++ {
+				goodput, l2 := b.measure(dir, shares, 3*time.Second)
+				var short []string
+				for i, limit := range round {
+					l2Ratio, gpRatio := l2[i]/rate(limit), goodput[i]/rate(limit)
+					t.Logf("%s %s share of %s, measurement %d: L2 %.1f Mbit/s (ratio %.3f), goodput %.1f Mbit/s (ratio %.3f)",
+						dir, []string{"first", "second"}[i], limit, attempt, l2[i]/1e6, l2Ratio, goodput[i]/1e6, gpRatio)
+					// The classifier counts frames before the share's
+					// queue, so L2 includes what its bounded leaf dropped
+					// and TCP resent; goodput is what the share delivered
+					// (0.956 of the rate is the limit met to within 1%).
+					if gpRatio > 0.956*1.1 {
+						t.Errorf("%s share of %s: goodput ratio %.3f is over 0.956 + 10%%", dir, limit, gpRatio)
+					}
+					if gpRatio < 0.956*0.9 || l2Ratio < 0.9 {
+						short = append(short, fmt.Sprintf("%s share of %s: goodput ratio %.3f is under 0.956 - 10%%, or L2 ratio %.3f under 0.9", dir, limit, gpRatio, l2Ratio))
+					}
+				}
+				if len(short) == 0 {
+					break
+				}
+				if attempt == 2 {
+					for _, msg := range short {
+						t.Error(msg)
+					}
+					break
 				}
 			}
 		}
