@@ -38,6 +38,7 @@
 //
 #define AQM_TARGET_NS (5ULL * 1000 * 1000)
 #define AQM_INTERVAL_NS (100ULL * 1000 * 1000)
+#define AQM_ROUND_FRAME 1514 // the frame of round_ns (bpf/flows.go's aqmRoundFrame)
 #define AQM_ACTIVE_NS (50ULL * 1000 * 1000) // a bulk child is busy if it got a frame this recently
 
 // The stamp, in skb->tstamp with the monotonic clock type: bit 63 set (no
@@ -177,11 +178,18 @@ static __always_inline int aqm_mark(struct __sk_buff *skb)
 	return 0;
 }
 
+// A drop or mark the dequeue owes a bulk child is hinted in bit 0 of the
+// child's last[] time in its share's share_children entry, which the
+// classifier reads for every frame anyway: only a frame of a child with the
+// hint looks up the child's CoDel state (aqm_enqueue). A hint lost to a
+// race costs a drop; a stale one, a lookup. An older classifier never sets
+// or reads it.
+#define AQM_OWED_HINT 1ULL
+
 // aqm_busy is how many of the share's bulk children got a frame lately, at
-// least 1.
-static __always_inline __u32 aqm_busy(struct share_key *share, __u64 now)
+// least 1, and the share's rate in bytes/s (0: unknown).
+static __always_inline __u32 aqm_busy(struct bulk_children *c, __u64 now)
 {
-	struct bulk_children *c = bpf_map_lookup_elem(&share_children, share);
 	__u32 n = 0;
 	if (!c)
 		return 1;
@@ -189,6 +197,15 @@ static __always_inline __u32 aqm_busy(struct share_key *share, __u64 now)
 	for (int i = 0; i < FLOW_BULK_CHILDREN; i++)
 		n += c->last[i] + AQM_ACTIVE_NS >= now;
 	return n ? n : 1;
+}
+
+// aqm_owe hints to the classifier that the bulk child of minor (its offset
+// in the share's aligned block of 16 minors) is owed a drop or mark.
+static __always_inline void aqm_owe(struct bulk_children *c, __u16 minor)
+{
+	__u32 i = (minor & 0xf) - FLOW_BULK_FIRST;
+	if (c && i < FLOW_BULK_CHILDREN)
+		c->last[i] |= AQM_OWED_HINT;
 }
 
 // aqm_act marks skb CE where it is ECN-capable and counts what it did; it
@@ -224,7 +241,18 @@ static __always_inline void aqm_dequeue(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns();
 	__u64 sojourn = ((((now >> AQM_TIME_SHIFT) & AQM_TIME_MASK) - ((ts >> 40) & AQM_TIME_MASK)) & AQM_TIME_MASK)
 			<< AQM_TIME_SHIFT;
-	__u64 target = a->round_ns * aqm_busy(&a->share, now);
+	struct bulk_children *c = bpf_map_lookup_elem(&share_children, &a->share);
+	__u64 bps = c ? c->bytes_per_sec : 0;
+	__u32 busy = aqm_busy(c, now);
+	// A GSO or GRO super-packet is a round's frame too: each busy child
+	// holds at least one.
+	__u64 round = a->round_ns;
+	if (bps && skb->len > AQM_ROUND_FRAME) {
+		__u64 r = (__u64)skb->len * NSEC_PER_SEC * 5 / 2 / bps;
+		if (r > round)
+			round = r;
+	}
+	__u64 target = round * busy;
 	if (target < AQM_TARGET_NS)
 		target = AQM_TARGET_NS;
 	a->last_dequeue = now;
@@ -267,8 +295,10 @@ static __always_inline void aqm_dequeue(struct __sk_buff *skb)
 		a->lastcount = a->count;
 		a->drop_next = aqm_control_law(now, a);
 	}
-	if (due)
+	if (due) {
 		a->owed = 1; // for the class's next arriving frame
+		aqm_owe(c, k.minor);
+	}
 }
 
 // aqm_enqueue takes, on skb arriving for class 1:minor of ifindex, the

@@ -21,6 +21,7 @@ const (
 	FlowSparseChild  = 1
 	FlowBulkFirst    = 2
 	FlowBulkChildren = 8
+	FlowSparseDiv    = 16
 )
 
 // aqmRoundFrame is the frame whose time at a share's rate, 2.5 times, is
@@ -112,27 +113,6 @@ func aqmCounters(m *ebpf.Map) (map[Key]AQMCounters, error) {
 		for _, p := range per {
 			c.Drops += p.Drops
 			c.Marks += p.Marks
-		}
-		out[k.key()] = c
-	}
-	return out, it.Err()
-}
-
-// FlowCounters are how many frames of a share went through its sparse and
-// its bulk child.
-type FlowCounters struct{ Sparse, Bulk uint64 }
-
-// Flows returns each flow-isolated share's counters, summed over CPUs.
-func (s *Shaper) Flows() (map[Key]FlowCounters, error) {
-	out := map[Key]FlowCounters{}
-	var k shaperShareKey
-	var per []shaperFlowCounters
-	it := s.objs.ShareFlowStats.Iterate()
-	for it.Next(&k, &per) {
-		var c FlowCounters
-		for _, p := range per {
-			c.Sparse += p.Sparse
-			c.Bulk += p.Bulk
 		}
 		out[k.key()] = c
 	}

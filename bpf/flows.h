@@ -83,35 +83,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } share_flows SEC(".maps");
 
-struct flow_counters {
-	__u64 sparse; // frames sent through the sparse child
-	__u64 bulk;   // frames sent through the bulk child
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct share_key);
-	__type(value, struct flow_counters);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} share_flow_stats SEC(".maps");
-
-// flow_count adds a frame to a share's flow counters.
-static __always_inline void flow_count(struct share_key *key, int sparse)
-{
-	struct flow_counters *c = bpf_map_lookup_elem(&share_flow_stats, key);
-	if (!c) {
-		struct flow_counters init = { .sparse = sparse, .bulk = !sparse };
-		if (bpf_map_update_elem(&share_flow_stats, key, &init, BPF_NOEXIST) == 0)
-			return;
-		c = bpf_map_lookup_elem(&share_flow_stats, key);
-		if (!c)
-			return;
-	}
-	c->sparse += sparse; // per CPU, preemption off
-	c->bulk += !sparse;
-}
-
 // The AQM of the bulk children: aqm_stamp, aqm_enqueue, aqm_dequeue.
 #include "aqm.h"
 
@@ -156,6 +127,9 @@ static __always_inline int share_flows_classify(struct __sk_buff *skb, struct sh
 	__u64 slow = bps / FLOW_SPARSE_DIV;
 	if (!slow)
 		slow = 1;
+	// A byte's time at the flow's clock rate, in 1/256 ns: one division a
+	// frame, not one per use.
+	__u64 byte_ns = (NSEC_PER_SEC << 8) / slow;
 	__u64 len = skb->len;
 	__u64 now = bpf_ktime_get_ns();
 	struct flow_key fk = { .dir = key->dir, .hash = bpf_get_hash_recalc(skb) };
@@ -170,16 +144,17 @@ static __always_inline int share_flows_classify(struct __sk_buff *skb, struct sh
 			f->child = 0;
 		}
 		__u64 vc = f->vclock > now ? f->vclock : now;
-		vc += len * NSEC_PER_SEC / slow;
+		vc += (len * byte_ns) >> 8;
 		f->vclock = vc; // racing CPUs may lose a frame's worth: harmless
-		if (vc - now > FLOW_SPARSE_BYTES * NSEC_PER_SEC / slow)
+		if (vc - now > ((FLOW_SPARSE_BYTES * byte_ns) >> 8))
 			f->bulk = 1;
 	} else {
-		nf.vclock = now + len * NSEC_PER_SEC / slow;
+		nf.vclock = now + ((len * byte_ns) >> 8);
 		nf.bulk = len > FLOW_SPARSE_BYTES;
 		f = &nf;
 	}
 	__u32 child = FLOW_SPARSE_CHILD;
+	int owed = 0;
 	if (f->bulk) {
 		child = FLOW_BULK_FIRST;
 		if (c) {
@@ -189,8 +164,13 @@ static __always_inline int share_flows_classify(struct __sk_buff *skb, struct sh
 				f->child = i;
 			}
 			i -= 1;
-			if (i < FLOW_BULK_CHILDREN) // for the verifier
-				c->last[i] = now;
+			if (i < FLOW_BULK_CHILDREN) { // for the verifier
+				// Bit 0 is the AQM's hint that it owes the
+				// child a drop (aqm_owe); the time keeps the
+				// rest.
+				owed = c->last[i] & AQM_OWED_HINT;
+				c->last[i] = now & ~AQM_OWED_HINT;
+			}
 			child += i;
 		}
 	}
@@ -198,10 +178,9 @@ static __always_inline int share_flows_classify(struct __sk_buff *skb, struct sh
 		bpf_map_update_elem(&share_flows, &fk, &nf, BPF_ANY);
 	skb->priority = classid + child;
 	if (c) {
-		if (child != FLOW_SPARSE_CHILD && aqm_enqueue(skb, c->class_ifindex, skb->priority & 0xffff, now))
+		if (owed && aqm_enqueue(skb, c->class_ifindex, skb->priority & 0xffff, now))
 			return 1;
 		aqm_stamp(skb, c->class_ifindex, skb->priority, now);
 	}
-	flow_count(key, child == FLOW_SPARSE_CHILD);
 	return 0;
 }

@@ -1,12 +1,13 @@
 package bpf
 
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return -type share_queue -type flow_key -type flow_val -type flow_counters -type bulk_children -type aqm_key -type aqm_val -type aqm_counters shaper shaper.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return -type share_queue -type flow_key -type flow_val -type bulk_children -type aqm_key -type aqm_val -type aqm_counters shaper shaper.c
 
 import (
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -117,8 +118,20 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 	if err := s.pinDequeued(); err != nil {
 		return nil, errors.Join(err, s.objs.Close())
 	}
+	// Maps an older classifier pinned that this one no longer has.
+	for _, name := range retiredMaps {
+		if err := unix.Unlink(filepath.Join(pinDir, name)); err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, errors.Join(fmt.Errorf("remove the retired map %s: %w", name, err), s.objs.Close())
+		}
+	}
 	return s, nil
 }
+
+// retiredMaps are maps older classifiers pinned that none uses now:
+// share_flow_stats counted each frame's child (sparse or bulk) until issue
+// 37, a lookup on every frame of a flow-isolated share; the children's HTB
+// classes count the same.
+var retiredMaps = []string{"share_flow_stats"}
 
 // Close releases this process's handles. Pinned maps and attached links stay.
 func (s *Shaper) Close() error { return s.objs.Close() }
@@ -250,7 +263,7 @@ func (s *Shaper) DeleteShare(dir Direction, mac net.HardwareAddr) error {
 	}
 	// Share first: a packet that found the share just before may still
 	// recreate a small stats entry, which the next DeleteShare removes.
-	maps := []*ebpf.Map{s.objs.Shares, s.objs.ShareStats, s.objs.ShareQueues, s.objs.ShareFlowStats, s.objs.ShareAqmStats}
+	maps := []*ebpf.Map{s.objs.Shares, s.objs.ShareStats, s.objs.ShareQueues, s.objs.ShareAqmStats}
 	if dir == Egress {
 		maps = append(maps, s.objs.ShareRates)
 	}

@@ -76,12 +76,6 @@ type shaperEgressShaper struct {
 	ReturnIfindex uint32
 }
 
-type shaperFlowCounters struct {
-	_      structs.HostLayout
-	Sparse uint64
-	Bulk   uint64
-}
-
 type shaperFlowKey struct {
 	_    structs.HostLayout
 	Mac  [6]uint8
@@ -178,7 +172,6 @@ const (
 	shaperMapShareAddrs       = "share_addrs"
 	shaperMapShareAqmStats    = "share_aqm_stats"
 	shaperMapShareChildren    = "share_children"
-	shaperMapShareFlowStats   = "share_flow_stats"
 	shaperMapShareFlows       = "share_flows"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareQueues      = "share_queues"
@@ -261,7 +254,6 @@ type shaperMapSpecs struct {
 	ShareAddrs      *ebpf.MapSpec `ebpf:"share_addrs"`
 	ShareAqmStats   *ebpf.MapSpec `ebpf:"share_aqm_stats"`
 	ShareChildren   *ebpf.MapSpec `ebpf:"share_children"`
-	ShareFlowStats  *ebpf.MapSpec `ebpf:"share_flow_stats"`
 	ShareFlows      *ebpf.MapSpec `ebpf:"share_flows"`
 	ShareNetns      *ebpf.MapSpec `ebpf:"share_netns"`
 	ShareQueues     *ebpf.MapSpec `ebpf:"share_queues"`
@@ -310,7 +302,6 @@ type shaperMaps struct {
 	ShareAddrs      *ebpf.Map `ebpf:"share_addrs"`
 	ShareAqmStats   *ebpf.Map `ebpf:"share_aqm_stats"`
 	ShareChildren   *ebpf.Map `ebpf:"share_children"`
-	ShareFlowStats  *ebpf.Map `ebpf:"share_flow_stats"`
 	ShareFlows      *ebpf.Map `ebpf:"share_flows"`
 	ShareNetns      *ebpf.Map `ebpf:"share_netns"`
 	ShareQueues     *ebpf.Map `ebpf:"share_queues"`
@@ -335,7 +326,6 @@ func (m *shaperMaps) Close() error {
 		m.ShareAddrs,
 		m.ShareAqmStats,
 		m.ShareChildren,
-		m.ShareFlowStats,
 		m.ShareFlows,
 		m.ShareNetns,
 		m.ShareQueues,

@@ -18,20 +18,36 @@ import (
 // into them (bpf/flows.h):
 //
 //   - 1:M+1, priority 0: the share's sparse flows (a ping, DNS, an RPC),
-//     served first, so that they never wait behind the share's own bulk
-//     transfer;
+//     served first, and assured 1/FlowSparseDiv of the share's rate of its
+//     own, so that they never wait behind the share's own bulk transfer:
+//     not for its queue, and not for the share's tokens, which a bulk
+//     super-packet (up to 64 KiB, 52 ms at 10M) spends at once;
 //   - 1:M+2 to 1:M+9, priority 1: its bulk flows, a child per flow while
-//     there are children free, served round-robin a frame at a time, their
-//     queues kept near a 5 ms target by the classifier's AQM (bpf/aqm.h),
+//     there are children free, served round-robin a quantum at a time,
+//     their queues kept near a target by the classifier's AQM (bpf/aqm.h),
 //     each in a bfifo of leafDelayMs as a last bound.
 //
-// Every child is assured almost nothing (childRate) and borrows up to the
-// share's rate (its ceil) from the share's class, by priority and then
-// round-robin: the share's class alone holds them together to its rate. A
-// child assured a part of the rate would spend its tokens saved while idle
-// without asking the share's class: eight children with an eighth each
-// overshot a 10M share by 4%. M is the first minor of the share's block
-// (classBlock), so the children need no record of their own.
+// The bulk children are assured almost nothing (childRate) and borrow up to
+// the share's rate (its ceil) from the share's class; the sparse child
+// borrows too once past its own part. Every frame, whichever child sent
+// it, is charged to the share's class, and the bulk children borrow only
+// while the share's class has tokens: the share's class alone holds them
+// together to its rate. Bulk children each assured a part of the rate would
+// not: eight children with an eighth each overshot a 10M share by 4%, as
+// the share's class lent what they had already sent on their own. M is the
+// first minor of the share's block (classBlock), so the children need no
+// record of their own.
+//
+// Frames go through the children whole, GSO and GRO super-packets
+// included. Until issue 37 the bulk children's leaves split super-packets
+// into frames (a tbf), and the share's interface in its pod made
+// super-packets of a millisecond of its rate: both kept the sparse child
+// from waiting behind a super-packet's charge, and both cost every frame a
+// trip of its own through HTB, its timers and the veths. At a hundred 10M
+// shares saturated at once that was 3.3 times the CPU per shaped Gbit/s of
+// plain HTB classes, and the node could no longer carry them (MEASURED.md).
+// The sparse child's own rate does that job for the price of one class
+// parameter.
 
 // flowChildren is how many children a share's class gets: the sparse one
 // and the bulk ones.
@@ -67,12 +83,12 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64
 	buf := htbBuffer(rateBits)
 	for i := range flowChildren {
 		child := minor + bpf.FlowSparseChild + uint16(i)
-		prio := uint32(1)
+		prio, rate := uint32(1), uint64(childRate)
 		if i == 0 {
-			prio = 0
+			prio, rate = 0, sparseRate(rateBits)
 		}
 		class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, minor), Handle: netlink.MakeHandle(1, child)},
-			netlink.HtbClassAttrs{Rate: childRate, Ceil: rateBits, Buffer: buf, Cbuffer: buf, Quantum: 1514, Prio: prio})
+			netlink.HtbClassAttrs{Rate: rate, Ceil: rateBits, Buffer: buf, Cbuffer: buf, Quantum: 1514, Prio: prio})
 		err := p.h.ClassAdd(class)
 		if errors.Is(err, unix.EEXIST) {
 			err = p.h.ClassChange(class)
@@ -81,17 +97,39 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64
 			return true, fmt.Errorf("flow class 1:%x of share class 1:%x on %s: %w", child, minor, link.Attrs().Name, err)
 		}
 		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, child), Handle: leafHandle(child)}
-		leaf := func() error { return replaceBfifo(attrs, fifoLimit(rateBits)) }
-		if i > 0 {
-			leaf = func() error {
-				return replaceSplittingFIFO(attrs, rateBits, splitBurst(rateBits, mtu), fifoLimit(rateBits))
-			}
-		}
-		if err := hook.InNetns(p.opts.HostNS, leaf); err != nil {
+		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, fifoLimit(rateBits)) }); err != nil {
 			return true, fmt.Errorf("leaf of flow class 1:%x on %s: %w", child, link.Attrs().Name, err)
 		}
 	}
 	return true, nil
+}
+
+// sparseRate is what a share of rateBits assures its sparse child: as much
+// as FlowSparseDiv sparse flows send at most (a flow past it is bulk), and
+// never under childRate.
+func sparseRate(rateBits uint64) uint64 {
+	return max(rateBits/bpf.FlowSparseDiv, childRate)
+}
+
+// replaceLeafFIFO makes a flow child's leaf a bfifo of limit bytes, in the
+// calling thread's netns. A parked block an agent before issue 37 made has
+// a tbf there, which a bfifo cannot replace in place (the kernel refuses a
+// change of kind under one handle): it is deleted first.
+func replaceLeafFIFO(attrs netlink.QdiscAttrs, limit uint32) error {
+	err := replaceBfifo(attrs, limit)
+	if !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	h, herr := netlink.NewHandle()
+	if herr != nil {
+		return errors.Join(err, herr)
+	}
+	defer h.Close()
+	old := &netlink.GenericQdisc{QdiscAttrs: attrs, QdiscType: "tbf"}
+	if derr := h.QdiscDel(old); derr != nil && !errors.Is(derr, unix.ENOENT) {
+		return errors.Join(err, derr)
+	}
+	return replaceBfifo(attrs, limit)
 }
 
 // deleteShareClass removes the share's class 1:minor on link, its flow

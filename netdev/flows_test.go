@@ -101,7 +101,7 @@ func (b *bench) classPackets(t *testing.T, node *netlink.Handle, dir bpf.Directi
 }
 
 // classStats is classPackets with bytes.
-func (b *bench) classStats(t *testing.T, node *netlink.Handle, dir bpf.Direction) map[uint16]bpf.Counters {
+func (b *bench) classStats(t testing.TB, node *netlink.Handle, dir bpf.Direction) map[uint16]bpf.Counters {
 	t.Helper()
 	parent, err := node.LinkByName(b.tp.Parent)
 	if err != nil {
@@ -134,17 +134,18 @@ func (b *bench) classStats(t *testing.T, node *netlink.Handle, dir bpf.Direction
 }
 
 // TestShareInterfaceQueueSettings checks what the hook gives a limited
-// share's interface in its pod: GSO super-packets of about a millisecond
-// of its egress rate (one frame at 10M), and, where its ingress class has
-// bulk children, the AQM's program on its ingress, once, however many of
-// the pod's containers ran the hook (b.add runs it twice).
+// share's interface in its pod: the kernel's GSO super-packets (an agent
+// before issue 37 cut them to a millisecond of the share's egress rate,
+// which tripled the CPU a shaped frame costs), and, where its ingress class
+// has bulk children, the AQM's program on its ingress, once, however many
+// of the pod's containers ran the hook (b.add runs it twice).
 func TestShareInterfaceQueueSettings(t *testing.T) {
 	b := newBench(t)
 	for _, c := range []struct {
 		egress, ingress string
 		segs            uint32
 		aqm             bool
-	}{{"10M", "10M", 1, true}, {"100M", "", 8, false}, {"", "20M", 0, true}} {
+	}{{"10M", "10M", 0, true}, {"100M", "", 0, false}, {"", "20M", 0, true}} {
 		s := b.add("q"+c.egress+c.ingress, c.egress, c.ingress, nil)
 		var flowClasses bool
 		if err := json.Unmarshal(s.undo, &struct{ FlowClasses *bool }{&flowClasses}); err != nil {

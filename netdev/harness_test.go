@@ -179,13 +179,19 @@ func (b *bench) measure(dir bpf.Direction, shares []*share, d time.Duration) (go
 
 func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d time.Duration) (goodput, l2 []float64) {
 	b.t.Helper()
+	return b.measureAfter(proto, dir, shares, time.Second, d)
+}
+
+// measureAfter is measureProto with a warm-up of its own.
+func (b *bench) measureAfter(proto string, dir bpf.Direction, shares []*share, warmup, d time.Duration) (goodput, l2 []float64) {
+	b.t.Helper()
 	flows := b.flows(dir, shares)
 	var marks []map[bpf.Key]bpf.Counters
 	mark := b.marker(&marks)
 	if proto == "udp" {
 		b.t.Fatal("measureProto: UDP is measured by measureUDP, with an offered rate")
 	}
-	res, err := nettest.RunFlows(flows, time.Second, d, mark)
+	res, err := nettest.RunFlows(flows, warmup, d, mark)
 	if err != nil {
 		b.t.Fatal(err)
 	}

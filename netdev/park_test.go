@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
@@ -258,5 +259,81 @@ func TestParkedBlocksAreBounded(t *testing.T) {
 	got := record(t, second.undo).EgressMinor
 	if got >= 0xfff0-16*128 {
 		t.Errorf("second took class 1:%x, one of the parked blocks the kernel does not have", got)
+	}
+}
+
+// A block an agent before issue 37 parked has tbf leaves that split
+// super-packets under its bulk children, and a sparse child assured
+// nothing of its own: the share that takes it over gets the current
+// queues, bfifo leaves and the sparse child's own part of the rate.
+func TestAnOlderParkedBlockGetsTodaysQueues(t *testing.T) {
+	b := newBench(t)
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	parent, err := node.LinkByName(b.tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.add("keeper", "10M", "", nil) // holds the shaper
+	old := b.add("old", "10M", "", nil)
+	rec := record(t, old.undo)
+	if !rec.FlowClasses {
+		t.Skip("the kernel has fq_codel: shares get no flow children")
+	}
+	shaper, err := node.LinkByName(netdev.EgressShaperName(parent.Attrs().Index))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the older agent left: a splitting tbf under each bulk child,
+	// the sparse child at 8 kbit/s.
+	for i := bpf.FlowBulkFirst; i < bpf.FlowBulkFirst+bpf.FlowBulkChildren; i++ {
+		child := rec.EgressMinor + uint16(i)
+		tbf := &netlink.Tbf{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: shaper.Attrs().Index, Parent: netlink.MakeHandle(1, child), Handle: netlink.MakeHandle(child, 0)},
+			Rate: 10e6, Limit: 67050, Buffer: 3036}
+		if err := node.QdiscReplace(tbf); err != nil {
+			// Replace keeps the kind: delete the bfifo first.
+			_ = node.QdiscDel(&netlink.GenericQdisc{QdiscAttrs: tbf.QdiscAttrs, QdiscType: "bfifo"})
+			if err := node.QdiscAdd(tbf); err != nil {
+				t.Fatalf("the older agent's tbf under 1:%x: %v", child, err)
+			}
+		}
+	}
+	sparse := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: shaper.Attrs().Index, Parent: netlink.MakeHandle(1, rec.EgressMinor), Handle: netlink.MakeHandle(1, rec.EgressMinor+bpf.FlowSparseChild)},
+		netlink.HtbClassAttrs{Rate: 8000, Ceil: 10e6, Quantum: 1514})
+	if err := node.ClassChange(sparse); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.p.Unprepare(context.Background(), old.alloc, old.undo); err != nil {
+		t.Fatal(err)
+	}
+	next := b.add("next", "10M", "", nil)
+	if got := record(t, next.undo).EgressMinor; got != rec.EgressMinor {
+		t.Fatalf("the next share took block 1:%x, not the parked 1:%x", got, rec.EgressMinor)
+	}
+	qdiscs, err := node.QdiscList(shaper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[uint32]string{}
+	for _, q := range qdiscs {
+		kinds[q.Attrs().Parent] = q.Type()
+	}
+	for i := bpf.FlowSparseChild; i < bpf.FlowBulkFirst+bpf.FlowBulkChildren; i++ {
+		if k := kinds[netlink.MakeHandle(1, rec.EgressMinor+uint16(i))]; k != "bfifo" {
+			t.Errorf("leaf of flow class 1:%x is %q, want bfifo", rec.EgressMinor+uint16(i), k)
+		}
+	}
+	classes, err := node.ClassList(shaper, netlink.MakeHandle(1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range classes {
+		const want = uint64(10e6 / 8 / bpf.FlowSparseDiv)
+		if htb, ok := c.(*netlink.HtbClass); ok && c.Attrs().Handle == sparse.Handle && htb.Rate != want {
+			t.Errorf("sparse child 1:%x: rate %d bytes/s, want %d", rec.EgressMinor+bpf.FlowSparseChild, htb.Rate, want)
+		}
 	}
 }

@@ -153,7 +153,6 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	spec.Kind, spec.Mode, spec.VLAN = hook.ChildKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
 	mac := ShareMAC(key)
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
-	spec.GSOMaxSegs = gsoMaxSegs(egress, mtu)
 	for _, r := range cfg.Routes {
 		spec.Routes = append(spec.Routes, hook.Route(r))
 	}
@@ -363,19 +362,4 @@ func bandwidth(a prepare.Allocation, name resourceapi.QualifiedName) uint64 {
 		return 0
 	}
 	return uint64(q.Value())
-}
-
-// gsoMaxSegs bounds a limited share's GSO super-packets to about a
-// millisecond of its egress rate (bits/s), in frames of mtu, so that TCP's
-// small queues keep each of its pod's flows to a millisecond or two of its
-// share's queue; 0 (the kernel's 64 KiB) where that is more.
-func gsoMaxSegs(egress uint64, mtu int) int {
-	if egress == 0 || mtu <= 0 {
-		return 0
-	}
-	segs := egress / 8 / 1000 / uint64(mtu)
-	if segs >= 64 {
-		return 0
-	}
-	return int(max(segs, 1))
 }

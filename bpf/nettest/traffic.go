@@ -1,6 +1,8 @@
 package nettest
 
 import (
+	"fmt"
+	"os"
 	"net"
 	"sync/atomic"
 	"time"
@@ -37,6 +39,7 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 	type running struct {
 		l     net.Listener
 		total atomic.Int64
+		conn  atomic.Pointer[net.TCPConn]
 		stop  chan struct{}
 	}
 	runs := make([]*running, len(flows))
@@ -53,6 +56,9 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 				return
 			}
 			defer c.Close()
+			if tc, ok := c.(*net.TCPConn); ok {
+				r.conn.Store(tc)
+			}
 			buf := make([]byte, 256<<10)
 			for {
 				n, err := c.Read(buf)
@@ -89,9 +95,20 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 			c.Close()
 		}
 	}()
+	// What each receiver's kernel has taken in, in order (TCP_INFO's
+	// bytes_received), not what the receiving goroutine has read: a
+	// reader that falls behind on a loaded machine would otherwise count
+	// bytes that arrived before the window in it.
 	totals := make([]func() int64, len(runs))
 	for i, r := range runs {
-		totals[i] = r.total.Load
+		totals[i] = func() int64 {
+			if c := r.conn.Load(); c != nil {
+				if n, ok := bytesReceived(c); ok {
+					return n
+				}
+			}
+			return r.total.Load()
+		}
 	}
 	// The senders' smoothed RTT, sampled over the measured window.
 	var measuring atomic.Bool
@@ -118,12 +135,23 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 			}
 		}
 	}()
+	var appAt [][]int64
 	out := window(totals, warmup, d, func() {
 		measuring.Store(!measuring.Load())
+		var a []int64
+		for _, r := range runs {
+			a = append(a, r.total.Load())
+		}
+		appAt = append(appAt, a)
 		if mark != nil {
 			mark()
 		}
 	})
+	if os.Getenv("CARVE_DEBUG_FLOWS") != "" {
+		for i := range out {
+			fmt.Fprintf(os.Stderr, "flow %d: kernel %d app %d\n", i, out[i].Bytes, appAt[1][i]-appAt[0][i])
+		}
+	}
 	close(stop)
 	<-sampled
 	for i := range out {
@@ -148,6 +176,21 @@ func smoothedRTT(c net.Conn) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(info.Rtt) * time.Microsecond, true
+}
+
+// bytesReceived is what a TCP connection's kernel has received in order,
+// from TCP_INFO.
+func bytesReceived(c *net.TCPConn) (int64, bool) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var info *unix.TCPInfo
+	var gerr error
+	if err := raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || gerr != nil {
+		return 0, false
+	}
+	return int64(info.Bytes_received), true
 }
 
 // window waits out the warm-up, then counts what each receiver got over d,
