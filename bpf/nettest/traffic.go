@@ -1,8 +1,6 @@
 package nettest
 
 import (
-	"fmt"
-	"os"
 	"net"
 	"sync/atomic"
 	"time"
@@ -135,23 +133,12 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 			}
 		}
 	}()
-	var appAt [][]int64
 	out := window(totals, warmup, d, func() {
 		measuring.Store(!measuring.Load())
-		var a []int64
-		for _, r := range runs {
-			a = append(a, r.total.Load())
-		}
-		appAt = append(appAt, a)
 		if mark != nil {
 			mark()
 		}
 	})
-	if os.Getenv("CARVE_DEBUG_FLOWS") != "" {
-		for i := range out {
-			fmt.Fprintf(os.Stderr, "flow %d: kernel %d app %d\n", i, out[i].Bytes, appAt[1][i]-appAt[0][i])
-		}
-	}
 	close(stop)
 	<-sampled
 	for i := range out {
