@@ -34,7 +34,10 @@
 // busy child, whichever is larger (as CAKE raises its target to 1.5 MTU
 // times on a slow link): 8 flows on 10M cannot queue less than 19 ms (two
 // frames each), which 1.5 MTU times a child would put over the target for
-// good.
+// good. A GSO or GRO super-packet is a round's frame too (the children take
+// them whole since issue 37): the frame leaving sets the round where it is
+// longer than an MTU, so that one 64 KiB super-packet (52 ms at 10M) is not
+// read as a standing queue.
 //
 #define AQM_TARGET_NS (5ULL * 1000 * 1000)
 #define AQM_INTERVAL_NS (100ULL * 1000 * 1000)

@@ -75,22 +75,23 @@
 //     policer needs.
 //   - Every class has a bounded queue: fq_codel where the kernel has it.
 //     Else (flows.go) the share's class has children: one for its sparse
-//     flows (a ping, DNS, an RPC: served first, so that they never wait
-//     behind the share's own bulk transfer) and eight for its bulk flows,
-//     a child per flow while one is free, served round-robin a frame at a
-//     time. CoDel keeps the bulk children's queues near a 5 ms target
-//     (more with many busy children at a low rate: bpf/aqm.h), measuring
+//     flows (a ping, DNS, an RPC: served first, and assured a sixteenth of
+//     the share's rate of its own, so that they never wait behind the
+//     share's own bulk transfer, nor behind the share's tokens a bulk
+//     super-packet spent) and eight for its bulk flows, a child per flow
+//     while one is free, served round-robin a quantum at a time. CoDel
+//     keeps the bulk children's queues near a 5 ms target (more with many
+//     busy children at a low rate, or super-packets: bpf/aqm.h), measuring
 //     each frame's sojourn in the first program after the queue
 //     (return_shaped on egress; share_dequeued on the share's interface in
-//     the pod, which the runtime hook attaches). The bulk children's
-//     leaves split GSO and GRO super-packets into frames as they queue (a
-//     tbf that never holds anything back), and the share's interface makes
-//     super-packets of about a millisecond of its egress rate, so that
-//     HTB never charges the share 52 ms at once and TCP's small queues
-//     hold each local flow to a millisecond or two. Every leaf is a bfifo
-//     of 50 ms of the share's rate at most (never under a 64 KiB
-//     super-packet and a frame: 54 ms at 10M). HTB's default leaf, 1000
-//     frames, held 1.1 s at 10M (BenchmarkLatencyUnderLoad, MEASURED.md).
+//     the pod, which the runtime hook attaches). Frames cross the children
+//     whole, GSO and GRO super-packets included: splitting them into
+//     frames, as carve did before, cost the node three times the CPU per
+//     shaped Gbit/s, and a hundred 10M shares saturated at once no longer
+//     held their rates (issue 37, MEASURED.md). Every leaf is a bfifo of
+//     50 ms of the share's rate at most (never under a 64 KiB super-packet
+//     and a frame: 54 ms at 10M). HTB's default leaf, 1000 frames, held
+//     1.1 s at 10M (BenchmarkLatencyUnderLoad, MEASURED.md).
 //     A share takes an aligned block of 16 class minors, its class's first.
 //     An unprepared share's block is parked, not deleted, and the next share
 //     on the device takes it over by class changes (park.go): the kernel

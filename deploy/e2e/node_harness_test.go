@@ -258,7 +258,9 @@ func trafficServer(t testing.TB, parent, peer, ns, ip string, ports ...string) {
 	run(t, "ip", "-n", ns, "link", "set", peer, "up")
 	run(t, "ip", "link", "set", parent, "up")
 	for _, port := range ports {
-		srv := exec.Command("ip", "netns", "exec", ns, "iperf3", "-s", "-p", port)
+		// -J: a client's --get-server-output then brings the
+		// server's intervals, the receiver's for egress.
+		srv := exec.Command("ip", "netns", "exec", ns, "iperf3", "-s", "-J", "-p", port)
 		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}

@@ -243,9 +243,16 @@ func startIperf(pod, port string, seconds int, reverse bool) chan iperfResult {
 
 // startIperfTo is startIperf against the iperf3 server at server.
 func startIperfTo(pod, server, port string, seconds int, reverse bool) chan iperfResult {
+	return startIperfOmitting(pod, server, port, 1, seconds, reverse)
+}
+
+// startIperfOmitting is startIperfTo with omit seconds before the measured
+// ones: many clients started at once take seconds to start (kubectl exec
+// each), and the first ones' windows would open in that storm.
+func startIperfOmitting(pod, server, port string, omit, seconds int, reverse bool) chan iperfResult {
 	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
 	args := []string{"--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--",
-		"iperf3", "-c", server, "-p", port, "-t", fmt.Sprint(seconds), "-O", "1", "-J"}
+		"iperf3", "-c", server, "-p", port, "-t", fmt.Sprint(omit + seconds), "-O", fmt.Sprint(omit), "-J", "--get-server-output"}
 	if reverse {
 		args = append(args, "-R")
 	}
@@ -256,25 +263,19 @@ func startIperfTo(pod, server, port string, seconds int, reverse bool) chan iper
 			ch <- iperfResult{err: fmt.Errorf("%v: %s", err, out)}
 			return
 		}
-		var rep struct {
-			Intervals []struct {
-				Sum struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-					Omitted       bool    `json:"omitted"`
-				} `json:"sum"`
-			} `json:"intervals"`
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
-		}
+		var rep iperfReport
 		if err := json.Unmarshal(out, &rep); err != nil {
 			ch <- iperfResult{err: fmt.Errorf("iperf3 JSON: %v", err)}
 			return
 		}
-		r := iperfResult{bps: rep.End.SumReceived.BitsPerSecond}
-		for _, iv := range rep.Intervals {
+		recv := rep.receiver()
+		if recv == nil {
+			ch <- iperfResult{err: fmt.Errorf("iperf3 reported no receiver's intervals (is the server run with -J?):\n%s", out)}
+			return
+		}
+		bps, _ := recv.rates()
+		r := iperfResult{bps: bps}
+		for _, iv := range recv.Intervals {
 			if !iv.Sum.Omitted {
 				r.intervals = append(r.intervals, iv.Sum.BitsPerSecond)
 			}

@@ -31,9 +31,10 @@ const (
 // them running and Ready, what carve's prepares took (the agent's own
 // histogram), and, after they are all deleted at once, when every claim
 // was unprepared and reclaimed. With CARVE_E2E_SHARE_PODS_TRAFFIC=1 every
-// pod then saturates its share's egress at once and each one's goodput is
-// checked against its limit. `make soak` runs it; make test does not (it
-// takes minutes).
+// pod then saturates its share at once, egress and then ingress, and each
+// one's goodput is checked against its limit (checkManyTraffic). make soak
+// runs it with 20, 100 (with traffic) and 250 pods; make test does not (it
+// takes minutes, and its traffic does not pass yet: issue 37).
 func TestNodeManySharePods(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("CARVE_E2E_SHARE_PODS"))
 	if n <= 0 {
@@ -321,35 +322,71 @@ func (after timings) table(base timings) string {
 	return b.String()
 }
 
-// checkManyTraffic has every pod send to its own iperf3 server at once for
-// 10 s and checks each goodput against its 10M share (within ±1% of the L2
-// target's 0.956).
+// checkManyTraffic has every pod saturate its 10M share at once for 10 s,
+// egress and then ingress (iperf3 in the pod against a server of its own
+// beside the node), and checks each goodput against its limit: within ±1%
+// of the L2 target's 0.956, and Jain's index over the shares' goodput/limit
+// at least 0.99, so that a node short of CPU at least shortens every share
+// alike (issue 37). It logs a table: N, within ±1%, min, max, Jain, and the
+// machine's idle CPU over the run.
 func checkManyTraffic(t *testing.T, n int) {
-	results := make([]chan iperfResult, n)
-	for i := 0; i < n; i++ {
-		results[i] = startIperfTo(podName("many", i), manyIP, strconv.Itoa(5201+i), 10, false)
-	}
-	var ratios []float64
-	within := 0
-	for i, ch := range results {
-		r := <-ch
-		if r.err != nil {
-			t.Errorf("iperf3 in %s: %v", podName("many", i), r.err)
+	var table strings.Builder
+	table.WriteString("| N | direction | within ±1% | min | max | Jain | CPU idle |\n|---|---|---|---|---|---|---|\n")
+	for _, reverse := range []bool{false, true} {
+		dir := map[bool]string{false: "egress", true: "ingress"}[reverse]
+		idle0, total0 := hostCPU(t)
+		results := make([]chan iperfResult, n)
+		for i := 0; i < n; i++ {
+			results[i] = startIperfOmitting(podName("many", i), manyIP, strconv.Itoa(5201+i), 5, 10, reverse)
+		}
+		var ratios []float64
+		within := 0
+		for i, ch := range results {
+			r := <-ch
+			if r.err != nil {
+				t.Errorf("iperf3 in %s (%s): %v", podName("many", i), dir, r.err)
+				continue
+			}
+			ratio := r.bps / rate("10M")
+			ratios = append(ratios, ratio)
+			if ratio >= 0.946 && ratio <= 0.966 {
+				within++
+			} else {
+				t.Logf("%s %s: goodput/limit %.3f", podName("many", i), dir, ratio)
+			}
+		}
+		idle1, total1 := hostCPU(t)
+		if len(ratios) == 0 {
 			continue
 		}
-		ratio := r.bps / rate("10M")
-		ratios = append(ratios, ratio)
-		if ratio >= 0.946 && ratio <= 0.966 {
-			within++
+		j := jain(ratios)
+		sort.Float64s(ratios)
+		fmt.Fprintf(&table, "| %d | %s | %d/%d | %.3f | %.3f | %.4f | %.2f |\n", n, dir, within, n, ratios[0], ratios[len(ratios)-1], j, float64(idle1-idle0)/float64(total1-total0))
+		if within != n {
+			t.Errorf("%s: %d of %d pods within ±1%% of their share (goodput/limit %.3f–%.3f)", dir, within, n, ratios[0], ratios[len(ratios)-1])
+		}
+		if j < 0.99 {
+			t.Errorf("%s: Jain's index %.4f over the shares' goodput/limit, want at least 0.99", dir, j)
 		}
 	}
-	sort.Float64s(ratios)
-	if len(ratios) == 0 {
-		return
+	t.Logf("%d pods saturating their 10M shares at once:\n%s", n, table.String())
+}
+
+// hostCPU is the machine's idle and total CPU time, in USER_HZ ticks, from
+// /proc/stat (the real node is this machine).
+func hostCPU(t *testing.T) (idle, total uint64) {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("%d pods saturating their 10M shares at once: %d within ±1%% of the L2 target (0.956), goodput ratio %.3f–%.3f",
-		n, within, ratios[0], ratios[len(ratios)-1])
-	if within != n {
-		t.Errorf("%d of %d pods within ±1%% of their share", within, n)
+	f := strings.Fields(strings.SplitN(string(raw), "\n", 2)[0])
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseUint(v, 10, 64)
+		total += n
+		if i == 3 || i == 4 { // idle, iowait
+			idle += n
+		}
 	}
+	return idle, total
 }
