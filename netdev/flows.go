@@ -57,12 +57,11 @@ const flowChildren = bpf.FlowBulkFirst - bpf.FlowSparseChild + bpf.FlowBulkChild
 // one (a byte per millisecond).
 const childRate = 8000
 
-// setQueues gives the share's class 1:minor on link (of a parent of mtu)
-// its queues: an fq_codel
+// setQueues gives the share's class 1:minor on link its queues: an fq_codel
 // leaf where the kernel has one (flows false), else the flow children, each
 // with a bfifo leaf (flows true: set as soon as a child may exist, so that
 // an undo removes the children before their parent).
-func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64, mtu int) (flows bool, err error) {
+func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64) (flows bool, err error) {
 	p.mu.Lock()
 	noFQCodel := p.noFQCodel
 	p.mu.Unlock()
@@ -97,7 +96,14 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64
 			return true, fmt.Errorf("flow class 1:%x of share class 1:%x on %s: %w", child, minor, link.Attrs().Name, err)
 		}
 		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, child), Handle: leafHandle(child)}
-		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, fifoLimit(rateBits)) }); err != nil {
+		limit := fifoLimit(rateBits)
+		if i > 0 {
+			// A bulk child takes super-packets whole: room for two,
+			// so that one queued does not make the next a 64 KiB
+			// tail drop.
+			limit = max(limit, 2*leafMinBytes)
+		}
+		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, limit) }); err != nil {
 			return true, fmt.Errorf("leaf of flow class 1:%x on %s: %w", child, link.Attrs().Name, err)
 		}
 	}

@@ -324,7 +324,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 	mac := ShareMAC(key)
 	var flows bool
 	if egress > 0 {
-		u.EgressMinor, flows, u.EgressDropBase, err = p.shape(parent, key, egress, bpf.Egress, mac, parent.Attrs().MTU)
+		u.EgressMinor, flows, u.EgressDropBase, err = p.shape(parent, key, egress, bpf.Egress, mac)
 		u.FlowClasses = u.FlowClasses || flows
 		if err != nil {
 			return fmt.Errorf("egress: %w", err)
@@ -335,7 +335,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 		if err != nil {
 			return fmt.Errorf("ingress: %w", err)
 		}
-		u.IngressMinor, flows, u.IngressDropBase, err = p.shape(ifb, key, ingress, bpf.Ingress, mac, parent.Attrs().MTU)
+		u.IngressMinor, flows, u.IngressDropBase, err = p.shape(ifb, key, ingress, bpf.Ingress, mac)
 		u.FlowClasses = u.FlowClasses || flows
 		if err != nil {
 			return fmt.Errorf("ingress: %w", err)

@@ -15,10 +15,9 @@ import (
 // shape gives the share a class of rate bits/s and points the classifier
 // on dev at it: for egress dev is the parent and the class is on its egress
 // shaper; for ingress dev is the parent's IFB, which holds the class too.
-// mtu is the parent's.
 // dropBase is what HTB had counted on the class's block before the share
 // took it (a parked block, park.go), to be subtracted from its drops.
-func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr, mtu int) (minor uint16, flows bool, dropBase uint64, err error) {
+func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr) (minor uint16, flows bool, dropBase uint64, err error) {
 	classDev := dev
 	if dir == bpf.Egress {
 		// The parent's root qdisc stays the kernel's: the class goes on
@@ -48,7 +47,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	// error, so that the undo removes the class (and its children, with
 	// flows). The classifier entry, the only other record of it, is
 	// written last and may never be.
-	if flows, err = p.setQueues(classDev, minor, rate, mtu); err != nil {
+	if flows, err = p.setQueues(classDev, minor, rate); err != nil {
 		return minor, flows, dropBase, err
 	}
 	// Attached (and checked to be first on the hook) once per device
