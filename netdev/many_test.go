@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/netdev"
 )
 
@@ -51,7 +52,7 @@ func TestManySharesHoldTheirRates(t *testing.T) {
 		}
 		sorted := append([]float64(nil), ratios...)
 		sort.Float64s(sorted)
-		j := jain(ratios)
+		j := nettest.Jain(ratios)
 		busy := float64((total1-total0)-(idle1-idle0)) / 100 // USER_HZ
 		idleFrac := float64(idle1-idle0) / float64(total1-total0)
 		// The window is 10 s of the flows' 13 (3 s warm-up); the CPU
@@ -76,34 +77,12 @@ func TestManySharesHoldTheirRates(t *testing.T) {
 	t.Logf("%d shares of 10M saturated at once:\n%s", n, table.String())
 }
 
-// jain is Jain's fairness index of xs.
-func jain(xs []float64) float64 {
-	var s, s2 float64
-	for _, x := range xs {
-		s += x
-		s2 += x * x
-	}
-	if s2 == 0 {
-		return 0
-	}
-	return s * s / (float64(len(xs)) * s2)
-}
-
-// cpuTimes is the machine's idle and total CPU time, in USER_HZ ticks, from
-// /proc/stat.
+// cpuTimes is nettest.CPUTimes, fatal on error.
 func cpuTimes(t *testing.T) (idle, total uint64) {
 	t.Helper()
-	raw, err := os.ReadFile("/proc/stat")
+	idle, total, err := nettest.CPUTimes()
 	if err != nil {
 		t.Fatal(err)
-	}
-	f := strings.Fields(strings.SplitN(string(raw), "\n", 2)[0])
-	for i, v := range f[1:] {
-		n, _ := strconv.ParseUint(v, 10, 64)
-		total += n
-		if i == 3 || i == 4 { // idle, iowait
-			idle += n
-		}
 	}
 	return idle, total
 }

@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 const (
@@ -359,7 +361,7 @@ func checkManyTraffic(t *testing.T, n int) {
 		if len(ratios) == 0 {
 			continue
 		}
-		j := jain(ratios)
+		j := nettest.Jain(ratios)
 		sort.Float64s(ratios)
 		fmt.Fprintf(&table, "| %d | %s | %d/%d | %.3f | %.3f | %.4f | %.2f |\n", n, dir, within, n, ratios[0], ratios[len(ratios)-1], j, float64(idle1-idle0)/float64(total1-total0))
 		if within != n {
@@ -372,21 +374,13 @@ func checkManyTraffic(t *testing.T, n int) {
 	t.Logf("%d pods saturating their 10M shares at once:\n%s", n, table.String())
 }
 
-// hostCPU is the machine's idle and total CPU time, in USER_HZ ticks, from
-// /proc/stat (the real node is this machine).
+// hostCPU is nettest.CPUTimes (the real node is this machine), fatal on
+// error.
 func hostCPU(t *testing.T) (idle, total uint64) {
 	t.Helper()
-	raw, err := os.ReadFile("/proc/stat")
+	idle, total, err := nettest.CPUTimes()
 	if err != nil {
 		t.Fatal(err)
-	}
-	f := strings.Fields(strings.SplitN(string(raw), "\n", 2)[0])
-	for i, v := range f[1:] {
-		n, _ := strconv.ParseUint(v, 10, 64)
-		total += n
-		if i == 3 || i == 4 { // idle, iowait
-			idle += n
-		}
 	}
 	return idle, total
 }
