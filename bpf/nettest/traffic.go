@@ -153,13 +153,8 @@ func smoothedRTT(c net.Conn) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return 0, false
-	}
-	var info *unix.TCPInfo
-	var gerr error
-	if err := raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || gerr != nil {
+	info, ok := tcpInfo(tc)
+	if !ok {
 		return 0, false
 	}
 	return time.Duration(info.Rtt) * time.Microsecond, true
@@ -168,16 +163,25 @@ func smoothedRTT(c net.Conn) (time.Duration, bool) {
 // bytesReceived is what a TCP connection's kernel has received in order,
 // from TCP_INFO.
 func bytesReceived(c *net.TCPConn) (int64, bool) {
+	info, ok := tcpInfo(c)
+	if !ok {
+		return 0, false
+	}
+	return int64(info.Bytes_received), true
+}
+
+// tcpInfo is the connection's TCP_INFO.
+func tcpInfo(c *net.TCPConn) (*unix.TCPInfo, bool) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0, false
+		return nil, false
 	}
 	var info *unix.TCPInfo
 	var gerr error
 	if err := raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || gerr != nil {
-		return 0, false
+		return nil, false
 	}
-	return int64(info.Bytes_received), true
+	return info, true
 }
 
 // window waits out the warm-up, then counts what each receiver got over d,

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 const (
@@ -106,7 +108,7 @@ func nodeLatencyCase(b *testing.B, stateDir, pod, load, dir, limit string) {
 	b.ReportMetric(float64(after.Marks-before.Marks), "marks")
 	if strings.HasPrefix(load, "tcp") {
 		b.ReportMetric(r.goodput/rate(limit), "goodput/limit")
-		b.ReportMetric(jain(r.flows), "jain")
+		b.ReportMetric(nettest.Jain(r.flows), "jain")
 		b.ReportMetric(float64(percentile(r.rtts, 0.5).Microseconds())/1000, "bulk-srtt-p50-ms")
 	}
 }
@@ -274,19 +276,6 @@ func shareCounters(b *testing.B, stateDir, pod string) struct{ Drops, Marks uint
 	}
 	b.Fatalf("carve shares lists no share of %s: %s", pod, out)
 	return struct{ Drops, Marks uint64 }{}
-}
-
-// jain is Jain's fairness index over the flows' rates.
-func jain(x []float64) float64 {
-	var sum, sq float64
-	for _, v := range x {
-		sum += v
-		sq += v * v
-	}
-	if sq == 0 {
-		return 0
-	}
-	return sum * sum / (float64(len(x)) * sq)
 }
 
 func kubectlPath() string {
