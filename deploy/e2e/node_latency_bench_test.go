@@ -168,13 +168,16 @@ func (r *iperfReport) receiver() *iperfReport {
 	return nil
 }
 
-// rates is what the side received over its intervals that were not
-// omitted, in bits/s: in all, and by stream.
+// rates is what the side received over its whole one-second intervals
+// that were not omitted, in bits/s: in all, and by stream. iperf3 3.12
+// reports the last omitted second as a measured interval of two seconds
+// holding one second's bytes (read as half the rate), and ends with a
+// partial interval: both are left out.
 func (r *iperfReport) rates() (sum float64, streams []float64) {
 	var bytes, secs float64
 	var perBytes, perSecs []float64
 	for _, iv := range r.Intervals {
-		if iv.Sum.Omitted {
+		if iv.Sum.Omitted || iv.Sum.Seconds < 0.9 || iv.Sum.Seconds > 1.1 {
 			continue
 		}
 		bytes += iv.Sum.Bytes
@@ -261,21 +264,34 @@ func podPing(b *testing.B, pod, to string, n int) []time.Duration {
 // shareCounters are the pod's share's drops and marks, from `carve shares`.
 func shareCounters(b *testing.B, stateDir, pod string) struct{ Drops, Marks uint64 } {
 	b.Helper()
-	out, err := exec.Command(carveBinary(b), "shares", "-o", "json", "--interval", "0s", "--state-dir", stateDir, "--bpf-pin-dir", e2ePins).Output()
+	all := allShareCounters(b, stateDir)
+	c, ok := all[testNS+"/"+pod]
+	if !ok {
+		b.Fatalf("carve shares lists no share of %s: %v", pod, all)
+	}
+	return c
+}
+
+// allShareCounters are every share's drops and marks on the node, by claim
+// (namespace/name), from `carve shares`.
+func allShareCounters(t testing.TB, stateDir string) map[string]struct{ Drops, Marks uint64 } {
+	t.Helper()
+	out, err := exec.Command(carveBinary(t), "shares", "-o", "json", "--interval", "0s", "--state-dir", stateDir, "--bpf-pin-dir", e2ePins).Output()
 	var rows []struct {
 		Claim        string `json:"claim"`
 		Drops, Marks uint64
 	}
 	if jerr := json.Unmarshal(bytes.TrimSpace(out), &rows); jerr != nil {
-		b.Fatalf("carve shares: %v, %v: %s", err, jerr, out)
+		t.Fatalf("carve shares: %v, %v: %s", err, jerr, out)
 	}
+	all := map[string]struct{ Drops, Marks uint64 }{}
 	for _, r := range rows {
-		if r.Claim == testNS+"/"+pod {
-			return struct{ Drops, Marks uint64 }{r.Drops, r.Marks}
-		}
+		c := all[r.Claim] // a share has a row per direction
+		c.Drops += r.Drops
+		c.Marks += r.Marks
+		all[r.Claim] = c
 	}
-	b.Fatalf("carve shares lists no share of %s: %s", pod, out)
-	return struct{ Drops, Marks uint64 }{}
+	return all
 }
 
 func kubectlPath() string {

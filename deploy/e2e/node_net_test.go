@@ -276,7 +276,7 @@ func startIperfOmitting(pod, server, port string, omit, seconds int, reverse boo
 		bps, _ := recv.rates()
 		r := iperfResult{bps: bps}
 		for _, iv := range recv.Intervals {
-			if !iv.Sum.Omitted {
+			if !iv.Sum.Omitted && iv.Sum.Seconds >= 0.9 && iv.Sum.Seconds <= 1.1 {
 				r.intervals = append(r.intervals, iv.Sum.BitsPerSecond)
 			}
 		}

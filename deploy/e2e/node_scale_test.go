@@ -108,7 +108,7 @@ func TestNodeManySharePods(t *testing.T) {
 		readyAll.Round(10*time.Millisecond), readyAll.Seconds()/plainAll.Seconds(), after.table(before))
 
 	if traffic {
-		checkManyTraffic(t, n)
+		checkManyTraffic(t, n, stateDir)
 	}
 
 	// All deleted at once: every claim unprepared and reclaimed.
@@ -331,11 +331,12 @@ func (after timings) table(base timings) string {
 // at least 0.99, so that a node short of CPU at least shortens every share
 // alike (issue 37). It logs a table: N, within ±1%, min, max, Jain, and the
 // machine's idle CPU over the run.
-func checkManyTraffic(t *testing.T, n int) {
+func checkManyTraffic(t *testing.T, n int, stateDir string) {
 	var table strings.Builder
 	table.WriteString("| N | direction | within ±1% | min | max | Jain | CPU idle |\n|---|---|---|---|---|---|---|\n")
 	for _, reverse := range []bool{false, true} {
 		dir := map[bool]string{false: "egress", true: "ingress"}[reverse]
+		drops0 := allShareCounters(t, stateDir)
 		idle0, total0 := hostCPU(t)
 		results := make([]chan iperfResult, n)
 		for i := 0; i < n; i++ {
@@ -343,6 +344,8 @@ func checkManyTraffic(t *testing.T, n int) {
 		}
 		var ratios []float64
 		within := 0
+		var missed []int
+		missRatio, missIntervals := map[int]float64{}, map[int][]float64{}
 		for i, ch := range results {
 			r := <-ch
 			if r.err != nil {
@@ -354,10 +357,15 @@ func checkManyTraffic(t *testing.T, n int) {
 			if ratio >= 0.946 && ratio <= 0.966 {
 				within++
 			} else {
-				t.Logf("%s %s: goodput/limit %.3f", podName("many", i), dir, ratio)
+				missed = append(missed, i)
+				missRatio[i], missIntervals[i] = ratio, r.intervals
 			}
 		}
 		idle1, total1 := hostCPU(t)
+		drops1 := allShareCounters(t, stateDir)
+		for _, i := range missed {
+			t.Logf("%s %s: goodput/limit %.3f, per second (Mbit/s) %v, %d drops at its queues over the run", podName("many", i), dir, missRatio[i], mbits(missIntervals[i]), claimDrops(drops1, i)-claimDrops(drops0, i))
+		}
 		if len(ratios) == 0 {
 			continue
 		}
@@ -383,4 +391,16 @@ func hostCPU(t *testing.T) (idle, total uint64) {
 		t.Fatal(err)
 	}
 	return idle, total
+}
+
+// claimDrops is the drops of pod i's share, whose claim its template named
+// many-NNN-net-<suffix>.
+func claimDrops(all map[string]struct{ Drops, Marks uint64 }, i int) uint64 {
+	prefix := testNS + "/" + podName("many", i) + "-net-"
+	for claim, c := range all {
+		if strings.HasPrefix(claim, prefix) {
+			return c.Drops
+		}
+	}
+	return 0
 }
