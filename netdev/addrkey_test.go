@@ -80,8 +80,10 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 	parent, _ := node.LinkByName(b.tp.Parent)
 	ifbName := netdev.IFBName(parent.Attrs().Index)
 	var stats []map[bpf.Key]bpf.Counters
-	var ifbTx []uint64
+	var ifbTx, classOut []uint64
+	var dir bpf.Direction
 	mark := func() {
+		classOut = append(classOut, b.classSent(dir))
 		st, err := b.shaper.Stats()
 		if err != nil {
 			t.Error(err)
@@ -98,7 +100,7 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 	flow := func(from, to netns.NsHandle, host string, port int) nettest.Flow {
 		return nettest.Flow{From: from, To: to, ToAddr: net.JoinHostPort(host, fmt.Sprint(port))}
 	}
-	for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+	for _, dir = range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 		// Flows 0-1: the share (IPv4, IPv6); 2-3: the neighbour; 4-5
 		// (ingress): the node itself.
 		var flows []nettest.Flow
@@ -110,7 +112,7 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 				flow(b.tp.Server, free.pod, free.ip, 5313), flow(b.tp.Server, free.pod, "fd77::12", 5314),
 				flow(b.tp.Server, b.tp.Node, "10.77.0.250", 5315), flow(b.tp.Server, b.tp.Node, "fd77::250", 5316)}
 		}
-		stats, ifbTx = nil, nil
+		stats, ifbTx, classOut = nil, nil, nil
 		res, err := nettest.RunFlows(flows, time.Second, 2500*time.Millisecond, mark)
 		if err != nil {
 			t.Fatal(err)
@@ -119,16 +121,22 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 		shareL2 := float64(stats[1][k].Bytes - stats[0][k].Bytes)
 		l2Ratio := shareL2 * 8 / res[0].Duration.Seconds() / rate(limit)
 		gpRatio := (res[0].Goodput() + res[1].Goodput()) / rate(limit)
-		t.Logf("%s: share (%s) IPv4 %.1f + IPv6 %.1f Mbit/s, goodput ratio %.3f, L2 ratio %.3f; neighbour IPv4 %.0f, IPv6 %.0f Mbit/s",
-			dir, limit, res[0].Goodput()/1e6, res[1].Goodput()/1e6, gpRatio, l2Ratio, res[2].Goodput()/1e6, res[3].Goodput()/1e6)
+		outRatio := float64(classOut[1]-classOut[0]) * 8 / res[0].Duration.Seconds() / rate(limit)
+		t.Logf("%s: share (%s) IPv4 %.1f + IPv6 %.1f Mbit/s, goodput ratio %.3f, L2 ratio %.3f, its class let out %.3f; neighbour IPv4 %.0f, IPv6 %.0f Mbit/s",
+			dir, limit, res[0].Goodput()/1e6, res[1].Goodput()/1e6, gpRatio, l2Ratio, outRatio, res[2].Goodput()/1e6, res[3].Goodput()/1e6)
 		// As in TestSharesHoldTheirRates: 0.956 of the rate is the
 		// limit met to within 1%; IPv6's larger header costs a little.
 		// Above it the bound is looser: a receiver starved of CPU by the
 		// neighbour's 10 Gbit/s flows reads a backlog inside the window
 		// (seen: 1.105 with the classifier's L2 at 0.947), while traffic
 		// that escaped the share would read as many times the limit.
-		if gpRatio < 0.956*0.9 || gpRatio > 0.956*1.25 || l2Ratio < 0.9 || l2Ratio > 1.05 {
-			t.Errorf("%s share of %s by address: goodput ratio %.3f is outside 0.956 -10%%/+25%%, or L2 ratio %.3f outside 0.9-1.05", dir, limit, gpRatio, l2Ratio)
+		// What the share is charged is judged after its queue, where
+		// its class lets it out: the classifier counts frames before
+		// it, drops included, and since issue 37 a drop under the
+		// neighbours' load is a whole super-packet (the classifier
+		// read 1.06-1.11 while the class let out 1.00).
+		if gpRatio < 0.956*0.9 || gpRatio > 0.956*1.25 || l2Ratio < 0.9 || outRatio < 0.9 || outRatio > 1.02 {
+			t.Errorf("%s share of %s by address: goodput ratio %.3f is outside 0.956 -10%%/+25%%, L2 ratio %.3f under 0.9, or its class let out %.3f of its rate, outside 0.9-1.02", dir, limit, gpRatio, l2Ratio, outRatio)
 		}
 		for i := 2; i < len(flows); i++ {
 			if res[i].Goodput() < 2*rate(limit) {

@@ -90,8 +90,7 @@
 //     shaped Gbit/s, and a hundred 10M shares saturated at once no longer
 //     held their rates (issue 37, MEASURED.md). Every leaf is a bfifo of
 //     50 ms of the share's rate at most (never under a 64 KiB super-packet
-//     and a frame: 54 ms at 10M; a bulk child's never under two, so that
-//     one queued super-packet does not make the next a 64 KiB tail drop). HTB's default leaf, 1000 frames, held
+//     and a frame: 54 ms at 10M). HTB's default leaf, 1000 frames, held
 //     1.1 s at 10M (BenchmarkLatencyUnderLoad, MEASURED.md).
 //     A share takes an aligned block of 16 class minors, its class's first.
 //     An unprepared share's block is parked, not deleted, and the next share

@@ -96,14 +96,7 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64
 			return true, fmt.Errorf("flow class 1:%x of share class 1:%x on %s: %w", child, minor, link.Attrs().Name, err)
 		}
 		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, child), Handle: leafHandle(child)}
-		limit := fifoLimit(rateBits)
-		if i > 0 {
-			// A bulk child takes super-packets whole: room for two,
-			// so that one queued does not make the next a 64 KiB
-			// tail drop.
-			limit = max(limit, 2*leafMinBytes)
-		}
-		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, limit) }); err != nil {
+		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, fifoLimit(rateBits)) }); err != nil {
 			return true, fmt.Errorf("leaf of flow class 1:%x on %s: %w", child, link.Attrs().Name, err)
 		}
 	}
