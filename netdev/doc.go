@@ -88,7 +88,9 @@
 //     whole, GSO and GRO super-packets included: splitting them into
 //     frames, as carve did before, cost the node three times the CPU per
 //     shaped Gbit/s, and a hundred 10M shares saturated at once no longer
-//     held their rates (issue 37, MEASURED.md). Every leaf is a bfifo of
+//     held their rates (issue 37, MEASURED.md). A pod's own super-packets
+//     are kept to about 4 ms of its share's egress rate (gso.go): HTB lets
+//     each out as one burst, which BBR took for a faster path. Every leaf is a bfifo of
 //     50 ms of the share's rate at most (never under a 64 KiB super-packet
 //     and a frame: 54 ms at 10M). HTB's default leaf, 1000 frames, held
 //     1.1 s at 10M (BenchmarkLatencyUnderLoad, MEASURED.md).

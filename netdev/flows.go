@@ -41,13 +41,13 @@ import (
 // Frames go through the children whole, GSO and GRO super-packets
 // included. Until issue 37 the bulk children's leaves split super-packets
 // into frames (a tbf), and the share's interface in its pod made
-// super-packets of a millisecond of its rate: both kept the sparse child
-// from waiting behind a super-packet's charge, and both cost every frame a
-// trip of its own through HTB, its timers and the veths. At a hundred 10M
+// super-packets of a millisecond of its rate: both cost every frame a trip
+// of its own through HTB, its timers and the veths. At a hundred 10M
 // shares saturated at once that was 3.3 times the CPU per shaped Gbit/s of
 // plain HTB classes, and the node could no longer carry them (MEASURED.md).
-// The sparse child's own rate does that job for the price of one class
-// parameter.
+// The sparse child's own rate keeps it from waiting behind a super-packet's
+// charge; the pod's super-packets stay at about 4 ms of its rate (gso.go),
+// since HTB lets each out as one burst, and TCP misreads longer ones.
 
 // flowChildren is how many children a share's class gets: the sparse one
 // and the bulk ones.

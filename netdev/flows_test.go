@@ -134,9 +134,9 @@ func (b *bench) classStats(t testing.TB, node *netlink.Handle, dir bpf.Direction
 }
 
 // TestShareInterfaceQueueSettings checks what the hook gives a limited
-// share's interface in its pod: the kernel's GSO super-packets (an agent
-// before issue 37 cut them to a millisecond of the share's egress rate,
-// which tripled the CPU a shaped frame costs), and, where its ingress class
+// share's interface in its pod: GSO super-packets of about 4 ms of the
+// share's egress rate, never under two segments (the kernel's 64 KiB where
+// that is less, or egress is unlimited), and, where its ingress class
 // has bulk children, the AQM's program on its ingress, once, however many
 // of the pod's containers ran the hook (b.add runs it twice).
 func TestShareInterfaceQueueSettings(t *testing.T) {
@@ -145,7 +145,7 @@ func TestShareInterfaceQueueSettings(t *testing.T) {
 		egress, ingress string
 		segs            uint32
 		aqm             bool
-	}{{"10M", "10M", 0, true}, {"100M", "", 0, false}, {"", "20M", 0, true}} {
+	}{{"10M", "10M", 3, true}, {"100M", "", 33, false}, {"200M", "", 0, false}, {"", "20M", 0, true}} {
 		s := b.add("q"+c.egress+c.ingress, c.egress, c.ingress, nil)
 		var flowClasses bool
 		if err := json.Unmarshal(s.undo, &struct{ FlowClasses *bool }{&flowClasses}); err != nil {

@@ -153,6 +153,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	spec.Kind, spec.Mode, spec.VLAN = hook.ChildKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
 	mac := ShareMAC(key)
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
+	spec.GSOMaxSegs = gsoMaxSegs(egress, mtu)
 	for _, r := range cfg.Routes {
 		spec.Routes = append(spec.Routes, hook.Route(r))
 	}

@@ -48,12 +48,10 @@ type AttachSpec struct {
 	// PodName is its name in the pod.
 	PodName string `json:"podName"`
 	MTU     int    `json:"mtu"`
-	// GSOMaxSegs, where set, bounds the interface's GSO super-packets.
-	// Agents before issue 37 set it to about a millisecond of the share's
-	// egress rate (one frame at 10 Mbit/s); that tripled the node's CPU
-	// per shaped Gbit/s, and a share's sparse child no longer waits behind
-	// a super-packet, so agents since leave it unset (the kernel's). The
-	// hook still applies it where an older agent's spec has it.
+	// GSOMaxSegs, where set, bounds the interface's GSO super-packets to
+	// about 4 ms of the share's egress rate: HTB lets a
+	// super-packet out as one burst, which TCP reads as a faster path
+	// (netdev/gso.go).
 	GSOMaxSegs int      `json:"gsoMaxSegs,omitempty"`
 	MAC        string   `json:"mac"`
 	Addresses  []string `json:"addresses,omitempty"`
