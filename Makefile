@@ -25,7 +25,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # cgo packages, so it runs with the CGO settings above.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: help build test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e clean
+.PHONY: help build release test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,6 +38,23 @@ build: ## build bin/carve, the static bin/carve-hook and bin/carve-scheduler
 	$(GO) build -tags '$(CARVE_TAGS)' -o $(BIN)/carve ./cmd/carve
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/carve-hook ./cmd/carve-hook
 	$(MAKE) -C scheduler build
+
+# The release is the chart's appVersion: the binary's version (cmd/carve/
+# version.go), the chart's and the image tag's (TestVersionsAgree); its
+# entry is in deploy/CHANGELOG.md.
+VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' deploy/chart/carve/Chart.yaml)
+RELEASE_DIR := $(BIN)/release
+
+release: ## build what a release ships into bin/release: the binaries, the agent's image archive and the packaged chart, all of VERSION
+	@rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	$(GO) build -tags '$(CARVE_TAGS)' -ldflags "-X main.commit=$$(git rev-parse HEAD)$$(git diff --quiet HEAD || echo -modified) -X main.buildDate=$$(date -u +%Y-%m-%dT%H:%M:%SZ)" -o $(BIN)/carve ./cmd/carve
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/carve-hook ./cmd/carve-hook
+	$(MAKE) -C scheduler build
+	@got=$$($(BIN)/carve version); case "$$got" in "carve v$(VERSION),"*) ;; *) echo "bin/carve says '$$got', the chart $(VERSION)" >&2; exit 1 ;; esac
+	cp $(BIN)/carve $(BIN)/carve-hook $(BIN)/carve-scheduler $(RELEASE_DIR)/
+	deploy/images/agent.sh carve:$(VERSION) --out $(RELEASE_DIR)/carve_$(VERSION).oci.tar | tail -n1
+	$$(deploy/cluster/build-tools.sh | tail -n1)/helm package deploy/chart/carve -d $(RELEASE_DIR)
+	cd $(RELEASE_DIR) && sha256sum * > SHA256SUMS && cat SHA256SUMS
 
 test: build unit fuzz scheduler scheduler-e2e e2e ## everything: unit tests, a short fuzz run, the scheduler module and its integration test, and the tests against a real control plane
 

@@ -54,14 +54,7 @@ net_archive=$("$here/images/build.sh" --name carve-net:demo --file /bin/busybox:
   --symlink /bin/sh=busybox --symlink /bin/ip=busybox --symlink /bin/env=busybox --symlink /bin/sleep=busybox \
   --symlink /bin/cat=busybox --symlink /bin/grep=busybox --symlink /bin/sort=busybox | tail -n1)
 "$here/images/import.sh" "$net_archive"
-# libnvidia-ml.so.1 is dlopened from the host's driver root; what it needs
-# beside libc is added here, since ldd cannot see a dlopen.
-nvml_deps=()
-libdir=$(dirname "$(ldd "$repo/bin/carve" | awk '/libc.so.6/ {print $3}')")
-for lib in libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
-  [ -e "$libdir/$lib" ] && nvml_deps+=(--file "$libdir/$lib")
-done
-archive=$("$here/images/build.sh" --name carve:demo --file "$repo/bin/carve:/carve" --file "$repo/bin/carve-hook:/carve-hook" --file /usr/share/misc/pci.ids:/usr/share/misc/pci.ids "${nvml_deps[@]}" --entrypoint /carve | tail -n1)
+archive=$("$here/images/agent.sh" carve:demo | tail -n1)
 "$here/images/import.sh" "$archive"
 
 step "installing the chart"
@@ -228,7 +221,20 @@ for pod in a:100 b:300; do
   awk -v r="$ratio" 'BEGIN {exit !(r >= 0.946 && r <= 0.966)}' || { echo "net-${pod%%:*}: ratio $ratio is outside 0.946-0.966" >&2; missed=1; }
 done
 
+# The README's node check, as the README gives it: no flags, so the agent's
+# container must tell it where the chart put the agent's state.
+step "kubectl -n carve-system exec ds/carve-agent -c agent -- /carve shares"
+if ! shares=$("${kubectl[@]}" -n carve-system exec ds/carve-agent -c agent -- /carve shares); then
+  echo "$shares" >&2
+  echo "the README's node check failed" >&2
+  missed=1
+fi
+echo "$shares"
+for claim in default/net-a default/net-b; do
+  grep -q "^$claim " <<<"$shares" || { echo "the README's node check does not list $claim" >&2; missed=1; }
+done
+
 echo >&2
 echo "kubeconfig: $kubeconfig   (kubectl: $CARVE_CLUSTER_DIR/bin/kubectl)" >&2
 echo "tear down with: make demo-down" >&2
-[ "$missed" = 0 ] || { echo "the demo's shares missed their limits" >&2; exit 1; }
+[ "$missed" = 0 ] || { echo "the demo's shares missed their limits, or the node check failed" >&2; exit 1; }

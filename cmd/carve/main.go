@@ -61,12 +61,19 @@ func newRootCommand() *cobra.Command {
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return applyLogging(cmd, logging)
 		},
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Not cobra's Version: its template makes the linker keep
+			// every exported method of the binary (TestDeadCode).
+			if v, _ := cmd.Flags().GetBool("version"); v {
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), buildInfo())
+				return err
+			}
 			return errors.New("a command is required")
 		},
 	}
+	root.Flags().Bool("version", false, "print carve's version (as `carve version`) and exit")
 	logsapi.AddFlags(logging, root.PersistentFlags())
-	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newHostMountsCommand(), newSharesCommand(), newSnapshotCommand())
+	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newHostMountsCommand(), newSharesCommand(), newSnapshotCommand(), newVersionCommand())
 	return root
 }
 

@@ -23,7 +23,8 @@ func newSharesCommand() *cobra.Command {
 			"and whether its class, classifier entry and links are all in place; and every GPU memory share: " +
 			"GPU, tier, slice, used memory (from NVML now, else the agent's last reading, else unknown, saying why), " +
 			"kills so far, each share's device's health and carve's taint on it (from the agent's health file), and whether its MPS daemon runs (mps-policed) or its pods' dmem.max holds the slice (dmem). " +
-			"A share that is not enforced makes the command exit 1, so it serves as a node check.",
+			"A share that is not enforced makes the command exit 1, so it serves as a node check; so does a state directory without the agent's checkpoint " +
+			"(the agent writes one as it starts), which is not the agent's.",
 		Args: noArgs,
 		PreRunE: func(*cobra.Command, []string) error {
 			if output != "table" && output != "json" {
@@ -32,6 +33,9 @@ func newSharesCommand() *cobra.Command {
 			return nil
 		},
 		RunE: work(func(cmd *cobra.Command) error {
+			if err := sharelist.CheckStateDir(stateDir); err != nil {
+				return err
+			}
 			gpus := &sharelist.GPUSource{StateDir: stateDir, NVML: func(ctx context.Context) (police.Processes, func(), error) {
 				s, reason, err := nv.open(ctx, "/")
 				if err != nil {
@@ -59,8 +63,8 @@ func newSharesCommand() *cobra.Command {
 		}),
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&stateDir, "state-dir", "/var/lib/carve", "the agent's state directory (its checkpoint)")
-	fs.StringVar(&pinDir, "bpf-pin-dir", "/sys/fs/bpf/carve", "where the agent pinned the classifier's maps and links")
+	fs.StringVar(&stateDir, "state-dir", envOr(envStateDir, defaultStateDir), "the agent's state directory (its checkpoint); default $"+envStateDir+", which the chart sets in the agent's container, else "+defaultStateDir)
+	fs.StringVar(&pinDir, "bpf-pin-dir", envOr(envPinDir, defaultPinDir), "where the agent pinned the classifier's maps and links; default $"+envPinDir+", else "+defaultPinDir)
 	fs.DurationVar(&interval, "interval", 2*time.Second, "how long to measure each share's rate over")
 	fs.StringVarP(&output, "output", "o", "table", "table or json")
 	nv.add(fs, false)

@@ -14,13 +14,15 @@ import (
 	"github.com/carve-dra/carve/prepare/checkpoint"
 )
 
-// `carve shares` is a node check: no shares is fine, a share that is not
-// enforced exits 1 and says why, in the listing it prints.
+// `carve shares` is a node check: a state directory without the agent's
+// checkpoint is not the agent's and fails, saying where it looked; no
+// shares is fine; a share that is not enforced exits 1 and says why, in the
+// listing it prints.
 func TestSharesCommand(t *testing.T) {
 	state, pins := t.TempDir(), t.TempDir()
 	stdout, stderr, code := runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "-o", "json")
-	if code != 0 || strings.TrimSpace(stdout) != "[]" {
-		t.Fatalf("no shares: exit %d, stdout %q, stderr %s", code, stdout, stderr)
+	if code != 1 || strings.TrimSpace(stdout) != "" || !strings.Contains(stderr, "no agent checkpoint at "+state+"/checkpoint.json") {
+		t.Fatalf("a state directory without a checkpoint: exit %d, stdout %q, stderr %s", code, stdout, stderr)
 	}
 
 	bootID, err := checkpoint.ReadBootID("/")
@@ -31,6 +33,22 @@ func TestSharesCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the agent writes as it starts.
+	if err := cp.Update(func(*prepare.Records) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code = runCarve(t, "", "shares", "--state-dir", state, "--bpf-pin-dir", pins, "--interval", "0", "-o", "json")
+	if code != 0 || strings.TrimSpace(stdout) != "[]" {
+		t.Fatalf("no shares: exit %d, stdout %q, stderr %s", code, stdout, stderr)
+	}
+	// The chart's agent container names the directories in its
+	// environment: the command run there needs no flags.
+	t.Setenv("CARVE_STATE_DIR", state)
+	t.Setenv("CARVE_BPF_PIN_DIR", pins)
+	if stdout, stderr, code := runCarve(t, "", "shares", "--interval", "0", "-o", "json"); code != 0 || strings.TrimSpace(stdout) != "[]" {
+		t.Fatalf("directories from the environment: exit %d, stdout %q, stderr %s", code, stdout, stderr)
+	}
+
 	id := types.UID("s1")
 	rec := prepare.ClaimRecord{UID: "u1", Namespace: "ns", Name: "c1", State: prepare.ClaimStarted, Allocations: []prepare.Allocation{{
 		ClaimUID: "u1", ClaimNamespace: "ns", ClaimName: "c1", Request: "net", Device: "nic-eth0", Kind: "nic", ShareID: &id,

@@ -98,6 +98,9 @@ type fileKey struct {
 	ino, size, mtime int64
 }
 
+// Path is the file of the checkpoint in dir.
+func Path(dir string) string { return filepath.Join(dir, "checkpoint.json") }
+
 // Open prepares the checkpoint in dir. bootID is the current boot's
 // id: records from another boot describe kernel state that no longer exists
 // and are dropped on first use.
@@ -108,7 +111,7 @@ func Open[R any](dir, bootID string, onCorrupt func(kept string, err error)) (*C
 	if onCorrupt == nil {
 		onCorrupt = func(string, error) {}
 	}
-	return &Checkpoint[R]{path: filepath.Join(dir, "checkpoint.json"), bootID: bootID, onCorrupt: onCorrupt}, nil
+	return &Checkpoint[R]{path: Path(dir), bootID: bootID, onCorrupt: onCorrupt}, nil
 }
 
 // OnWrite has fn told the size in bytes and the duration of each write that

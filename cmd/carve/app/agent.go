@@ -142,6 +142,11 @@ func Run(ctx context.Context, opts Options) error {
 		metrics.CheckpointWrite.Observe(d.Seconds())
 		metrics.CheckpointBytes.Set(float64(size))
 	})
+	// Written at once, claims or none: `carve shares` takes a state
+	// directory without a checkpoint for one that is not the agent's.
+	if err := records.Update(func(*prepare.Records) error { return nil }); err != nil {
+		return fmt.Errorf("write the checkpoint in %s: %w", opts.StateDir, err)
+	}
 	cdiWriter, err := cdi.NewWriter(opts.CDIDir, driverName)
 	if err != nil {
 		return err

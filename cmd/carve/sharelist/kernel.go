@@ -46,7 +46,7 @@ func openNode(root, pinDir string) (*kernelNode, error) {
 	n := &kernelNode{h: h, ino: st.Ino}
 	n.pinned, n.pinErr = bpf.OpenPinned(pinDir)
 	if errors.Is(n.pinErr, os.ErrNotExist) {
-		n.pinErr = fmt.Errorf("nothing pinned under %s: the agent never shaped a share here", pinDir)
+		n.pinErr = fmt.Errorf("nothing pinned under %s: not the agent's --bpf-pin-dir (the chart sets CARVE_BPF_PIN_DIR in the agent's container), or the agent never shaped a share here", pinDir)
 	}
 	return n, nil
 }

@@ -80,12 +80,25 @@ func (s *NICSource) Shares(ctx context.Context) ([]Row, error) {
 	return rows, nil
 }
 
-// readRecords reads the checkpoint's records of this boot; none where the
-// agent never wrote one.
-func readRecords(root, stateDir string) (map[string]prepare.ClaimRecord, error) {
-	if _, err := os.Stat(stateDir); errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+// CheckStateDir fails unless dir holds the agent's checkpoint, which the
+// agent writes as it starts: a directory without one is not the agent's,
+// and listing it as a node without shares would pass a node check by
+// mistake.
+func CheckStateDir(dir string) error {
+	path := checkpoint.Path(dir)
+	_, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("no agent checkpoint at %s: %s is not the agent's state directory, or the agent never started on this node; "+
+			"pass the agent's --state-dir (the chart sets CARVE_STATE_DIR in the agent's container)", path, dir)
 	}
+	if err != nil {
+		return fmt.Errorf("the agent's checkpoint: %w", err)
+	}
+	return nil
+}
+
+// readRecords reads the checkpoint's records of this boot.
+func readRecords(root, stateDir string) (map[string]prepare.ClaimRecord, error) {
 	bootID, err := checkpoint.ReadBootID(root)
 	if err != nil {
 		return nil, err
