@@ -86,6 +86,7 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 	var eff EffectiveConfig
 	var fromClaim *v1alpha1.NetworkConfig
 	var fromClaimDevice *v1alpha1.DeviceConfig
+	var claimDevicePath *field.Path
 	var claimFields map[string]json.RawMessage
 	var claimPath *field.Path
 	for i, c := range configs {
@@ -103,15 +104,11 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 			return nil, fmt.Errorf("config from %s: %w", strings.ToLower(strings.TrimPrefix(string(c.Source), "From")), err)
 		}
 		if own.Device != nil {
-			for name := range own.Device.Env {
-				if strings.HasPrefix(strings.ToUpper(name), "LD_") {
-					// The loader's variables change what code a
-					// container runs: the admin's, in the class.
-					return nil, fmt.Errorf("config from claim: %w", field.Forbidden(path.Child("env").Key(name),
-						"LD_* variables may be set by the DeviceClass (the admin), not the claim"))
-				}
+			if own.Device.ClaimEnv != nil {
+				return nil, fmt.Errorf("config from claim: %w", field.Forbidden(path.Child("claimEnv"),
+					"set by the DeviceClass (the admin), not the claim"))
 			}
-			fromClaimDevice = own.Device
+			fromClaimDevice, claimDevicePath = own.Device, path
 		}
 		if own.GPU != nil {
 			// The claim's own /dev/shm, whose pages its pods are
@@ -131,6 +128,13 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 		}
 	}
 	if fromClaimDevice != nil {
+		var classEnv []string
+		if eff.Device != nil {
+			classEnv = eff.Device.ClaimEnv
+		}
+		if err := checkClaimEnv(fromClaimDevice.Env, classEnv, claimDevicePath); err != nil {
+			return nil, fmt.Errorf("config from claim: %w", err)
+		}
 		// A claim adds to its class's environment; where both set a
 		// variable, the class's (the admin's) wins.
 		merged := fromClaimDevice.DeepCopy()
@@ -201,4 +205,29 @@ func DecodeEffectiveConfig(raw json.RawMessage) (EffectiveConfig, error) {
 	}
 	err := json.Unmarshal(raw, &eff)
 	return eff, err
+}
+
+// checkClaimEnv checks the variables a claim adds (env) against its
+// class's claimEnv: where the class lists names, only those; where it lists
+// none, any but the code-loading families (v1alpha1.CodeHookEnv), which are
+// the admin's. Errors are under path.
+func checkClaimEnv(env map[string]string, classAllows []string, path *field.Path) error {
+	for _, name := range slices.Sorted(maps.Keys(env)) {
+		p := path.Child("env").Key(name)
+		if classAllows != nil {
+			if len(classAllows) == 0 {
+				return field.Forbidden(p, "the DeviceClass lets its claims set no variable (its claimEnv is empty)")
+			}
+			if !slices.Contains(classAllows, name) {
+				return field.Forbidden(p, "the DeviceClass lets its claims set only "+strings.Join(classAllows, ", ")+" (its claimEnv)")
+			}
+			continue
+		}
+		if family := v1alpha1.CodeHookEnv(name); family != "" {
+			// They change what code a container runs.
+			return field.Forbidden(p, family+" variables may be set by the DeviceClass (the admin), not the claim, "+
+				"unless the class lists the name in its claimEnv")
+		}
+	}
+	return nil
 }

@@ -56,11 +56,17 @@
 // carve.dev/v1alpha1 (package api/v1alpha1), from the DeviceClass or the
 // claim; for each kind the last one that applies to the request wins, so a
 // claim overrides its class. Decoding is strict, and an invalid config fails
-// the claim with the field named, applying nothing:
+// the claim with the field named, applying nothing. A claim's env may not
+// name a variable that changes what code a container loads or runs (LD_*,
+// *_PRELOAD, CUDA_INJECTION*, NCCL_*PLUGIN*, PYTHON*, NODE_OPTIONS,
+// JAVA_TOOL_OPTIONS, BASH_ENV, ENV, PATH and the rest of
+// api/v1alpha1/codehooks.go), unless its class lists the name in claimEnv;
+// a class that lists names lets its claims set only those:
 //
 //	apiVersion: carve.dev/v1alpha1
 //	kind: DeviceConfig        # any device
 //	env: {MY_VAR: value}
+//	claimEnv: [MY_VAR]        # the class's only: what its claims may add
 //	---
 //	apiVersion: carve.dev/v1alpha1
 //	kind: NetworkConfig       # NICs (package netdev has every field)

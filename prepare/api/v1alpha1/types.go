@@ -12,6 +12,11 @@ type DeviceConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// Env is added to the environment of every container using the device.
 	Env map[string]string `json:"env,omitempty"`
+	// ClaimEnv, in a DeviceClass's config only, names the variables a
+	// claim of the class may add to Env: only these, any of them. Unset, a
+	// claim may add any variable but those that change what code a
+	// container loads or runs (CodeHookEnv): the admin's, in the class.
+	ClaimEnv []string `json:"claimEnv,omitempty"`
 }
 
 // NetworkConfig configures a NIC share: the interface the pod sees.

@@ -26,6 +26,13 @@ var ReservedEnvPrefixes = []string{"CARVE_", "CUDA_MPS_", "NVIDIA_"}
 // ValidateDeviceConfig checks a DeviceConfig; errors are under path.
 func ValidateDeviceConfig(c *DeviceConfig, path *field.Path) field.ErrorList {
 	var errs field.ErrorList
+	for i, name := range c.ClaimEnv {
+		if !envNamePattern.MatchString(name) {
+			errs = append(errs, field.Invalid(path.Child("claimEnv").Index(i), name, "not an environment variable name"))
+		} else if reservedEnv(name) != "" {
+			errs = append(errs, field.Forbidden(path.Child("claimEnv").Index(i), reservedEnv(name)+"* variables are set by carve"))
+		}
+	}
 	for name, value := range c.Env {
 		switch {
 		case !envNamePattern.MatchString(name):

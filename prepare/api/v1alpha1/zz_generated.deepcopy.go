@@ -20,6 +20,11 @@ func (in *DeviceConfig) DeepCopyInto(out *DeviceConfig) {
 			(*out)[key] = val
 		}
 	}
+	if in.ClaimEnv != nil {
+		in, out := &in.ClaimEnv, &out.ClaimEnv
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	return
 }
 
