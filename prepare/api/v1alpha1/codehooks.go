@@ -10,16 +10,16 @@ import "strings"
 // matched without regard to case:
 var (
 	codeHookPrefixes = []string{
-		"LD_",             // the dynamic loader: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT
-		"CUDA_INJECTION",  // CUDA_INJECTION64_PATH: a library the CUDA driver loads
-		"PYTHON",          // PYTHONPATH, PYTHONSTARTUP, PYTHONHOME
-		"PERL5",           // PERL5OPT, PERL5LIB
-		"PERLLIB",         // Perl's library path
-		"RUBYOPT",         // -r of Ruby's choosing
-		"RUBYLIB",         // Ruby's library path
-		"MALLOC_",         // glibc's allocator hooks
-		"GLIBC_TUNABLES",  // glibc's tunables (CVE-2023-4911)
-		"GCONV_PATH",      // iconv modules glibc loads
+		"LD_",            // the dynamic loader: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT
+		"CUDA_INJECTION", // CUDA_INJECTION64_PATH: a library the CUDA driver loads
+		"PYTHON",         // PYTHONPATH, PYTHONSTARTUP, PYTHONHOME
+		"PERL5",          // PERL5OPT, PERL5LIB
+		"PERLLIB",        // Perl's library path
+		"RUBYOPT",        // -r of Ruby's choosing
+		"RUBYLIB",        // Ruby's library path
+		"MALLOC_",        // glibc's allocator hooks
+		"GLIBC_TUNABLES", // glibc's tunables (CVE-2023-4911)
+		"GCONV_PATH",     // iconv modules glibc loads
 		"JAVA_TOOL_OPTIONS",
 		"_JAVA_OPTIONS",
 		"JDK_JAVA_OPTIONS",
@@ -28,11 +28,11 @@ var (
 		"_PRELOAD", // any loader's preload list
 	}
 	codeHookNames = []string{
-		"NODE_OPTIONS",   // --require of Node's choosing
-		"BASH_ENV",       // a file bash runs first
-		"ENV",            // the same for sh
-		"PATH",           // which binary a bare name runs
-		"SHELLOPTS",      // bash options, xtrace with PS4 among them
+		"NODE_OPTIONS", // --require of Node's choosing
+		"BASH_ENV",     // a file bash runs first
+		"ENV",          // the same for sh
+		"PATH",         // which binary a bare name runs
+		"SHELLOPTS",    // bash options, xtrace with PS4 among them
 		"BASHOPTS",
 		"PS4",            // expanded, command substitution included, under xtrace
 		"PROMPT_COMMAND", // run by interactive shells
