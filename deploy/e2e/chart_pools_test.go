@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -13,10 +14,22 @@ import (
 )
 
 // The chart's nic DeviceClass names the pools its claims may use: by
-// default every pool of the chart's node config (one class serves the
-// cluster), or those nicClassAllowedPools lists, or none. What it renders
-// is a NetworkConfig the agent decodes, with the pools as allowedPools.
+// default the node config's pool where it has one, and none where it has
+// several (closed by default: one class for every tenant would let each
+// take the others' subnets; the rendering says so), or those
+// nicClassAllowedPools lists, or none. What it renders is a NetworkConfig
+// the agent decodes, with the pools as allowedPools.
 func TestChartNICClassAllowsItsPools(t *testing.T) {
+	onePool := filepath.Join(t.TempDir(), "node.yaml")
+	if err := os.WriteFile(onePool, []byte(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  pools:
+  - name: tenant-a
+    cidr: 10.80.0.0/24
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	nodeConfig := filepath.Join(t.TempDir(), "node.yaml")
 	if err := os.WriteFile(nodeConfig, []byte(`apiVersion: carve.dev/v1alpha1
 kind: NodeConfig
@@ -35,13 +48,19 @@ netdev:
 		want []string // nil: the class carries no config
 	}{
 		{"no node config", nil, nil},
-		{"the node config's pools", []string{"--set-file=nodeConfig=" + nodeConfig}, []string{"tenant-a", "tenant-b"}},
+		{"the node config's one pool", []string{"--set-file=nodeConfig=" + onePool}, []string{"tenant-a"}},
+		{"several pools, none chosen", []string{"--set-file=nodeConfig=" + nodeConfig}, nil},
 		{"a list", []string{"--set-file=nodeConfig=" + nodeConfig, `--set-json=nicClassAllowedPools=["tenant-b"]`}, []string{"tenant-b"}},
 		{"none", []string{"--set-file=nodeConfig=" + nodeConfig, `--set-json=nicClassAllowedPools=[]`}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var class map[string]any
-			for _, o := range decodeObjects(t, renderChart(t, c.sets...)) {
+			rendered := renderChart(t, c.sets...)
+			says := strings.Contains(string(rendered), "# No address pool for this class's claims: the node config has more than\n  # one, and nicClassAllowedPools does not say which")
+			if want := c.name == "several pools, none chosen"; says != want {
+				t.Errorf("the rendering says the class has no pool because the node config has several: %v, want %v", says, want)
+			}
+			for _, o := range decodeObjects(t, rendered) {
 				if o.GetKind() == "DeviceClass" && o.GetName() == "nic.carve.dev" {
 					class = o.Object
 				}

@@ -69,7 +69,9 @@ func TestNodeShareEscapes(t *testing.T) {
 
 	buildAgentImage(t, "carve:e2e")
 	buildEscapeImage(t)
-	installChart(t, env, stateDir, nicNodeConfig(escParent, "esc", "10.80.0.0/24", escIP, "  - name: other-tenant\n    cidr: 10.80.1.0/24\n"))
+	// Two pools: the default class, closed by default, is given its one.
+	installChartWith(t, env, stateDir, []string{`--set-json=nicClassAllowedPools=["esc"]`},
+		nicNodeConfig(escParent, "esc", "10.80.0.0/24", escIP, "  - name: other-tenant\n    cidr: 10.80.1.0/24\n"))
 	// The admin's class for pods that may change their MAC.
 	macChange := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic-macchange.carve.dev"}, Spec: resourceapi.DeviceClassSpec{
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
