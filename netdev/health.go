@@ -41,9 +41,14 @@ const (
 type NICHealth struct {
 	// Root is the host's root, for sysfs.
 	Root string
-	// ErrorsPerSecond is the rate of rx/tx errors or drops past which a
-	// NIC is degraded; 0 turns the check off.
+	// ErrorsPerSecond is the floor of the check: a NIC whose hardware
+	// errors grow slower than this is never degraded, whatever their part
+	// of its packets; 0 turns the check off.
 	ErrorsPerSecond int64
+	// ErrorsPerMillion is the part of the packets a NIC handled over a
+	// read's interval, in millionths, past which its hardware errors
+	// degrade it (DefaultErrorsPerMillion when 0).
+	ErrorsPerMillion int64
 	// Interval is how often the counters are read (5 s when 0).
 	Interval time.Duration
 
@@ -104,12 +109,26 @@ type nicCounters struct {
 	values map[string]uint64
 }
 
-// counterFiles are the counters whose growth degrades a NIC.
-var counterFiles = []string{"rx_errors", "tx_errors", "rx_dropped", "tx_dropped"}
+// errorFiles are the counters of hardware errors: what the NIC or its
+// driver reports of frames it could not receive or send (CRC, frame,
+// FIFO, length and carrier errors sum into rx_errors and tx_errors;
+// rx_missed_errors, frames the NIC had no buffer for, does not). Drops
+// (rx_dropped, tx_dropped, rx_nohandler) never count: a tenant drives
+// them, with a flood of frames the stack does not want (an unknown
+// ethertype, a VLAN no one listens on) or a full queue, and a taint from
+// them would let any pod evict its neighbours.
+var errorFiles = []string{"rx_errors", "tx_errors", "rx_missed_errors"}
+
+// packetFiles are the packets the errors are a part of.
+var packetFiles = []string{"rx_packets", "tx_packets"}
+
+// DefaultErrorsPerMillion is NICHealth's part of the packets (1%) past
+// which hardware errors degrade a NIC.
+const DefaultErrorsPerMillion = 10000
 
 func (h *NICHealth) readCounters(ifName string) (map[string]uint64, error) {
-	out := make(map[string]uint64, len(counterFiles))
-	for _, f := range counterFiles {
+	out := make(map[string]uint64, len(errorFiles)+len(packetFiles))
+	for _, f := range append(append([]string{}, errorFiles...), packetFiles...) {
 		b, err := os.ReadFile(filepath.Join(h.Root, "sys/class/net", ifName, "statistics", f))
 		if err != nil {
 			return nil, fmt.Errorf("read %s of %s: %w", f, ifName, err)
@@ -121,6 +140,15 @@ func (h *NICHealth) readCounters(ifName string) (map[string]uint64, error) {
 		out[f] = v
 	}
 	return out, nil
+}
+
+// growth is how much counter f grew from prev to cur; false where it went
+// back (the driver reset it).
+func growth(prev, cur map[string]uint64, f string) (uint64, bool) {
+	if cur[f] < prev[f] {
+		return 0, false
+	}
+	return cur[f] - prev[f], true
 }
 
 // CheckCounters reads every published NIC's error counters once and
@@ -148,15 +176,29 @@ func (h *NICHealth) CheckCounters(ctx context.Context, now time.Time, sink healt
 			continue
 		}
 		c := health.Condition{Device: dev, Source: SourceErrors}
-		for _, f := range counterFiles {
-			if vals[f] < prev.values[f] {
-				continue // reset
-			}
-			if rate := float64(vals[f]-prev.values[f]) / secs; rate > float64(h.ErrorsPerSecond) {
-				c.Severity, c.Reason = health.Degraded, ReasonErrorRate
-				c.Message = fmt.Sprintf("%s: %s grew %.0f/s (limit %d/s)", ifName, f, rate, h.ErrorsPerSecond)
-				break
-			}
+		var errs, pkts uint64
+		reset := false
+		for _, f := range errorFiles {
+			d, ok := growth(prev.values, vals, f)
+			reset = reset || !ok
+			errs += d
+		}
+		for _, f := range packetFiles {
+			d, ok := growth(prev.values, vals, f)
+			reset = reset || !ok
+			pkts += d
+		}
+		perMillion := h.ErrorsPerMillion
+		if perMillion <= 0 {
+			perMillion = DefaultErrorsPerMillion
+		}
+		// Errored frames are not always counted as packets: the part is
+		// of both.
+		rate := float64(errs) / secs
+		if !reset && rate >= float64(h.ErrorsPerSecond) && float64(errs)*1e6 > float64(perMillion)*float64(pkts+errs) {
+			c.Severity, c.Reason = health.Degraded, ReasonErrorRate
+			c.Message = fmt.Sprintf("%s: %d hardware errors in %.0f s (%.0f/s, %.2f%% of %d packets; limits %d/s and %.2f%%): %s",
+				ifName, errs, secs, rate, 100*float64(errs)/float64(pkts+errs), pkts, h.ErrorsPerSecond, float64(perMillion)/1e4, grown(prev.values, vals))
 		}
 		sink.Observe(c)
 	}
@@ -175,4 +217,15 @@ func (h *NICHealth) Run(ctx context.Context, sink health.Sink) error {
 	}
 	wait.UntilWithContext(ctx, func(ctx context.Context) { h.CheckCounters(ctx, time.Now(), sink) }, every)
 	return nil
+}
+
+// grown lists the error counters that grew, with how much.
+func grown(prev, cur map[string]uint64) string {
+	var parts []string
+	for _, f := range errorFiles {
+		if d, ok := growth(prev, cur, f); ok && d > 0 {
+			parts = append(parts, fmt.Sprintf("%s +%d", f, d))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

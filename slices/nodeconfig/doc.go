@@ -32,7 +32,8 @@
 //	  maxHoldDown: 4m              # default 8 x holdDown; a flapping device's hold-down doubles up to it
 //	  effects: {degraded: NoSchedule, lost: NoExecute}   # the defaults, by severity
 //	  reasons: {LinkDown: NoExecute}                     # per reason (the taint's value); NoSchedule, NoExecute or None
-//	  errorsPerSecond: 1000        # default; a NIC's rx/tx errors or drops past it degrade it; negative: off
+//	  errorsPerSecond: 10          # default; a NIC's hardware errors (never drops) growing this fast,
+//	  errorsPerMillion: 10000      # and past this part of its packets (1%, the default), degrade it; negative rate: off
 //
 // A claim draws addresses from the pools its NetworkConfig names; where the
 // DeviceClass's NetworkConfig names pools, the claim chooses among those

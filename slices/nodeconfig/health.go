@@ -26,21 +26,27 @@ type Health struct {
 	// LinkDown or XID79): an admin who wants pods off a NIC whose link is
 	// down sets {LinkDown: NoExecute}.
 	Reasons map[string]string `json:"reasons,omitempty"`
-	// ErrorsPerSecond is the rate of a NIC's rx/tx errors or drops past
-	// which it is degraded (ErrorRate); 0 means DefaultErrorsPerSecond,
-	// a negative value turns the check off.
+	// ErrorsPerSecond is the floor of the NIC error check: a NIC is
+	// degraded (ErrorRate) when its hardware errors (rx_errors, tx_errors,
+	// rx_missed_errors; never drops, which a tenant drives) grow at least
+	// this fast and past ErrorsPerMillion of its packets. 0 means
+	// DefaultErrorsPerSecond, a negative value turns the check off.
 	ErrorsPerSecond int64 `json:"errorsPerSecond,omitempty"`
+	// ErrorsPerMillion is that part of the NIC's packets, in millionths
+	// (0 means DefaultErrorsPerMillion, 1%).
+	ErrorsPerMillion int64 `json:"errorsPerMillion,omitempty"`
 }
 
 // Health defaults.
 const (
-	DefaultHoldDown        = 30 * time.Second
-	DefaultErrorsPerSecond = 1000
-	SeverityDegraded       = "degraded"
-	SeverityLost           = "lost"
-	EffectNoSchedule       = "NoSchedule"
-	EffectNoExecute        = "NoExecute"
-	EffectNone             = "None"
+	DefaultHoldDown         = 30 * time.Second
+	DefaultErrorsPerSecond  = 10
+	DefaultErrorsPerMillion = 10000
+	SeverityDegraded        = "degraded"
+	SeverityLost            = "lost"
+	EffectNoSchedule        = "NoSchedule"
+	EffectNoExecute         = "NoExecute"
+	EffectNone              = "None"
 )
 
 // HoldDownOrDefault is the parsed hold-down, and its cap.
@@ -82,6 +88,15 @@ func (h Health) ErrorRate() int64 {
 	return h.ErrorsPerSecond
 }
 
+// ErrorPart is the part of a NIC's packets, in millionths, past which its
+// hardware errors degrade it.
+func (h Health) ErrorPart() int64 {
+	if h.ErrorsPerMillion == 0 {
+		return DefaultErrorsPerMillion
+	}
+	return h.ErrorsPerMillion
+}
+
 func validEffect(e string) bool {
 	return e == EffectNoSchedule || e == EffectNoExecute || e == EffectNone
 }
@@ -101,6 +116,9 @@ func (h Health) validate(p *field.Path) field.ErrorList {
 		if m, err := time.ParseDuration(h.MaxHoldDown); err == nil && m < hd {
 			errs = append(errs, field.Invalid(p.Child("maxHoldDown"), h.MaxHoldDown, "must not be shorter than holdDown"))
 		}
+	}
+	if h.ErrorsPerMillion < 0 || h.ErrorsPerMillion > 1_000_000 {
+		errs = append(errs, field.Invalid(p.Child("errorsPerMillion"), h.ErrorsPerMillion, "must be between 0 and 1000000 (a part of the NIC's packets, in millionths)"))
 	}
 	for sev, e := range h.Effects {
 		if sev != SeverityDegraded && sev != SeverityLost {

@@ -70,7 +70,7 @@ func newDeviceHealth(cfg *nodeconfig.NodeConfig, node, stateDir, root string, re
 	hd, maxHD := cfg.Health.HoldDownOrDefault()
 	return &deviceHealth{
 		tracker: health.NewTracker(hd, maxHD, nil), cfg: cfg.Health, driverName: cfg.DriverName, node: node, stateDir: stateDir,
-		nic:     &netdev.NICHealth{Root: root, ErrorsPerSecond: cfg.Health.ErrorRate()},
+		nic:     &netdev.NICHealth{Root: root, ErrorsPerSecond: cfg.Health.ErrorRate(), ErrorsPerMillion: cfg.Health.ErrorPart()},
 		metrics: reg, ghosts: map[string]slices.Entry{}, last: map[string]health.Status{}, kinds: map[string]string{},
 	}
 }
