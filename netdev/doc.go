@@ -181,8 +181,16 @@
 // carve runs privileged on every node and rewires the node's own NICs. What
 // each party can do:
 //
-// A pod (any capabilities its pod spec grants) gets its devices through CDI
-// and its share's interface through the hook, and cannot:
+// A pod gets its devices through CDI and its share's interface through the
+// hook. A container with CAP_NET_ADMIN or CAP_SYS_ADMIN (a privileged one
+// has both; so has one whose bundle lists no capabilities, which runc then
+// keeps) does not get a NIC share unless its DeviceClass sets
+// allowNetAdmin: the hook reads its bundle's capability sets and fails,
+// naming the option, so the runtime does not start it (measured on the
+// real node, TestNodeShareEscapes). A container of the pod that uses no
+// NIC claim runs no hook of carve's and is not checked: Pod Security
+// "baseline" forbids adding NET_ADMIN. Where the class allows it, a pod
+// (any capabilities its pod spec grants) cannot:
 //
 //   - Claim another's identity on the wire (SR-IOV spoofchk, and IP). Pods
 //     get CAP_NET_RAW by default and may write any frame; with CAP_NET_ADMIN
@@ -267,7 +275,7 @@
 //
 // An admin (DeviceClasses, the node config, the chart) decides modes, VLANs,
 // addresses and routes, which NICs are published and their bandwidth, and
-// may grant pods NET_ADMIN; carve still never touches a parent's root qdisc,
+// may let pods with NET_ADMIN take shares (allowNetAdmin); carve still never touches a parent's root qdisc,
 // never publishes its own links (cv*, cvifb*, cveg*) as NICs, and keeps the
 // node's own traffic off the IFB and the egress shaper.
 //

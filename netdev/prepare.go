@@ -154,6 +154,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	mac := ShareMAC(key)
 	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
 	spec.GSOMaxSegs = gsoMaxSegs(egress, mtu)
+	spec.AllowNetAdmin = cfg.AllowNetAdmin
 	for _, r := range cfg.Routes {
 		spec.Routes = append(spec.Routes, hook.Route(r))
 	}

@@ -77,7 +77,7 @@ func TestNodeShareEscapes(t *testing.T) {
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 			Expression: `device.driver == "carve.dev" && device.attributes["carve.dev"].kind == "nic"`}}},
 		Config: []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: "carve.dev", Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","allowMACChange":true,"allowedPools":["esc"]}`)}}}}}}}
+			Driver: "carve.dev", Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","allowMACChange":true,"allowNetAdmin":true,"allowedPools":["esc"]}`)}}}}}}}
 	_ = cs.ResourceV1().DeviceClasses().Delete(ctx, macChange.Name, metav1.DeleteOptions{})
 	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, macChange, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -236,6 +236,36 @@ func TestNodeShareEscapes(t *testing.T) {
 		t.Errorf("the pod of a claim naming a foreign pool is running")
 	}
 	_ = cs.CoreV1().Pods(testNS).Delete(ctx, foreign.name, metav1.DeleteOptions{})
+
+	// CAP_NET_ADMIN in the default class: the hook refuses the container,
+	// which never starts, and the pod's events say which class option
+	// would allow it.
+	netAdmin := sharePod{name: "netadmin-denied", parent: escParent, capacity: bothWays("20M"), netCfg: netCfg, image: "carve-net-escape:e2e",
+		mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}}
+		}}
+	netAdmin.start(t, cs)
+	waitFor(t, "the NET_ADMIN container refused", 90*time.Second, func() (bool, error) {
+		ev, err := cs.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + netAdmin.name})
+		if err != nil {
+			return false, err
+		}
+		var seen []string
+		for _, e := range ev.Items {
+			if strings.Contains(e.Message, "has CAP_NET_ADMIN") && strings.Contains(e.Message, "allowNetAdmin") {
+				t.Logf("pod %s: %s: %s", netAdmin.name, e.Reason, e.Message)
+				return true, nil
+			}
+			seen = append(seen, e.Reason+": "+e.Message)
+		}
+		return false, fmt.Errorf("events %q", seen)
+	})
+	if p, err := cs.CoreV1().Pods(testNS).Get(ctx, netAdmin.name, metav1.GetOptions{}); err != nil {
+		t.Error(err)
+	} else if p.Status.Phase == corev1.PodRunning {
+		t.Errorf("the pod with CAP_NET_ADMIN in the default class is running")
+	}
+	_ = cs.CoreV1().Pods(testNS).Delete(ctx, netAdmin.name, metav1.DeleteOptions{})
 
 	// "Still works": traffic flows both ways, never over the share (the
 	// first seconds after the change go to ARP and the classifier's

@@ -52,10 +52,14 @@ type AttachSpec struct {
 	// about 4 ms of the share's egress rate: HTB lets a
 	// super-packet out as one burst, which TCP reads as a faster path
 	// (netdev/gso.go).
-	GSOMaxSegs int      `json:"gsoMaxSegs,omitempty"`
-	MAC        string   `json:"mac"`
-	Addresses  []string `json:"addresses,omitempty"`
-	Routes     []Route  `json:"routes,omitempty"`
+	GSOMaxSegs int `json:"gsoMaxSegs,omitempty"`
+	// AllowNetAdmin lets a container with CAP_NET_ADMIN or CAP_SYS_ADMIN
+	// take the share (the class's allowNetAdmin); without it the hook
+	// refuses such a container, which then does not start.
+	AllowNetAdmin bool     `json:"allowNetAdmin,omitempty"`
+	MAC           string   `json:"mac"`
+	Addresses     []string `json:"addresses,omitempty"`
+	Routes        []Route  `json:"routes,omitempty"`
 	// PodShare, where set, is recorded by the hook once the pod's
 	// network namespace exists (RecordPodNetns).
 	PodShare *PodShareSpec `json:"podShare,omitempty"`

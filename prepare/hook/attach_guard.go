@@ -34,6 +34,16 @@ func RunAttach(specFile, root string, ociState io.Reader) error {
 	if err != nil {
 		return err
 	}
+	if !spec.AllowNetAdmin {
+		capName, err := BundleNetAdmin(root, state.Bundle)
+		if err != nil {
+			return err
+		}
+		if capName != "" {
+			return fmt.Errorf("container %s has %s, which lets it change or get around its NIC share %s (its MAC and addresses, links nested on it): "+
+				"its DeviceClass does not allow it (NetworkConfig allowNetAdmin: true, the admin's)", state.ID, capName, spec.PodName)
+		}
+	}
 	pid := state.Pid
 	done := make(chan error, 1)
 	go func() { done <- attachPID(root, pid, sandbox, spec) }()

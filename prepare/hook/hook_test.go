@@ -135,7 +135,7 @@ func TestAttachRefusesAPidOutsideTheSandbox(t *testing.T) {
 	root := t.TempDir()
 	bundle := "/bundle"
 	must(t, os.MkdirAll(filepath.Join(root, bundle), 0o755))
-	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"linux":{"namespaces":[{"type":"network","path":"`+sandbox+`"}]}}`), 0o644))
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"process":{"capabilities":{}},"linux":{"namespaces":[{"type":"network","path":"`+sandbox+`"}]}}`), 0o644))
 	spec := filepath.Join(t.TempDir(), "spec.json")
 	must(t, os.WriteFile(spec, []byte(`{"hostName":"cv0","parent":"eth0","podName":"net1"}`), 0o644))
 	// /proc is read under root "/" for the pid, and the bundle under root:

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -71,6 +73,43 @@ func BundleNetns(root, bundle string) (string, error) {
 	for _, ns := range spec.Linux.Namespaces {
 		if ns.Type == specs.NetworkNamespace {
 			return ns.Path, nil
+		}
+	}
+	return "", nil
+}
+
+// netAdminCaps are the capabilities that let a process reshape its pod's
+// network: its interfaces' MACs and addresses, links nested on them
+// (a macvlan on the share lands on the node's NIC), its qdiscs and BPF.
+var netAdminCaps = []string{"CAP_NET_ADMIN", "CAP_SYS_ADMIN"}
+
+// BundleNetAdmin is the first of netAdminCaps the container's bundle
+// (config.json's process.capabilities, any set: bounding, effective,
+// permitted, inheritable or ambient) gives its process, "" where none. A
+// bundle that cannot be read is an error: without it nothing says what
+// the container may do.
+func BundleNetAdmin(root, bundle string) (string, error) {
+	if bundle == "" || !filepath.IsAbs(bundle) {
+		return "", fmt.Errorf("the OCI state names no bundle (%q): cannot tell the container's capabilities", bundle)
+	}
+	b, err := os.ReadFile(filepath.Join(root, bundle, "config.json"))
+	if err != nil {
+		return "", fmt.Errorf("the container's bundle, for its capabilities: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return "", fmt.Errorf("the container's bundle %s: %w", bundle, err)
+	}
+	if spec.Process == nil || spec.Process.Capabilities == nil {
+		// runc drops no capability where the bundle lists none.
+		return "CAP_NET_ADMIN", nil
+	}
+	c := spec.Process.Capabilities
+	for _, set := range [][]string{c.Bounding, c.Effective, c.Permitted, c.Inheritable, c.Ambient} {
+		for _, capName := range set {
+			if slices.Contains(netAdminCaps, strings.ToUpper(capName)) {
+				return strings.ToUpper(capName), nil
+			}
 		}
 	}
 	return "", nil

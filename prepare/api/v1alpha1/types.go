@@ -60,6 +60,12 @@ type NetworkConfig struct {
 	// from another MAC is dropped, as SR-IOV's spoofchk does. Set in the
 	// DeviceClass only.
 	AllowMACChange bool `json:"allowMACChange,omitempty"`
+	// AllowNetAdmin lets a container with CAP_NET_ADMIN or CAP_SYS_ADMIN
+	// (a privileged one has both) use the share. Without it such a
+	// container does not start: it could change its interface's MAC and
+	// addresses, or nest a link on it that lands on the node's NIC. Set
+	// by the DeviceClass (the admin), never by a claim.
+	AllowNetAdmin bool `json:"allowNetAdmin,omitempty"`
 }
 
 // GPUConfig configures a GPU memory share (a claim with capacity
