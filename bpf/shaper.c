@@ -251,6 +251,10 @@ enum {
 	SPOOF_SRC_IP = 3,  // an IPv4 or IPv6 source outside the share's addresses
 	SPOOF_ARP = 4,     // an ARP sender (MAC or IPv4) not the share's
 	SPOOF_ND = 5,      // an IPv6 neighbour advertisement for an address not the share's
+	SPOOF_ETHERTYPE = 6, // an ethertype but IPv4, ARP and IPv6
+	SPOOF_LINK_LOCAL = 7, // towards an IEEE 802.1 link-local group (STP, PAUSE, LACP, LLDP)
+	SPOOF_ROUTER = 8,  // an IPv6 router advertisement or redirect
+	SPOOF_IPV6_HEADERS = 9, // IPv6 extension headers past what the check walks
 };
 
 struct drop_key {
@@ -492,117 +496,8 @@ static __always_inline void learn(const __u8 *src, __u32 parent, const __u8 *sha
 	}
 }
 
-// allowed reports whether the share named by mac may use addr (family 4 or
-// 6, 4 or 16 bytes) on parent.
-static __always_inline int allowed(__u32 parent, __u8 family, const __u8 *addr, const __u8 *mac)
-{
-	struct addr_key k = { .ifindex = parent, .family = family };
-	if (family == 4)
-		__builtin_memcpy(k.addr, addr, 4);
-	else
-		__builtin_memcpy(k.addr, addr, 16);
-	struct addr_owner *o = bpf_map_lookup_elem(&allowed_addrs, &k);
-	return o && mac_eq(o->mac, mac);
-}
-
-// ip6_own is an IPv6 address a share may use without it being one of its
-// addresses: the unspecified address (duplicate address detection) and
-// link-local ones (fe80::/10), which the pod's kernel makes itself.
-static __always_inline int ip6_own(const __u8 *a)
-{
-	if (a[0] == 0xfe && (a[1] & 0xc0) == 0x80)
-		return 1;
-	for (int i = 0; i < 16; i++)
-		if (a[i])
-			return 0;
-	return 1;
-}
-
-// spoof_reason checks a frame a pod sent through its share on parent, as
-// SR-IOV's spoofchk does and further: its source MAC is the share's (unless
-// the class allows changes), it carries no VLAN tag but the one the share's
-// own VLAN device adds, and, for a share with known addresses, its IPv4 or
-// IPv6 source, ARP sender and ND target are the share's. The share is named
-// by share; guard is its netns_val's vlan_flags. SPOOF_OK, or why it must be
-// dropped.
-static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, const __u8 *share, __u16 guard)
-{
-	__u8 eth[ETH_HLEN];
-	__u16 vlan = guard & NETNS_VLAN_MASK;
-	__u16 flags = guard >> NETNS_FLAGS_SHIFT;
-
-	if (bpf_skb_load_bytes(skb, 0, eth, ETH_HLEN) < 0)
-		return SPOOF_OK; // nothing a runt can claim
-	if (!mac_eq(eth + ETH_ALEN, share)) {
-		struct learned_key lk = {};
-		__builtin_memcpy(lk.mac, eth + ETH_ALEN, ETH_ALEN);
-		__u32 *local = bpf_map_lookup_elem(&local_macs, &lk);
-		if (local && *local == parent && by_addr(share)) {
-			// An ipvlan child sends with its parent's MAC.
-		} else if (flags & NETNS_ALLOW_MAC_CHANGE) {
-			learn(eth + ETH_ALEN, parent, share);
-		} else {
-			return SPOOF_SRC_MAC;
-		}
-	}
-	__u16 proto = *(__u16 *)(eth + 2 * ETH_ALEN);
-	__u32 off = ETH_HLEN;
-	if (skb->vlan_present) {
-		// The tag the share's VLAN device put in the skb's metadata.
-		if (!vlan || (skb->vlan_tci & 0x0fff) != vlan)
-			return SPOOF_VLAN;
-	} else if (vlan) {
-		// ... or in the frame, where the parent cannot offload it.
-		__u16 tci;
-		if (proto != bpf_htons(ETH_P_8021Q) || bpf_skb_load_bytes(skb, ETH_HLEN, &tci, 2) < 0 ||
-		    (bpf_ntohs(tci) & 0x0fff) != vlan || bpf_skb_load_bytes(skb, ETH_HLEN + 2, &proto, 2) < 0)
-			return SPOOF_VLAN;
-		off += 4;
-	}
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
-		return SPOOF_VLAN;
-	if (proto == bpf_htons(ETH_P_IP) && (flags & NETNS_CHECK_IPV4)) {
-		__u8 src[4];
-		if (bpf_skb_load_bytes(skb, off + 12, src, 4) < 0)
-			return SPOOF_SRC_IP;
-		if ((src[0] | src[1] | src[2] | src[3]) == 0) // DHCP's 0.0.0.0
-			return SPOOF_OK;
-		return allowed(parent, 4, src, share) ? SPOOF_OK : SPOOF_SRC_IP;
-	}
-	if (proto == bpf_htons(ETH_P_ARP) && (flags & NETNS_CHECK_IPV4)) {
-		// htype, ptype, hlen, plen, oper, sha[6], spa[4]
-		__u8 arp[18];
-		if (bpf_skb_load_bytes(skb, off, arp, sizeof(arp)) < 0)
-			return SPOOF_ARP;
-		if (arp[2] != 0x08 || arp[3] != 0x00 || arp[4] != ETH_ALEN || arp[5] != 4)
-			return SPOOF_ARP; // not Ethernet/IPv4: nothing a share sends
-		if (!mac_eq(arp + 8, eth + ETH_ALEN))
-			return SPOOF_ARP; // the sender MAC is the frame's own, checked above
-		if ((arp[14] | arp[15] | arp[16] | arp[17]) == 0) // an ARP probe
-			return SPOOF_OK;
-		return allowed(parent, 4, arp + 14, share) ? SPOOF_OK : SPOOF_ARP;
-	}
-	if (proto == bpf_htons(ETH_P_IPV6) && (flags & NETNS_CHECK_IPV6)) {
-		__u8 ip6[40];
-		if (bpf_skb_load_bytes(skb, off, ip6, sizeof(ip6)) < 0)
-			return SPOOF_SRC_IP;
-		if (!ip6_own(ip6 + 8) && !allowed(parent, 6, ip6 + 8, share))
-			return SPOOF_SRC_IP;
-		if (ip6[6] != 58) // ICMPv6 right after the header
-			return SPOOF_OK;
-		__u8 icmp[24]; // type, code, checksum, flags, target
-		if (bpf_skb_load_bytes(skb, off + 40, icmp, sizeof(icmp)) < 0)
-			return SPOOF_OK;
-		// A solicitation asks about another's address; an
-		// advertisement claims its target.
-		if (icmp[0] != 136)
-			return SPOOF_OK;
-		if (ip6_own(icmp + 8) || allowed(parent, 6, icmp + 8, share))
-			return SPOOF_OK;
-		return SPOOF_ND;
-	}
-	return SPOOF_OK;
-}
+// What a pod's frame may be: policy.h.
+#include "policy.h"
 
 // count_drop counts a dropped frame of the share named by mac.
 static __always_inline void count_drop(const __u8 *mac, __u8 reason)
@@ -780,6 +675,29 @@ SEC("tc")
 int share_dequeued(struct __sk_buff *skb)
 {
 	aqm_dequeue(skb);
+	return CARVE_TCX_NEXT;
+}
+
+// The share a pod_guard instance checks: set when the agent loads one for
+// each share (Shaper.PinPodGuard), zero in the classifier's own load.
+volatile const __u8 guard_share_mac[ETH_ALEN];
+volatile const __u32 guard_parent;
+volatile const __u16 guard_flags; // netns_val's vlan_flags, VLAN bits zero
+
+// On the egress of a share's own interface, in its pod (the runtime hook
+// attaches it, its link pinned on the host): every frame the pod sends,
+// with a socket or none (its kernel's ARP and ND), checked against the
+// policy (policy.h) before it reaches the parent.
+SEC("tc")
+int pod_guard(struct __sk_buff *skb)
+{
+	__u8 share[ETH_ALEN];
+	__builtin_memcpy(share, (const void *)guard_share_mac, ETH_ALEN);
+	int reason = spoof_reason(skb, guard_parent, share, guard_flags & ~NETNS_VLAN_MASK);
+	if (reason != SPOOF_OK) {
+		count_drop(share, reason);
+		return TC_ACT_SHOT;
+	}
 	return CARVE_TCX_NEXT;
 }
 

@@ -182,9 +182,13 @@ const (
 	shaperProgClassifyEgress  = "classify_egress"
 	shaperProgClassifyIngress = "classify_ingress"
 	shaperProgEdtEgress       = "edt_egress"
+	shaperProgPodGuard        = "pod_guard"
 	shaperProgRedirectIngress = "redirect_ingress"
 	shaperProgReturnShaped    = "return_shaped"
 	shaperProgShareDequeued   = "share_dequeued"
+	shaperVarGuardFlags       = "guard_flags"
+	shaperVarGuardParent      = "guard_parent"
+	shaperVarGuardShareMac    = "guard_share_mac"
 )
 
 // loadShaper returns the embedded CollectionSpec for shaper.
@@ -232,6 +236,7 @@ type shaperProgramSpecs struct {
 	ClassifyEgress  *ebpf.ProgramSpec `ebpf:"classify_egress"`
 	ClassifyIngress *ebpf.ProgramSpec `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.ProgramSpec `ebpf:"edt_egress"`
+	PodGuard        *ebpf.ProgramSpec `ebpf:"pod_guard"`
 	RedirectIngress *ebpf.ProgramSpec `ebpf:"redirect_ingress"`
 	ReturnShaped    *ebpf.ProgramSpec `ebpf:"return_shaped"`
 	ShareDequeued   *ebpf.ProgramSpec `ebpf:"share_dequeued"`
@@ -267,6 +272,9 @@ type shaperMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperVariableSpecs struct {
+	GuardFlags    *ebpf.VariableSpec `ebpf:"guard_flags"`
+	GuardParent   *ebpf.VariableSpec `ebpf:"guard_parent"`
+	GuardShareMac *ebpf.VariableSpec `ebpf:"guard_share_mac"`
 }
 
 // shaperObjects contains all objects after they have been loaded into the kernel.
@@ -340,6 +348,9 @@ func (m *shaperMaps) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperVariables struct {
+	GuardFlags    *ebpf.Variable `ebpf:"guard_flags"`
+	GuardParent   *ebpf.Variable `ebpf:"guard_parent"`
+	GuardShareMac *ebpf.Variable `ebpf:"guard_share_mac"`
 }
 
 // shaperPrograms contains all programs after they have been loaded into the kernel.
@@ -349,6 +360,7 @@ type shaperPrograms struct {
 	ClassifyEgress  *ebpf.Program `ebpf:"classify_egress"`
 	ClassifyIngress *ebpf.Program `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.Program `ebpf:"edt_egress"`
+	PodGuard        *ebpf.Program `ebpf:"pod_guard"`
 	RedirectIngress *ebpf.Program `ebpf:"redirect_ingress"`
 	ReturnShaped    *ebpf.Program `ebpf:"return_shaped"`
 	ShareDequeued   *ebpf.Program `ebpf:"share_dequeued"`
@@ -359,6 +371,7 @@ func (p *shaperPrograms) Close() error {
 		p.ClassifyEgress,
 		p.ClassifyIngress,
 		p.EdtEgress,
+		p.PodGuard,
 		p.RedirectIngress,
 		p.ReturnShaped,
 		p.ShareDequeued,

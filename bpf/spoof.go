@@ -20,10 +20,19 @@ const (
 	SpoofSrcIP  SpoofReason = 3
 	SpoofARP    SpoofReason = 4
 	SpoofND     SpoofReason = 5
+	// SpoofEthertype: an ethertype but IPv4, ARP and IPv6.
+	SpoofEthertype SpoofReason = 6
+	// SpoofLinkLocal: towards an IEEE 802.1 link-local group
+	// (01:80:c2:00:00:0x: STP, PAUSE, LACP, EAPOL, LLDP).
+	SpoofLinkLocal SpoofReason = 7
+	// SpoofRouter: an IPv6 router advertisement or redirect.
+	SpoofRouter SpoofReason = 8
+	// SpoofIPv6Headers: IPv6 extension headers past what the check walks.
+	SpoofIPv6Headers SpoofReason = 9
 )
 
 // SpoofReasons lists every reason, in order.
-var SpoofReasons = []SpoofReason{SpoofSrcMAC, SpoofVLAN, SpoofSrcIP, SpoofARP, SpoofND}
+var SpoofReasons = []SpoofReason{SpoofSrcMAC, SpoofVLAN, SpoofSrcIP, SpoofARP, SpoofND, SpoofEthertype, SpoofLinkLocal, SpoofRouter, SpoofIPv6Headers}
 
 func (r SpoofReason) String() string {
 	switch r {
@@ -37,6 +46,14 @@ func (r SpoofReason) String() string {
 		return "arp-sender"
 	case SpoofND:
 		return "nd-target"
+	case SpoofEthertype:
+		return "ethertype"
+	case SpoofLinkLocal:
+		return "link-local-destination"
+	case SpoofRouter:
+		return "router-message"
+	case SpoofIPv6Headers:
+		return "ipv6-headers"
 	}
 	return fmt.Sprintf("reason-%d", uint8(r))
 }

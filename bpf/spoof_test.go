@@ -33,6 +33,41 @@ func ndFrame(srcMAC net.HardwareAddr, typ byte, src, target string) []byte {
 	return append(f, icmp...)
 }
 
+// udpFrame is an IPv4 UDP datagram from src:sport to dst:dport.
+func udpFrame(dstMAC, srcMAC net.HardwareAddr, src, dst string, sport, dport uint16) []byte {
+	f := ipFrame(dstMAC, srcMAC, src, dst, false)
+	binary.BigEndian.PutUint16(f[14+2:], 28)
+	udp := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, sport), dport)
+	return append(f, binary.BigEndian.AppendUint32(udp, 8<<16)...)
+}
+
+// ndOpt appends a neighbour discovery link-layer address option (1:
+// source, 2: target) to an ICMPv6 frame.
+func ndOpt(f []byte, typ byte, mac net.HardwareAddr) []byte {
+	f = append(append(f, typ, 1), mac...)
+	binary.BigEndian.PutUint16(f[14+4:], binary.BigEndian.Uint16(f[14+4:])+8)
+	return f
+}
+
+// behindHopByHop puts an 8-byte hop-by-hop options header between an IPv6
+// frame's header and its upper header.
+func behindHopByHop(f []byte) []byte {
+	out := append([]byte{}, f[:14+40]...)
+	next := out[14+6]
+	out[14+6] = 0
+	binary.BigEndian.PutUint16(out[14+4:], binary.BigEndian.Uint16(f[14+4:])+8)
+	out = append(out, next, 0, 1, 4, 0, 0, 0, 0) // PadN
+	return append(out, f[14+40:]...)
+}
+
+// icmp6Frame is an ICMPv6 message of typ (code 0, 8 bytes, no options)
+// from src.
+func icmp6Frame(srcMAC net.HardwareAddr, typ byte, src string) []byte {
+	f := ndFrame(srcMAC, typ, src, "::")
+	binary.BigEndian.PutUint16(f[14+4:], 8)
+	return f[:14+40+8]
+}
+
 // TestSpoofedFramesAreDropped runs a pod's frames through classify_egress
 // with BPF_PROG_RUN (whose socket is in this netns, recorded as the pod's),
 // on the loopback device standing in for the parent: a frame that claims
@@ -58,6 +93,7 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	}
 	setOwnPodShare(t, s, PodShare{Parent: parent, MAC: share.String(), ClassID: class, CheckIPv4: true, CheckIPv6: true})
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	tagged := ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true)
 	for _, c := range []struct {
 		name   string
@@ -67,7 +103,10 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 		{"own IPv4", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", false), 0},
 		{"own IPv6", ipFrame(gw, share, "fd09::5", "fd09::1", false), 0},
 		{"IPv6 link-local", ipFrame(gw, share, "fe80::1", "fe80::2", false), 0},
-		{"DHCP from 0.0.0.0", ipFrame(gw, share, "0.0.0.0", "255.255.255.255", false), 0},
+		{"DHCP from 0.0.0.0", udpFrame(bcast, share, "0.0.0.0", "255.255.255.255", 68, 67), 0},
+		{"ND solicitation with its own link-layer address", ndOpt(ndFrame(share, 135, "fe80::1", "fd09::1"), 1, share), 0},
+		{"own ND advertisement behind a hop-by-hop header", behindHopByHop(ndFrame(share, 136, "fd09::5", "fd09::5")), 0},
+		{"router solicitation", icmp6Frame(share, 133, "fe80::1"), 0},
 		{"own ARP request", arpFrame(share, share, 1, "10.9.0.5", "10.9.0.1"), 0},
 		{"ARP probe", arpFrame(share, share, 1, "0.0.0.0", "10.9.0.5"), 0},
 		{"own ND advertisement", ndFrame(share, 136, "fd09::5", "fd09::5"), 0},
@@ -80,6 +119,14 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 		{"ARP reply claiming the gateway", arpFrame(share, share, 2, "10.9.0.1", "10.9.0.7"), SpoofARP},
 		{"ARP with a foreign sender MAC", arpFrame(share, gw, 2, "10.9.0.5", "10.9.0.7"), SpoofARP},
 		{"ND advertisement for the gateway", ndFrame(share, 136, "fe80::1", "fd09::1"), SpoofND},
+		{"UDP from 0.0.0.0 that is no DHCP request", udpFrame(bcast, share, "0.0.0.0", "255.255.255.255", 5353, 53), SpoofSrcIP},
+		{"ND advertisement for the gateway behind a hop-by-hop header", behindHopByHop(ndFrame(share, 136, "fe80::1", "fd09::1")), SpoofND},
+		{"ND solicitation naming a foreign link-layer address", ndOpt(ndFrame(share, 135, "fe80::1", "fd09::1"), 1, gw), SpoofND},
+		{"router advertisement", icmp6Frame(share, 134, "fe80::1"), SpoofRouter},
+		{"redirect", icmp6Frame(share, 137, "fe80::1"), SpoofRouter},
+		{"an unknown ethertype", append(append(append([]byte{}, bcast...), share...), append([]byte{0x88, 0xb5}, make([]byte, 46)...)...), SpoofEthertype},
+		{"LLDP", append(append(append([]byte{}, 0x01, 0x80, 0xc2, 0, 0, 0x0e), share...), append([]byte{0x88, 0xcc}, make([]byte, 46)...)...), SpoofLinkLocal},
+		{"PAUSE", append(append(append([]byte{}, 0x01, 0x80, 0xc2, 0, 0, 0x01), share...), append([]byte{0x88, 0x08}, make([]byte, 46)...)...), SpoofLinkLocal},
 	} {
 		ret, prio := runCtx(t, s.objs.ClassifyEgress, c.frame, skbCtx{Ifindex: parent})
 		switch {
@@ -93,7 +140,7 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := SpoofDrops{SpoofSrcMAC: 2, SpoofVLAN: 1, SpoofSrcIP: 2, SpoofARP: 2, SpoofND: 1}
+	want := SpoofDrops{SpoofSrcMAC: 2, SpoofVLAN: 1, SpoofSrcIP: 3, SpoofARP: 2, SpoofND: 3, SpoofEthertype: 1, SpoofLinkLocal: 2, SpoofRouter: 2}
 	if got := drops[share.String()]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("drops = %v, want %v", got, want)
 	}
