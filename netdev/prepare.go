@@ -171,6 +171,14 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
 		}
 		spec.PodShare.IngressAQM = u.IngressMinor != 0 && u.FlowClasses
+		// The same checks on the pod's own interface, for every frame
+		// it sends (bpf/podguard.go); the hook attaches it.
+		ps := spec.PodShare
+		guard := bpf.PodShare{Parent: ps.ParentIndex, MAC: mac.String(), AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6}
+		if err := p.opts.Shaper.PinPodGuard(u.Link, guard); err != nil {
+			return prepare.Prepared{}, err
+		}
+		spec.PodShare.Guard = true
 	}
 	u.Addresses = append(u.Addresses, cfg.Addresses...)
 	if len(cfg.Pools) > 0 {

@@ -2,6 +2,7 @@ package netdev_test
 
 import (
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -266,5 +267,71 @@ func TestKernelARPRepliesForAStolenAddressNeverLeave(t *testing.T) {
 	// pass.
 	if mac := resolved(a.ip); mac.String() != a.mac {
 		t.Errorf("the server holds %v for the pod's own address %s; want its share's MAC %s", mac, a.ip, a.mac)
+	}
+}
+
+// What a pod's kernel sends on its own, with no socket of the pod's, is
+// checked too: on the pod's interface (the pod guard), where no frame's
+// namespace need be known. A pod with CAP_NET_ADMIN (root in a test
+// namespace), in a class that allows no MAC change, changes its MAC and
+// takes an address of no share of its; the server's ARP request for that
+// address gets the pod's kernel's reply, which never reaches the server,
+// and the server never learns the pod's MAC for it. The reply is counted
+// as the share's dropped frame.
+func TestSocketlessFramesOfAChangedMACNeverLeave(t *testing.T) {
+	b := newBench(t)
+	a := b.add("kernel-arp", "20M", "20M", nil)
+	const stolen = "10.77.0.250"
+	pod, err := netlink.NewHandleAt(a.pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	net1, err := pod.LinkByName("net1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := net.HardwareAddr{0x02, 0xba, 0xd0, 0, 0, 3}
+	if err := pod.LinkSetHardwareAddr(net1, changed); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := netlink.ParseAddr(stolen + "/32")
+	if err := pod.AddrAdd(net1, addr); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := netlink.NewHandleAt(b.tp.Server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	peer, _ := srv.LinkByName("peer0")
+	srvMAC := peer.Attrs().HardwareAddr
+	// ARP requests from the server for the address, for 200 ms: the
+	// pod's kernel answers each from its changed MAC.
+	request := append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, srvMAC...), 0x08, 0x06, 0x00, 0x01, 0x08, 0x00, 6, 4, 0, 1)
+	request = append(append(request, srvMAC...), net.ParseIP(b.tp.ServerIP).To4()...)
+	request = append(append(request, 0, 0, 0, 0, 0, 0), net.ParseIP(stolen).To4()...)
+	request = append(request, make([]byte, 18)...)
+	quiet(t, b.tp.Server, "peer0")
+	before, _ := b.shaper.SpoofDrops()
+	rx0, _ := nettest.RxBytes(b.tp.Server, "peer0")
+	sent, err := nettest.RawSend(b.tp.Server, "peer0", request, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	rx1, _ := nettest.RxBytes(b.tp.Server, "peer0")
+	after, _ := b.shaper.SpoofDrops()
+	dropped := after[a.mac][bpf.SpoofSrcMAC] - before[a.mac][bpf.SpoofSrcMAC]
+	t.Logf("%d ARP requests for %s: the server received %d bytes back; the pod's kernel's replies dropped: %d", sent, stolen, rx1-rx0, dropped)
+	if rx1-rx0 > 1000 {
+		t.Errorf("the pod's kernel's ARP replies from its changed MAC reached the server: %d bytes", rx1-rx0)
+	}
+	out, _ := b.tp.Exec("srv", "ip", "neigh", "show", stolen).CombinedOutput()
+	if strings.Contains(string(out), changed.String()) {
+		t.Errorf("the server learned the pod's changed MAC for %s: %s", stolen, out)
+	}
+	if dropped < uint64(sent)/2 {
+		t.Errorf("%d replies of the pod's kernel counted as dropped for %d requests", dropped, sent)
 	}
 }

@@ -56,6 +56,10 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		errs = append(errs, p.opts.Shaper.SetRate(mac, 0))
 		// The hook's pod entries, found by the share's MAC alone.
 		errs = append(errs, p.opts.Shaper.DeletePodShares(mac))
+		if p.opts.PinDir != "" {
+			// The pod guard, by the share's name.
+			errs = append(errs, bpf.UnpinPodGuard(p.opts.PinDir, u.Link))
+		}
 		// Addresses of a share told apart by address (ipvlan); without
 		// a record any share may have some.
 		errs = append(errs, p.forgetAddresses(mac, u.AddressKeyed || len(raw) == 0))

@@ -144,6 +144,13 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 			return fmt.Errorf("rename %s to %s: %w", spec.HostName, spec.PodName, err)
 		}
 	}
+	if ps := spec.PodShare; ps != nil && ps.Guard {
+		// Before the interface is up: no frame leaves unchecked.
+		err := InNetns(podNS, func() error { return bpf.AttachPodGuard(ps.PinDir, spec.HostName, link.Attrs().Index) })
+		if err != nil {
+			return fmt.Errorf("the pod guard of %s: %w", spec.PodName, err)
+		}
+	}
 	if spec.MTU > 0 && link.Attrs().MTU != spec.MTU {
 		if err := pod.LinkSetMTU(link, spec.MTU); err != nil {
 			return fmt.Errorf("set MTU of %s: %w", spec.PodName, err)

@@ -31,6 +31,10 @@ type PodShareSpec struct {
 	// AQM runs on the interface's ingress, in the pod: the hook attaches
 	// the program the agent pinned (bpf.AttachDequeued).
 	IngressAQM bool `json:"ingressAQM,omitempty"`
+	// Guard says the agent pinned a pod guard for the share
+	// (bpf.PinPodGuard): the hook attaches it to the interface's egress
+	// in the pod and pins its link, and fails if it cannot.
+	Guard bool `json:"guard,omitempty"`
 }
 
 // RecordPodNetns records, in the classifier's pinned map, that frames sent

@@ -1,0 +1,156 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// A share's pod guard (pod_guard in shaper.c, the policy in policy.h) sits
+// on the egress of the share's own interface, in its pod, and checks every
+// frame the pod sends, its kernel's own ARP and ND included, which carry no
+// socket of the pod's and so escape the parent's check by namespace. The
+// program cannot tell from a frame which pod sent it (a socket-less frame's
+// namespace reads as the node's), so the agent loads one instance per
+// share with the share's MAC, parent and checks as constants, reading the
+// classifier's pinned maps, and pins it; the runtime hook attaches it once
+// the interface is in the pod, and pins the link on the host, so that no
+// process of the pod holds anything that could detach it. Unprepare removes
+// both pins; the link goes with the interface.
+
+// podGuardDir holds the pod guards' pins under the agent's pin directory.
+const podGuardDir = "pod_guard"
+
+// PodGuardProgramPath is where the agent pins the pod guard of the share
+// whose host-side name is name.
+func PodGuardProgramPath(pinDir, name string) string {
+	return filepath.Join(pinDir, podGuardDir, name+"_prog")
+}
+
+// PodGuardLinkPath is where the hook pins the pod guard's link.
+func PodGuardLinkPath(pinDir, name string) string {
+	return filepath.Join(pinDir, podGuardDir, name+"_link")
+}
+
+// PinPodGuard loads a pod guard for the share named g.MAC on parent
+// g.Parent, with g's checks (its VLAN is the host's to add: in the pod a
+// frame may carry none), and pins it for the hook, in place of one pinned
+// before under the same name.
+func (s *Shaper) PinPodGuard(name string, g PodShare) error {
+	mac, err := net.ParseMAC(g.MAC)
+	if err != nil || len(mac) != 6 {
+		return fmt.Errorf("pod guard of %s: MAC %q: %v", name, g.MAC, err)
+	}
+	g.VLAN = 0
+	vf, err := g.vlanFlags()
+	if err != nil {
+		return err
+	}
+	spec, err := loadShaper()
+	if err != nil {
+		return err
+	}
+	for n, m := range spec.Maps {
+		if !strings.HasPrefix(n, ".") {
+			m.Pinning = ebpf.PinByName // the classifier's own, pinned
+		}
+	}
+	var share [6]byte
+	copy(share[:], mac)
+	for n, v := range map[string]any{"guard_share_mac": share, "guard_parent": uint32(g.Parent), "guard_flags": vf} {
+		vs, ok := spec.Variables[n]
+		if !ok {
+			return fmt.Errorf("pod guard: no variable %s in the classifier", n)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("pod guard: set %s: %w", n, err)
+		}
+	}
+	var objs struct {
+		Guard *ebpf.Program `ebpf:"pod_guard"`
+	}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: s.pinDir}}); err != nil {
+		return fmt.Errorf("load the pod guard of %s: %w", name, err)
+	}
+	defer objs.Guard.Close()
+	path := PodGuardProgramPath(s.pinDir, name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + "_new"
+	if err := unix.Unlink(tmp); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("remove %s: %w", tmp, err)
+	}
+	if err := objs.Guard.Pin(tmp); err != nil {
+		return fmt.Errorf("pin %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("pin %s: %w", path, err)
+	}
+	return nil
+}
+
+// UnpinPodGuard removes the pins of the pod guard of the share named name:
+// its program and its link (the link ends with them, or with the
+// interface). Removing what is not there is no error.
+func UnpinPodGuard(pinDir, name string) error {
+	var errs []error
+	for _, p := range []string{PodGuardLinkPath(pinDir, name), PodGuardProgramPath(pinDir, name), PodGuardProgramPath(pinDir, name) + "_new"} {
+		if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ErrNoPodGuard is returned by AttachPodGuard where the agent pinned no
+// guard for the share (an older agent prepared it).
+var ErrNoPodGuard = errors.New("no pod guard pinned for the share")
+
+// AttachPodGuard attaches the pod guard pinned for the share named name to
+// the egress of ifindex, in the caller's current netns, as a TCX link it
+// pins beside the program. Where the link is pinned already and still on
+// ifindex (the hook runs once per container), it does nothing.
+func AttachPodGuard(pinDir, name string, ifindex int) error {
+	if ifindex <= 0 {
+		return fmt.Errorf("bad ifindex %d", ifindex)
+	}
+	linkPath := PodGuardLinkPath(pinDir, name)
+	if l, err := link.LoadPinnedLink(linkPath, nil); err == nil {
+		info, ierr := l.Info()
+		l.Close()
+		if ierr == nil {
+			if tcx := info.TCX(); tcx != nil && int(tcx.Ifindex) == ifindex {
+				return nil
+			}
+		}
+		// A link of an interface since gone (a restarted sandbox).
+		if err := unix.Unlink(linkPath); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove %s: %w", linkPath, err)
+		}
+	}
+	prog, err := ebpf.LoadPinnedProgram(PodGuardProgramPath(pinDir, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return ErrNoPodGuard
+	}
+	if err != nil {
+		return fmt.Errorf("open the pod guard of %s: %w", name, err)
+	}
+	defer prog.Close()
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress, Anchor: link.Head()})
+	if err != nil {
+		return fmt.Errorf("attach the pod guard of %s to ifindex %d: %w", name, ifindex, err)
+	}
+	defer l.Close()
+	if err := l.Pin(linkPath); err != nil {
+		return fmt.Errorf("pin %s: %w", linkPath, err)
+	}
+	return nil
+}

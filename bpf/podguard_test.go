@@ -1,0 +1,82 @@
+package bpf
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// A pod guard is the policy for one share, whose MAC, parent and checks it
+// carries as constants: run on its own (BPF_PROG_RUN, as on the pod's
+// interface), it passes the share's own frames, whatever socket sent them,
+// and drops and counts what the share may not send, under the share.
+// Unpinned, nothing of it is left.
+func TestPodGuard(t *testing.T) {
+	needRoot(t)
+	dir := testPinDir(t)
+	s := openShaper(t, dir)
+	defer s.Close()
+	const parent = 7 // the parent's ifindex on the node: not this namespace's
+	share := mac1
+	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), share); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PinPodGuard("cvtest", PodShare{Parent: parent, MAC: share.String(), VLAN: 100, CheckIPv4: true}); err != nil {
+		t.Fatal(err)
+	}
+	prog, err := ebpf.LoadPinnedProgram(PodGuardProgramPath(dir, "cvtest"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	for _, c := range []struct {
+		name   string
+		frame  []byte
+		reason SpoofReason
+	}{
+		{"own IPv4", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", false), 0},
+		{"own ARP request", arpFrame(share, share, 1, "10.9.0.5", "10.9.0.1"), 0},
+		{"IPv6 link-local (no IPv6 addresses: unchecked)", ipFrame(gw, share, "fe80::1", "fe80::2", false), 0},
+		{"DHCP", udpFrame(bcast, share, "0.0.0.0", "255.255.255.255", 68, 67), 0},
+		{"the share's own VLAN, in the pod", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true), SpoofVLAN},
+		{"another address", ipFrame(gw, share, "10.9.0.6", "10.9.0.1", false), SpoofSrcIP},
+		{"ARP for another address", arpFrame(share, share, 2, "10.9.0.1", "10.9.0.7"), SpoofARP},
+		{"another MAC", ipFrame(gw, mac2, "10.9.0.5", "10.9.0.1", false), SpoofSrcMAC},
+		{"router advertisement", icmp6Frame(share, 134, "fe80::1"), SpoofRouter},
+	} {
+		ret, _ := runCtx(t, prog, c.frame, skbCtx{Ifindex: 1})
+		switch {
+		case c.reason == 0 && ret != tcxNext:
+			t.Errorf("%s: verdict %d, want passed", c.name, ret)
+		case c.reason != 0 && ret != tcActShot:
+			t.Errorf("%s: verdict %d, want dropped (%v)", c.name, ret, c.reason)
+		}
+	}
+	drops, err := s.SpoofDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := SpoofDrops{SpoofSrcMAC: 1, SpoofVLAN: 1, SpoofSrcIP: 1, SpoofARP: 1, SpoofRouter: 1}
+	if got := drops[share.String()]; len(got) != len(want) {
+		t.Errorf("drops of the share: %v, want %v (all: %v)", got, want, drops)
+	} else {
+		for r, n := range want {
+			if got[r] != n {
+				t.Errorf("drops of the share: %v, want %v", got, want)
+			}
+		}
+	}
+	if err := UnpinPodGuard(dir, "cvtest"); err != nil {
+		t.Fatal(err)
+	}
+	if err := UnpinPodGuard(dir, "cvtest"); err != nil {
+		t.Errorf("unpinning again: %v", err)
+	}
+	if _, err := ebpf.LoadPinnedProgram(PodGuardProgramPath(dir, "cvtest"), nil); err == nil {
+		t.Error("the pod guard is still pinned")
+	}
+}
