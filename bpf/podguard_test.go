@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // A pod guard is the policy for one share, whose MAC, parent and checks it
@@ -78,5 +80,41 @@ func TestPodGuard(t *testing.T) {
 	}
 	if _, err := ebpf.LoadPinnedProgram(PodGuardProgramPath(dir, "cvtest"), nil); err == nil {
 		t.Error("the pod guard is still pinned")
+	}
+}
+
+// BenchmarkPodGuard measures pod_guard on the share's own IPv4 frame with
+// BPF_PROG_RUN: what every frame a pod sends pays on its interface, on
+// top of what the classifier costs it on the parent (BenchmarkClassify's
+// pod rows).
+func BenchmarkPodGuard(b *testing.B) {
+	for _, checked := range []bool{false, true} {
+		b.Run(map[bool]string{false: "mac-only", true: "addresses"}[checked], func(b *testing.B) {
+			needRoot(b)
+			dir := testPinDir(b)
+			s := openShaper(b, dir)
+			defer s.Close()
+			const parent = 1
+			if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.PinPodGuard("cvbench", PodShare{Parent: parent, MAC: mac1.String(), CheckIPv4: checked, CheckIPv6: checked}); err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = UnpinPodGuard(dir, "cvbench") }()
+			prog, err := ebpf.LoadPinnedProgram(PodGuardProgramPath(dir, "cvbench"), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer prog.Close()
+			frame := make([]byte, 64)
+			copy(frame, ipFrame(mac2, mac1, "10.9.0.5", "10.9.0.1", false))
+			ret, per, err := prog.Benchmark(frame, b.N, b.ResetTimer)
+			nettest.SkipIfLacks(b, err, nettest.BPF("BPF_PROG_RUN"))
+			if int32(ret) != -1 {
+				b.Fatalf("returned %d, want TCX_NEXT (-1)", int32(ret))
+			}
+			b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+		})
 	}
 }
