@@ -42,13 +42,15 @@ func TestPodGuard(t *testing.T) {
 	}{
 		{"own IPv4", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", false), 0},
 		{"own ARP request", arpFrame(share, share, 1, "10.9.0.5", "10.9.0.1"), 0},
-		{"IPv6 link-local (no IPv6 addresses: unchecked)", ipFrame(gw, share, "fe80::1", "fe80::2", false), 0},
+		{"its own IPv6 link-local", ipFrame(gw, share, eui64LinkLocal(share).String(), "fe80::2", false), 0},
+		{"a global IPv6 (SLAAC; no IPv6 addresses given)", ipFrame(gw, share, "2001:db8::1", "2001:db8::2", false), 0},
+		{"another link-local", ipFrame(gw, share, "fe80::1", "fe80::2", false), SpoofSrcIP},
 		{"DHCP", udpFrame(bcast, share, "0.0.0.0", "255.255.255.255", 68, 67), 0},
 		{"the share's own VLAN, in the pod", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true), SpoofVLAN},
 		{"another address", ipFrame(gw, share, "10.9.0.6", "10.9.0.1", false), SpoofSrcIP},
 		{"ARP for another address", arpFrame(share, share, 2, "10.9.0.1", "10.9.0.7"), SpoofARP},
 		{"another MAC", ipFrame(gw, mac2, "10.9.0.5", "10.9.0.1", false), SpoofSrcMAC},
-		{"router advertisement", icmp6Frame(share, 134, "fe80::1"), SpoofRouter},
+		{"router advertisement", icmp6Frame(share, 134, eui64LinkLocal(share).String()), SpoofRouter},
 	} {
 		ret, _ := runCtx(t, prog, c.frame, skbCtx{Ifindex: 1})
 		switch {
@@ -62,7 +64,7 @@ func TestPodGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := SpoofDrops{SpoofSrcMAC: 1, SpoofVLAN: 1, SpoofSrcIP: 1, SpoofARP: 1, SpoofRouter: 1}
+	want := SpoofDrops{SpoofSrcMAC: 1, SpoofVLAN: 1, SpoofSrcIP: 2, SpoofARP: 1, SpoofRouter: 1}
 	if got := drops[share.String()]; len(got) != len(want) {
 		t.Errorf("drops of the share: %v, want %v (all: %v)", got, want, drops)
 	} else {

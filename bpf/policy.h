@@ -17,10 +17,12 @@
 //   - IPv6 whose extension headers end within a few, with no router
 //     advertisement or redirect, and no fragmented or malformed neighbour
 //     discovery, whose link-layer address options are the frame's own MAC;
+//   - IPv6 from, and neighbour advertisements for, no link-local address
+//     but the one the frame's MAC makes (EUI-64);
 //   - for a share given addresses of a family: IPv4 from them (0.0.0.0 only
 //     for a DHCP client's request), ARP sent by the frame's own MAC for
-//     them (0.0.0.0: a probe), IPv6 from them or a link-local or the
-//     unspecified address, and a neighbour advertisement only for them.
+//     them (0.0.0.0: a probe), IPv6 from them, its own link-local or the
+//     unspecified address, and neighbour advertisements only for those.
 
 // allowed reports whether the share named by mac may use addr (family 4 or
 // 6, 4 or 16 bytes) on parent.
@@ -35,17 +37,39 @@ static __always_inline int allowed(__u32 parent, __u8 family, const __u8 *addr, 
 	return o && mac_eq(o->mac, mac);
 }
 
-// ip6_own is an IPv6 address a share may use without it being one of its
-// addresses: the unspecified address (duplicate address detection) and
-// link-local ones (fe80::/10), which the pod's kernel makes itself.
-static __always_inline int ip6_own(const __u8 *a)
+// ip6_link_local reports an address in fe80::/10.
+static __always_inline int ip6_link_local(const __u8 *a)
 {
-	if (a[0] == 0xfe && (a[1] & 0xc0) == 0x80)
-		return 1;
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80;
+}
+
+// ip6_own is an IPv6 address a frame from src may carry as its own without
+// it being one of the share's: the unspecified address (duplicate address
+// detection) and the link-local address the pod's kernel makes from src
+// (fe80::/64 and src's EUI-64; the hook sets the interface's address
+// generation to it). Another link-local address, a router's above all,
+// is never a share's to claim.
+static __always_inline int ip6_own(const __u8 *a, const __u8 *src)
+{
+	if (ip6_link_local(a))
+		return a[1] == 0x80 && !(a[2] | a[3] | a[4] | a[5] | a[6] | a[7]) && a[8] == (src[0] ^ 0x02) && a[9] == src[1] &&
+		       a[10] == src[2] && a[11] == 0xff && a[12] == 0xfe && a[13] == src[3] && a[14] == src[4] && a[15] == src[5];
 	for (int i = 0; i < 16; i++)
 		if (a[i])
 			return 0;
 	return 1;
+}
+
+// ip6_may_use is whether a frame from src of the share may carry a: its
+// own (ip6_own) always; where check (the share was given IPv6 addresses)
+// one of them; else any but another's link-local (SLAAC's are the pod's).
+static __always_inline int ip6_may_use(const __u8 *a, const __u8 *src, int check, __u32 parent, const __u8 *share)
+{
+	if (ip6_own(a, src))
+		return 1;
+	if (check)
+		return allowed(parent, 6, a, share);
+	return !ip6_link_local(a);
 }
 
 #define IPV6_EXT_MAX 4 // extension headers walked before giving up
@@ -71,7 +95,7 @@ static __always_inline int icmp6_reason(struct __sk_buff *skb, __u32 off, __u32 
 			return SPOOF_ND;
 		// A solicitation asks about another's address; an
 		// advertisement claims its target.
-		if (check && icmp[0] == 136 && !ip6_own(icmp + 8) && !allowed(parent, 6, icmp + 8, share))
+		if (icmp[0] == 136 && !ip6_may_use(icmp + 8, src, check, parent, share))
 			return SPOOF_ND;
 		opts = off + 24;
 	}
@@ -102,7 +126,7 @@ static __always_inline int ip6_reason(struct __sk_buff *skb, __u32 off, __u32 pa
 	__u8 ip6[40];
 	if (bpf_skb_load_bytes(skb, off, ip6, sizeof(ip6)) < 0)
 		return SPOOF_SRC_IP;
-	if (check && !ip6_own(ip6 + 8) && !allowed(parent, 6, ip6 + 8, share))
+	if (!ip6_may_use(ip6 + 8, src, check, parent, share))
 		return SPOOF_SRC_IP;
 	__u8 next = ip6[6];
 	__u32 at = off + 40;

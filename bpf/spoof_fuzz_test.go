@@ -12,22 +12,46 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// spoofModel is what classify_egress decides about a frame a pod sends
-// through its share, written again in Go from the rules (SR-IOV spoofchk,
-// extended to IP) rather than from the C: the differential fuzzer holds
-// the two to the same verdicts. vlan_present is never set by BPF_PROG_RUN,
-// so an accelerated tag is not modelled.
+// spoofModel is what classify_egress and pod_guard decide about a frame a
+// pod sends through its share, written again in Go from the policy's
+// allow-list (bpf/policy.h's header comment, issue 38) rather than from
+// the C: the differential fuzzer holds the two to the same verdicts.
+// vlan_present is never set by BPF_PROG_RUN, so an accelerated tag is not
+// modelled. unchecked is a frame of no share's (it passes as it is).
 type spoofModel struct {
-	share   net.HardwareAddr
-	pod     PodShare
-	allowed map[netip.Addr]bool
+	share     net.HardwareAddr
+	pod       PodShare
+	allowed   map[netip.Addr]bool
+	unchecked bool
+}
+
+// What the policy lets a pod send, as tables.
+var (
+	// modelEthertypes: IPv4, ARP, IPv6.
+	modelEthertypes = map[uint16]bool{0x0800: true, 0x0806: true, 0x86dd: true}
+	// modelIPv6Extensions: hop-by-hop, routing, fragment, destination
+	// options; the policy walks modelIPv6ExtensionsMax of them.
+	modelIPv6Extensions    = map[byte]bool{0: true, 43: true, 44: true, 60: true}
+	modelIPv6ExtensionsMax = 4
+	// modelNDTypes: router solicitation and advertisement, neighbour
+	// solicitation and advertisement (redirect is refused with RA).
+	modelRouterTypes = map[byte]bool{134: true, 137: true}
+)
+
+// eui64LinkLocal is the link-local address the kernel makes from mac.
+func eui64LinkLocal(mac []byte) netip.Addr {
+	return netip.AddrFrom16([16]byte{0xfe, 0x80, 8: mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]})
 }
 
 func (m spoofModel) reason(f []byte) SpoofReason {
-	if len(f) < 14 {
+	if m.unchecked || len(f) < 14 {
 		return 0
 	}
-	if src := net.HardwareAddr(f[6:12]); !bytes.Equal(src, m.share) && !m.pod.AllowMACChange {
+	dst, src := f[0:6], f[6:12]
+	if bytes.Equal(dst[:5], []byte{0x01, 0x80, 0xc2, 0, 0}) && dst[5] < 0x10 {
+		return SpoofLinkLocal
+	}
+	if !bytes.Equal(src, m.share) && !m.pod.AllowMACChange {
 		return SpoofSrcMAC
 	}
 	proto, off := binary.BigEndian.Uint16(f[12:14]), 14
@@ -40,14 +64,27 @@ func (m spoofModel) reason(f []byte) SpoofReason {
 	if proto == 0x8100 || proto == 0x88a8 {
 		return SpoofVLAN
 	}
-	ok4 := func(b []byte) bool { a := netip.AddrFrom4([4]byte(b)); return a.IsUnspecified() || m.allowed[a] }
-	own6 := func(b []byte) bool {
-		a := netip.AddrFrom16([16]byte(b))
-		return a.IsUnspecified() || a.IsLinkLocalUnicast() || (b[0] == 0xfe && b[1]&0xc0 == 0x80) || m.allowed[a]
+	if !modelEthertypes[proto] {
+		return SpoofEthertype
 	}
 	switch {
 	case proto == 0x0800 && m.pod.CheckIPv4:
-		if len(f) < off+16 || !ok4(f[off+12:off+16]) {
+		if len(f) < off+16 {
+			return SpoofSrcIP
+		}
+		a := netip.AddrFrom4([4]byte(f[off+12 : off+16]))
+		if a.IsUnspecified() {
+			// A DHCP client's request only: UDP from 68 to 67.
+			if len(f) < off+20 || f[off+9] != 17 {
+				return SpoofSrcIP
+			}
+			l4 := off + int(f[off]&0x0f)*4
+			if len(f) < l4+4 || binary.BigEndian.Uint16(f[l4:]) != 68 || binary.BigEndian.Uint16(f[l4+2:]) != 67 {
+				return SpoofSrcIP
+			}
+			return 0
+		}
+		if !m.allowed[a] {
 			return SpoofSrcIP
 		}
 	case proto == 0x0806 && m.pod.CheckIPv4:
@@ -55,19 +92,90 @@ func (m spoofModel) reason(f []byte) SpoofReason {
 			return SpoofARP
 		}
 		a := f[off : off+18]
-		if a[2] != 0x08 || a[3] != 0 || a[4] != 6 || a[5] != 4 || !bytes.Equal(a[8:14], f[6:12]) || !ok4(a[14:18]) {
+		spa := netip.AddrFrom4([4]byte(a[14:18]))
+		if a[2] != 0x08 || a[3] != 0 || a[4] != 6 || a[5] != 4 || !bytes.Equal(a[8:14], src) || (!spa.IsUnspecified() && !m.allowed[spa]) {
 			return SpoofARP
 		}
-	case proto == 0x86dd && m.pod.CheckIPv6:
-		if len(f) < off+40 || !own6(f[off+8:off+24]) {
-			return SpoofSrcIP
+	case proto == 0x86dd:
+		return m.reason6(f, off, src)
+	}
+	return 0
+}
+
+// mayUse6 is whether a frame from src may carry a: the unspecified address
+// and src's own link-local always; where the share was given IPv6
+// addresses, one of them; else anything but another link-local.
+func (m spoofModel) mayUse6(a netip.Addr, src []byte) bool {
+	if a.IsUnspecified() || a == eui64LinkLocal(src) {
+		return true
+	}
+	if m.pod.CheckIPv6 {
+		return m.allowed[a]
+	}
+	return !(a.As16()[0] == 0xfe && a.As16()[1]&0xc0 == 0x80)
+}
+
+func (m spoofModel) reason6(f []byte, off int, src []byte) SpoofReason {
+	if len(f) < off+40 {
+		return SpoofSrcIP
+	}
+	if !m.mayUse6(netip.AddrFrom16([16]byte(f[off+8:off+24])), src) {
+		return SpoofSrcIP
+	}
+	end := off + 40 + int(binary.BigEndian.Uint16(f[off+4:]))
+	next, at, fragmented := f[off+6], off+40, false
+	for i := 0; i < modelIPv6ExtensionsMax && modelIPv6Extensions[next]; i++ {
+		if len(f) < at+2 {
+			return SpoofIPv6Headers
 		}
-		if f[off+6] != 58 || len(f) < off+40+24 || f[off+40] != 136 {
-			return 0
+		hdrNext, hdrLen := f[at], f[at+1]
+		if next == 44 {
+			fragmented, at = true, at+8
+		} else {
+			at += (int(hdrLen) + 1) * 8
 		}
-		if !own6(f[off+48 : off+64]) {
+		next = hdrNext
+	}
+	if modelIPv6Extensions[next] {
+		return SpoofIPv6Headers
+	}
+	if next != 58 {
+		return 0
+	}
+	if fragmented || len(f) < at+4 {
+		return SpoofND
+	}
+	typ := f[at]
+	if modelRouterTypes[typ] {
+		return SpoofRouter
+	}
+	if typ < 133 || typ > 136 {
+		return 0
+	}
+	opts := at + 8
+	if typ == 135 || typ == 136 {
+		if len(f) < at+24 {
 			return SpoofND
 		}
+		if typ == 136 && !m.mayUse6(netip.AddrFrom16([16]byte(f[at+8:at+24])), src) {
+			return SpoofND
+		}
+		opts = at + 24
+	}
+	// Link-layer address options (source 1, target 2): the frame's own MAC.
+	for i := 0; i < 3; i++ {
+		if opts >= end {
+			return 0
+		}
+		if len(f) < opts+2 || f[opts+1] == 0 {
+			return SpoofND
+		}
+		if f[opts] == 1 || f[opts] == 2 {
+			if f[opts+1] != 1 || len(f) < opts+8 || !bytes.Equal(f[opts+2:opts+8], src) {
+				return SpoofND
+			}
+		}
+		opts += int(f[opts+1]) * 8
 	}
 	return 0
 }
@@ -105,6 +213,16 @@ func FuzzClassifyEgress(f *testing.F) {
 		arpFrame(share, share, 1, "0.0.0.0", "10.9.0.5"),
 		ndFrame(share, 136, "fe80::1", "fd09::1"),
 		ndFrame(share, 135, "fe80::1", "fd09::1"),
+		ndFrame(share, 136, eui64LinkLocal(share).String(), eui64LinkLocal(share).String()),
+		ndOpt(ndFrame(share, 135, eui64LinkLocal(share).String(), "fd09::1"), 1, share),
+		ndOpt(ndFrame(share, 135, eui64LinkLocal(share).String(), "fd09::1"), 1, gw),
+		behindHopByHop(ndFrame(share, 136, "fd09::5", "fe80::1")),
+		icmp6Frame(share, 134, eui64LinkLocal(share).String()),
+		icmp6Frame(share, 133, eui64LinkLocal(share).String()),
+		udpFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, share, "0.0.0.0", "255.255.255.255", 68, 67),
+		udpFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, share, "0.0.0.0", "255.255.255.255", 5353, 53),
+		append(append([]byte{0x01, 0x80, 0xc2, 0, 0, 0x0e}, share...), append([]byte{0x88, 0xcc}, make([]byte, 46)...)...),
+		append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, share...), append([]byte{0x88, 0xb5}, make([]byte, 46)...)...),
 	} {
 		for _, flags := range []uint16{0, 1 << 12, 2 << 12, 4 << 12, 6 << 12, 7<<12 | 100} {
 			f.Add(seed, flags)
@@ -159,7 +277,7 @@ func FuzzClassifyEgress(f *testing.F) {
 				mine = mine || (l.MAC == src.String() && l.Share == share.String())
 			}
 			if !mine {
-				model.pod.AllowMACChange, model.pod.VLAN, model.pod.CheckIPv4, model.pod.CheckIPv6 = true, 0, false, false
+				model.unchecked = true
 				wantClass = 0
 			}
 		}

@@ -94,6 +94,7 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	setOwnPodShare(t, s, PodShare{Parent: parent, MAC: share.String(), ClassID: class, CheckIPv4: true, CheckIPv6: true})
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
 	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	ll := eui64LinkLocal(share).String() // the share's own link-local address
 	tagged := ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true)
 	for _, c := range []struct {
 		name   string
@@ -102,15 +103,17 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	}{
 		{"own IPv4", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", false), 0},
 		{"own IPv6", ipFrame(gw, share, "fd09::5", "fd09::1", false), 0},
-		{"IPv6 link-local", ipFrame(gw, share, "fe80::1", "fe80::2", false), 0},
+		{"its own IPv6 link-local", ipFrame(gw, share, ll, "fe80::2", false), 0},
+		{"another IPv6 link-local", ipFrame(gw, share, "fe80::1", "fe80::2", false), SpoofSrcIP},
 		{"DHCP from 0.0.0.0", udpFrame(bcast, share, "0.0.0.0", "255.255.255.255", 68, 67), 0},
-		{"ND solicitation with its own link-layer address", ndOpt(ndFrame(share, 135, "fe80::1", "fd09::1"), 1, share), 0},
+		{"ND solicitation with its own link-layer address", ndOpt(ndFrame(share, 135, ll, "fd09::1"), 1, share), 0},
 		{"own ND advertisement behind a hop-by-hop header", behindHopByHop(ndFrame(share, 136, "fd09::5", "fd09::5")), 0},
-		{"router solicitation", icmp6Frame(share, 133, "fe80::1"), 0},
+		{"router solicitation", icmp6Frame(share, 133, ll), 0},
 		{"own ARP request", arpFrame(share, share, 1, "10.9.0.5", "10.9.0.1"), 0},
 		{"ARP probe", arpFrame(share, share, 1, "0.0.0.0", "10.9.0.5"), 0},
 		{"own ND advertisement", ndFrame(share, 136, "fd09::5", "fd09::5"), 0},
-		{"ND solicitation from link-local", ndFrame(share, 135, "fe80::1", "fd09::1"), 0},
+		{"ND solicitation from its link-local", ndFrame(share, 135, ll, "fd09::1"), 0},
+		{"ND advertisement for its link-local", ndFrame(share, 136, ll, ll), 0},
 		{"forged source MAC", ipFrame(gw, net.HardwareAddr{0x02, 0xba, 0xd0, 0, 0, 1}, "10.9.0.5", "10.9.0.1", false), SpoofSrcMAC},
 		{"a neighbour's MAC", ipFrame(gw, neighbour, "10.9.0.5", "10.9.0.1", false), SpoofSrcMAC},
 		{"in-band 802.1Q tag", tagged, SpoofVLAN},
@@ -118,12 +121,13 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 		{"forged IPv6 source", ipFrame(gw, share, "fd09::6", "fd09::1", false), SpoofSrcIP},
 		{"ARP reply claiming the gateway", arpFrame(share, share, 2, "10.9.0.1", "10.9.0.7"), SpoofARP},
 		{"ARP with a foreign sender MAC", arpFrame(share, gw, 2, "10.9.0.5", "10.9.0.7"), SpoofARP},
-		{"ND advertisement for the gateway", ndFrame(share, 136, "fe80::1", "fd09::1"), SpoofND},
+		{"ND advertisement for the gateway", ndFrame(share, 136, ll, "fd09::1"), SpoofND},
+		{"ND advertisement for the gateway's link-local", ndFrame(share, 136, ll, "fe80::1"), SpoofND},
 		{"UDP from 0.0.0.0 that is no DHCP request", udpFrame(bcast, share, "0.0.0.0", "255.255.255.255", 5353, 53), SpoofSrcIP},
-		{"ND advertisement for the gateway behind a hop-by-hop header", behindHopByHop(ndFrame(share, 136, "fe80::1", "fd09::1")), SpoofND},
-		{"ND solicitation naming a foreign link-layer address", ndOpt(ndFrame(share, 135, "fe80::1", "fd09::1"), 1, gw), SpoofND},
-		{"router advertisement", icmp6Frame(share, 134, "fe80::1"), SpoofRouter},
-		{"redirect", icmp6Frame(share, 137, "fe80::1"), SpoofRouter},
+		{"ND advertisement for the gateway behind a hop-by-hop header", behindHopByHop(ndFrame(share, 136, ll, "fd09::1")), SpoofND},
+		{"ND solicitation naming a foreign link-layer address", ndOpt(ndFrame(share, 135, ll, "fd09::1"), 1, gw), SpoofND},
+		{"router advertisement", icmp6Frame(share, 134, ll), SpoofRouter},
+		{"redirect", icmp6Frame(share, 137, ll), SpoofRouter},
 		{"an unknown ethertype", append(append(append([]byte{}, bcast...), share...), append([]byte{0x88, 0xb5}, make([]byte, 46)...)...), SpoofEthertype},
 		{"LLDP", append(append(append([]byte{}, 0x01, 0x80, 0xc2, 0, 0, 0x0e), share...), append([]byte{0x88, 0xcc}, make([]byte, 46)...)...), SpoofLinkLocal},
 		{"PAUSE", append(append(append([]byte{}, 0x01, 0x80, 0xc2, 0, 0, 0x01), share...), append([]byte{0x88, 0x08}, make([]byte, 46)...)...), SpoofLinkLocal},
@@ -140,7 +144,7 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := SpoofDrops{SpoofSrcMAC: 2, SpoofVLAN: 1, SpoofSrcIP: 3, SpoofARP: 2, SpoofND: 3, SpoofEthertype: 1, SpoofLinkLocal: 2, SpoofRouter: 2}
+	want := SpoofDrops{SpoofSrcMAC: 2, SpoofVLAN: 1, SpoofSrcIP: 4, SpoofARP: 2, SpoofND: 4, SpoofEthertype: 1, SpoofLinkLocal: 2, SpoofRouter: 2}
 	if got := drops[share.String()]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("drops = %v, want %v", got, want)
 	}

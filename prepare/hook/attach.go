@@ -151,6 +151,12 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 			return fmt.Errorf("the pod guard of %s: %w", spec.PodName, err)
 		}
 	}
+	// The link-local address from the MAC (EUI-64): the only one the
+	// policy lets the share claim (bpf/policy.h). An interface still down
+	// makes its link-local address when it comes up.
+	if err := pod.LinkSetIP6AddrGenMode(link, 0); err != nil && !errors.Is(err, unix.EAFNOSUPPORT) && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("set the IPv6 address generation of %s: %w", spec.PodName, err)
+	}
 	if spec.MTU > 0 && link.Attrs().MTU != spec.MTU {
 		if err := pod.LinkSetMTU(link, spec.MTU); err != nil {
 			return fmt.Errorf("set MTU of %s: %w", spec.PodName, err)
