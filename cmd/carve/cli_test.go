@@ -225,14 +225,22 @@ func TestExitStatus(t *testing.T) {
 }
 
 // TestHookNetnsAttach runs the hook as containerd does: the spec by flag, the
-// OCI state on stdin. The pid is not a process here, so the hook stops at
-// opening its network namespace, having read both.
+// OCI state on stdin, the bundle under the root. The pid is not a process
+// here, so the hook stops at opening its network namespace, having read all
+// three.
 func TestHookNetnsAttach(t *testing.T) {
 	spec := filepath.Join(t.TempDir(), "share.json")
 	if err := os.WriteFile(spec, []byte(`{"hostName":"cv0","parent":"eth0","podName":"net1"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, stderr, code := runCarve(t, `{"ociVersion":"1.2.0","id":"c","pid":999999999}`, "hook", "netns-attach", "--spec", spec, "--root", t.TempDir())
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "b", "config.json"), []byte(`{"ociVersion":"1.2.0","process":{"capabilities":{"bounding":["CAP_CHOWN"]}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := runCarve(t, `{"ociVersion":"1.2.0","id":"c","pid":999999999,"bundle":"/b"}`, "hook", "netns-attach", "--spec", spec, "--root", root)
 	if code != 1 || !strings.Contains(stderr, "network namespace of pid 999999999") {
 		t.Errorf("exit %d, stderr %q; want the pod's namespace looked up for pid 999999999", code, stderr)
 	}
