@@ -9,8 +9,9 @@
 //
 //   - towards any destination but an IEEE 802.1 link-local group
 //     (01:80:c2:00:00:00/44: STP, PAUSE, LACP, EAPOL, LLDP);
-//   - from the share's MAC (an allowMACChange class: others, learned for
-//     its ingress, a few per share; the parent's own for an ipvlan child);
+//   - from the share's MAC (an allowMACChange class: up to LEARN_CAP others,
+//     learned for its ingress, never another share's or the node's own;
+//     the parent's own for an ipvlan child);
 //   - with no VLAN tag but the share's own VLAN's, which its VLAN device on
 //     the host adds (in the pod: none at all);
 //   - IPv4, ARP and IPv6 only;
@@ -189,9 +190,7 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, con
 		__u32 *local = bpf_map_lookup_elem(&local_macs, &lk);
 		if (local && *local == parent && by_addr(share)) {
 			// An ipvlan child sends with its parent's MAC.
-		} else if (flags & NETNS_ALLOW_MAC_CHANGE) {
-			learn(eth + ETH_ALEN, parent, share);
-		} else {
+		} else if (!(flags & NETNS_ALLOW_MAC_CHANGE) || !learn(eth + ETH_ALEN, parent, share)) {
 			return SPOOF_SRC_MAC;
 		}
 	}

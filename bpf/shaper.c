@@ -457,31 +457,43 @@ static __always_inline int by_addr(const __u8 *mac)
 }
 
 // learn maps a source MAC of a pod whose class allows MAC changes to the
-// pod's share (named by share) on parent (see learned_on_parent).
-static __always_inline void learn(const __u8 *src, __u32 parent, const __u8 *share)
+// pod's share (named by share) on parent (see learned_on_parent), and
+// reports whether src is the share's now: learned for it before or just
+// now. Never a MAC that names a share (either direction) or is a node's
+// own, never one learned for another share, and at most LEARN_CAP per
+// share: a frame from any other is the pod's to lose.
+static __always_inline int learn(const __u8 *src, __u32 parent, const __u8 *share)
 {
-	if (mac_eq(src, share) || by_addr(share))
-		return;
+	if (mac_eq(src, share))
+		return 1;
+	if (by_addr(share))
+		return 0;
 	struct share_key k = { .dir = DIR_INGRESS };
 	__builtin_memcpy(k.mac, src, ETH_ALEN);
 	if (bpf_map_lookup_elem(&shares, &k))
-		return;
+		return 0;
+	k.dir = DIR_EGRESS;
+	if (bpf_map_lookup_elem(&shares, &k))
+		return 0;
 	struct learned_key lk = {};
 	__builtin_memcpy(lk.mac, src, ETH_ALEN);
 	if (bpf_map_lookup_elem(&local_macs, &lk))
-		return;
+		return 0;
 	struct learned_on_parent_key pk = { .ifindex = parent };
 	__builtin_memcpy(pk.mac, src, ETH_ALEN);
 	struct learned_key *known = bpf_map_lookup_elem(&learned_on_parent, &pk);
 	if (known)
-		return; // its own already, or another share's, which stays so
+		return mac_eq(known->mac, share); // its own, or another share's
 	struct learned_key owner = {};
 	__builtin_memcpy(owner.mac, share, ETH_ALEN);
 	__u32 *cnt = bpf_map_lookup_elem(&learned_count, &owner);
 	if (cnt && *cnt >= LEARN_CAP)
-		return;
-	if (bpf_map_update_elem(&learned_on_parent, &pk, &owner, BPF_NOEXIST) != 0)
-		return;
+		return 0;
+	if (bpf_map_update_elem(&learned_on_parent, &pk, &owner, BPF_NOEXIST) != 0) {
+		// Another CPU learned it first: for this share or another.
+		known = bpf_map_lookup_elem(&learned_on_parent, &pk);
+		return known && mac_eq(known->mac, share);
+	}
 	__u32 zero = 0, one = 1;
 	bpf_map_update_elem(&learned_used, &zero, &one, BPF_ANY);
 	if (cnt) {
@@ -494,6 +506,7 @@ static __always_inline void learn(const __u8 *src, __u32 parent, const __u8 *sha
 				__sync_fetch_and_add(cnt, 1);
 		}
 	}
+	return 1;
 }
 
 // What a pod's frame may be: policy.h.

@@ -23,6 +23,33 @@ type spoofModel struct {
 	pod       PodShare
 	allowed   map[netip.Addr]bool
 	unchecked bool
+	// learned maps each MAC learned on the parent to its share, before the
+	// frame; others are MACs that name shares or the node.
+	learned map[string]string
+	others  map[string]bool
+}
+
+// learnCap is LEARN_CAP: the MACs an allowMACChange share may send from
+// besides its own.
+const learnCap = 4
+
+// mayChangeTo is whether an allowMACChange share may send from src: one
+// learned for it, or a new one while it has fewer than learnCap, never
+// another share's or the node's, nor one learned for another share.
+func (m spoofModel) mayChangeTo(src net.HardwareAddr) bool {
+	if owner, ok := m.learned[src.String()]; ok {
+		return owner == m.share.String()
+	}
+	if m.others[src.String()] {
+		return false
+	}
+	n := 0
+	for _, owner := range m.learned {
+		if owner == m.share.String() {
+			n++
+		}
+	}
+	return n < learnCap
 }
 
 // What the policy lets a pod send, as tables.
@@ -51,7 +78,7 @@ func (m spoofModel) reason(f []byte) SpoofReason {
 	if bytes.Equal(dst[:5], []byte{0x01, 0x80, 0xc2, 0, 0}) && dst[5] < 0x10 {
 		return SpoofLinkLocal
 	}
-	if !bytes.Equal(src, m.share) && !m.pod.AllowMACChange {
+	if !bytes.Equal(src, m.share) && (!m.pod.AllowMACChange || !m.mayChangeTo(src)) {
 		return SpoofSrcMAC
 	}
 	proto, off := binary.BigEndian.Uint16(f[12:14]), 14
@@ -279,6 +306,21 @@ func FuzzClassifyEgress(f *testing.F) {
 			if !mine {
 				model.unchecked = true
 				wantClass = 0
+			}
+		}
+		model.learned, model.others = map[string]string{}, map[string]bool{}
+		learnedNow, err := s.Learned()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range learnedNow {
+			model.learned[l.MAC] = l.Share
+		}
+		var sk shaperShareKey
+		var sv shaperShareVal
+		for it := s.objs.Shares.Iterate(); it.Next(&sk, &sv); {
+			if m := net.HardwareAddr(sk.Mac[:]).String(); m != share.String() {
+				model.others[m] = true
 			}
 		}
 		want := model.reason(frame)

@@ -192,7 +192,11 @@ func TestMACChangeIsLearnedWithinItsCap(t *testing.T) {
 	defer s.Close()
 	const parent, class = 1, 0x10010
 	neighbour, local := mac2, net.HardwareAddr{0x02, 0x10, 0xca, 0, 0, 1}
+	egressOnly := net.HardwareAddr{0x02, 0xca, 0x7e, 0, 0, 9} // a share with no ingress class
 	if err := s.SetShare(Ingress, neighbour, 0x10020); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetShare(Egress, egressOnly, 0x10030); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.SetLocalMAC(parent, local); err != nil {
@@ -200,16 +204,30 @@ func TestMACChangeIsLearnedWithinItsCap(t *testing.T) {
 	}
 	setOwnPodShare(t, s, PodShare{Parent: parent, MAC: mac1.String(), ClassID: class, AllowMACChange: true})
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
-	for _, src := range []net.HardwareAddr{neighbour, local} {
-		if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, src, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext {
-			t.Errorf("frame from %s: verdict %d, want passed", src, ret)
+	// Another share's MAC, either direction, and the node's own: never
+	// the pod's to send from.
+	for _, src := range []net.HardwareAddr{neighbour, egressOnly, local} {
+		if ret, _ := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, src, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcActShot {
+			t.Errorf("frame from %s: verdict %d, want dropped", src, ret)
 		}
 	}
+	// Up to the cap, and again from a MAC learned: passed in the share's
+	// class; past the cap, dropped.
 	for i := range 6 {
 		src := net.HardwareAddr{0x02, 0x77, 0, 0, 0, byte(i + 1)}
-		if ret, prio := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, src, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext || prio != class {
-			t.Errorf("frame from a changed MAC %s: verdict %d, priority %#x", src, ret, prio)
+		ret, prio := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, src, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent})
+		if i < 4 && (ret != tcxNext || prio != class) {
+			t.Errorf("frame from changed MAC %d, %s: verdict %d, priority %#x; want passed in the share's class", i+1, src, ret, prio)
 		}
+		if i >= 4 && ret != tcActShot {
+			t.Errorf("frame from changed MAC %d, %s, past the cap: verdict %d; want dropped", i+1, src, ret)
+		}
+	}
+	if ret, prio := runCtx(t, s.objs.ClassifyEgress, ipFrame(gw, net.HardwareAddr{0x02, 0x77, 0, 0, 0, 2}, "192.0.2.9", "10.9.0.1", false), skbCtx{Ifindex: parent}); ret != tcxNext || prio != class {
+		t.Errorf("a learned MAC again: verdict %d, priority %#x", ret, prio)
+	}
+	if d, _ := s.SpoofDrops(); d[mac1.String()][SpoofSrcMAC] != 5 {
+		t.Errorf("drops %v: want 5 of source-mac (3 others', 2 past the cap)", d)
 	}
 	learned, err := s.Learned()
 	if err != nil {
@@ -219,7 +237,7 @@ func TestMACChangeIsLearnedWithinItsCap(t *testing.T) {
 		t.Errorf("learned %d MACs, want the cap of 4: %v", len(learned), learned)
 	}
 	for _, l := range learned {
-		if l.Parent != parent || l.Share != mac1.String() || l.MAC == neighbour.String() || l.MAC == local.String() {
+		if l.Parent != parent || l.Share != mac1.String() || l.MAC == neighbour.String() || l.MAC == local.String() || l.MAC == egressOnly.String() {
 			t.Errorf("learned %+v", l)
 		}
 	}
