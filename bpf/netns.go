@@ -118,7 +118,35 @@ func setPodShare(m *ebpf.Map, s PodShare) error {
 	if err := m.Lookup(&k, &old); err == nil && old.Mac != v.Mac {
 		return fmt.Errorf("%w (%s, not %s)", ErrNetnsTaken, net.HardwareAddr(old.Mac[:]), mac)
 	}
-	return m.Update(&k, &v, ebpf.UpdateExist)
+	if err := m.Update(&k, &v, ebpf.UpdateExist); err != nil {
+		return err
+	}
+	return dropOtherSandboxes(m, k, v.Mac)
+}
+
+// dropOtherSandboxes deletes the entries of the share named by mac on k's
+// parent in any other namespace than k's: a pod sandbox the runtime
+// re-created (its hook records the new one) leaves its old namespace's
+// entry behind, and the node-wide map would fill with them.
+func dropOtherSandboxes(m *ebpf.Map, k shaperNetnsKey, mac [6]byte) error {
+	var stale []shaperNetnsKey
+	var ik shaperNetnsKey
+	var iv shaperNetnsVal
+	it := m.Iterate()
+	for it.Next(&ik, &iv) {
+		if iv.Mac == mac && ik.Ifindex == k.Ifindex && ik.Cookie != k.Cookie {
+			stale = append(stale, ik)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list the pod entries: %w", err)
+	}
+	for _, sk := range stale {
+		if err := m.Delete(&sk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete the entry of a pod sandbox since re-created: %w", err)
+		}
+	}
+	return nil
 }
 
 // PodShares lists every recorded pod share.

@@ -120,3 +120,37 @@ func BenchmarkPodGuard(b *testing.B) {
 		})
 	}
 }
+
+// A pod's sandbox re-created takes the share's pod entry over: the old
+// namespace's entry goes when the new one is recorded, so re-creations
+// never fill the map; another share's entries and the share's entries on
+// no other parent are left alone.
+func TestARecreatedSandboxReplacesItsEntry(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const parent = 3
+	for cookie := uint64(100); cookie < 110; cookie++ {
+		if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: mac1.String(), ClassID: 0x10010}); err != nil {
+			t.Fatal(err)
+		}
+		// Every container of the sandbox runs the hook.
+		if err := s.SetPodShare(PodShare{NetnsCookie: cookie, Parent: parent, MAC: mac1.String(), ClassID: 0x10010}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetPodShare(PodShare{NetnsCookie: 500, Parent: parent, MAC: mac2.String(), ClassID: 0x10020}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.PodShares()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]uint64{}
+	for _, p := range all {
+		got[p.MAC] = append(got[p.MAC], p.NetnsCookie)
+	}
+	if len(got[mac1.String()]) != 1 || got[mac1.String()][0] != 109 || len(got[mac2.String()]) != 1 {
+		t.Errorf("pod entries after ten sandboxes of one share and one of another: %v; want the last sandbox's only", got)
+	}
+}

@@ -277,10 +277,17 @@ func TestKernelARPRepliesForAStolenAddressNeverLeave(t *testing.T) {
 // takes an address of no share of its; the server's ARP request for that
 // address gets the pod's kernel's reply, which never reaches the server,
 // and the server never learns the pod's MAC for it. The reply is counted
-// as the share's dropped frame.
+// as the share's dropped frame. The same for a share with no bandwidth
+// limit, which has no class on the parent at all.
 func TestSocketlessFramesOfAChangedMACNeverLeave(t *testing.T) {
+	for _, rate := range []string{"20M", ""} {
+		t.Run("rate="+rate, func(t *testing.T) { socketlessARPOfAChangedMAC(t, rate) })
+	}
+}
+
+func socketlessARPOfAChangedMAC(t *testing.T, rate string) {
 	b := newBench(t)
-	a := b.add("kernel-arp", "20M", "20M", nil)
+	a := b.add("kernel-arp", rate, rate, nil)
 	const stolen = "10.77.0.250"
 	pod, err := netlink.NewHandleAt(a.pod)
 	if err != nil {
