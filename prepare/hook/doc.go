@@ -2,10 +2,15 @@
 // when a container of a pod with a share starts (a createRuntime hook, with
 // the OCI state on stdin):
 //
-//   - netns-attach moves a NIC share's interface into the pod's network
-//     namespace, configures it (its GSO limit included), puts the share's
-//     ingress AQM program (pinned by the agent) on its ingress, and ties
-//     the pod's namespace to the share in the classifier's pinned map;
+//   - netns-attach first refuses a container whose bundle gives it
+//     CAP_NET_ADMIN or CAP_SYS_ADMIN, unless the share's class allows it
+//     (allowNetAdmin); then it moves a NIC share's interface into the pod's
+//     network namespace, puts the share's pod guard (pinned by the agent)
+//     on its egress before it comes up, pinning the link on the host,
+//     configures it (its GSO limit and EUI-64 link-local address
+//     included), puts the share's ingress AQM program on its ingress, and
+//     ties the pod's namespace to the share in the classifier's pinned
+//     map;
 //   - resctrl-attach puts the container's process in its LLC share's
 //     resctrl group;
 //   - dmem-limit holds the pod's cgroup to a GPU memory slice (dmem.max).
