@@ -139,7 +139,8 @@ func (m spoofModel) mayUse6(a netip.Addr, src []byte) bool {
 	if m.pod.CheckIPv6 {
 		return m.allowed[a]
 	}
-	return !(a.As16()[0] == 0xfe && a.As16()[1]&0xc0 == 0x80)
+	b := a.As16()
+	return b[0] != 0xfe || b[1]&0xc0 != 0x80 // not fe80::/10
 }
 
 func (m spoofModel) reason6(f []byte, off int, src []byte) SpoofReason {
