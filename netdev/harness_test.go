@@ -140,6 +140,13 @@ func (b *bench) add(name, egress, ingress string, cfg *v1alpha1.NetworkConfig) *
 	if cfg != nil {
 		a.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: cfg})
 	}
+	return b.addAlloc(name, a)
+}
+
+// addAlloc is add for an allocation of the caller's (a whole-device claim:
+// no ShareID).
+func (b *bench) addAlloc(name string, a prepare.Allocation) *share {
+	b.t.Helper()
 	prepared, err := b.p.Prepare(context.Background(), a, b.dev)
 	if err != nil {
 		b.t.Fatalf("prepare %s: %v", name, err)

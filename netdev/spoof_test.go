@@ -278,16 +278,29 @@ func TestKernelARPRepliesForAStolenAddressNeverLeave(t *testing.T) {
 // address gets the pod's kernel's reply, which never reaches the server,
 // and the server never learns the pod's MAC for it. The reply is counted
 // as the share's dropped frame. The same for a share with no bandwidth
-// limit, which has no class on the parent at all.
+// limit, which has no class on the parent at all, and for a whole-device
+// claim (no share id).
 func TestSocketlessFramesOfAChangedMACNeverLeave(t *testing.T) {
-	for _, rate := range []string{"20M", ""} {
-		t.Run("rate="+rate, func(t *testing.T) { socketlessARPOfAChangedMAC(t, rate) })
+	for _, c := range []struct {
+		name, rate  string
+		wholeDevice bool
+	}{{"share 20M", "20M", false}, {"share without a limit", "", false}, {"whole device", "", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBench(t)
+			var a *share
+			if c.wholeDevice {
+				alloc := b.alloc("kernel-arp", "", "")
+				alloc.ShareID = nil
+				a = b.addAlloc("kernel-arp", alloc)
+			} else {
+				a = b.add("kernel-arp", c.rate, c.rate, nil)
+			}
+			socketlessARPOfAChangedMAC(t, b, a)
+		})
 	}
 }
 
-func socketlessARPOfAChangedMAC(t *testing.T, rate string) {
-	b := newBench(t)
-	a := b.add("kernel-arp", rate, rate, nil)
+func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
 	const stolen = "10.77.0.250"
 	pod, err := netlink.NewHandleAt(a.pod)
 	if err != nil {
