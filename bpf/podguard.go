@@ -154,3 +154,37 @@ func AttachPodGuard(pinDir, name string, ifindex int) error {
 	}
 	return nil
 }
+
+// Pod guard states (PodGuardState).
+const (
+	PodGuardPending  = "pending"  // pinned; no container of the pod has started
+	PodGuardAttached = "attached" // its link holds it on the share's interface
+	PodGuardDetached = "detached" // its link's interface is gone
+)
+
+// PodGuardState says where the pod guard of the share named name is: ""
+// where none is pinned for it (an older agent made the share, or its pin
+// was removed), else one of the PodGuard* states.
+func PodGuardState(pinDir, name string) (string, error) {
+	if _, err := os.Stat(PodGuardProgramPath(pinDir, name)); errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	} else if err != nil {
+		return "", err
+	}
+	l, err := link.LoadPinnedLink(PodGuardLinkPath(pinDir, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return PodGuardPending, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("the pod guard link of %s: %w", name, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return "", fmt.Errorf("the pod guard link of %s: %w", name, err)
+	}
+	if tcx := info.TCX(); tcx == nil || tcx.Ifindex == 0 {
+		return PodGuardDetached, nil
+	}
+	return PodGuardAttached, nil
+}

@@ -178,7 +178,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		if err := p.opts.Shaper.PinPodGuard(u.Link, guard); err != nil {
 			return prepare.Prepared{}, err
 		}
-		spec.PodShare.Guard = true
+		spec.PodShare.Guard, u.PodGuard = true, true
 	}
 	u.Addresses = append(u.Addresses, cfg.Addresses...)
 	if len(cfg.Pools) > 0 {

@@ -136,6 +136,9 @@ type undoRecord struct {
 	// AddressKeyed is set where the classifier tells the share apart by
 	// its addresses (ipvlan), not by its MAC.
 	AddressKeyed bool `json:"addressKeyed,omitempty"`
+	// PodGuard is set where the agent pinned a pod guard for the share
+	// (bpf/podguard.go), which `carve shares` then expects.
+	PodGuard bool `json:"podGuard,omitempty"`
 }
 
 // Restore takes back, at the agent's start, the addresses and classes of

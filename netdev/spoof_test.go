@@ -301,6 +301,9 @@ func TestSocketlessFramesOfAChangedMACNeverLeave(t *testing.T) {
 }
 
 func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
+	if st, err := bpf.PodGuardState(b.pinDir, a.spec.HostName); err != nil || st != bpf.PodGuardAttached {
+		t.Errorf("the share's pod guard: %q, %v; want attached", st, err)
+	}
 	const stolen = "10.77.0.250"
 	pod, err := netlink.NewHandleAt(a.pod)
 	if err != nil {
@@ -353,5 +356,13 @@ func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
 	}
 	if dropped < uint64(sent)/2 {
 		t.Errorf("%d replies of the pod's kernel counted as dropped for %d requests", dropped, sent)
+	}
+	// The interface gone (its pod's namespace with it, say), the guard's
+	// link says so: `carve shares` reports the share not enforced.
+	if err := pod.LinkDel(net1); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := bpf.PodGuardState(b.pinDir, a.spec.HostName); err != nil || st != bpf.PodGuardDetached {
+		t.Errorf("the pod guard of a deleted interface: %q, %v; want detached", st, err)
 	}
 }

@@ -41,6 +41,9 @@ type node interface {
 	// legacyFilter reports whether the cls_bpf filter name is on the
 	// device's clsact hook (kernels without TCX).
 	legacyFilter(ifindex int, ingress bool, name string) bool
+	// podGuard is the state of the pod guard of the share whose link is
+	// name (bpf.PodGuardState).
+	podGuard(name string) (string, error)
 }
 
 // check fills a NIC share's row from its undo record and what the node holds:
@@ -55,10 +58,23 @@ func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
 		}
 		r.Spoofed[reason.String()] = n
 	}
+	problem := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
+	if u.PodGuard {
+		// Every share's, limited or not: what the pod may send.
+		state, err := n.podGuard(u.Link)
+		switch {
+		case err != nil:
+			problem("pod guard: %v", err)
+		case state == "":
+			problem("pod guard: not pinned")
+		case state == bpf.PodGuardDetached:
+			problem("pod guard: detached (the interface it checked is gone)")
+		}
+		r.PodGuard = state
+	}
 	if r.EgressBandwidth == 0 && r.IngressBandwidth == 0 {
 		return // nothing to hold
 	}
-	problem := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
 	if st.mapsErr != nil {
 		problem("classifier maps: %v", st.mapsErr)
 		return

@@ -21,7 +21,13 @@
 // classifier entry pointing at that class (or the EDT rate of a share an
 // older carve paced), the classifier's entry sending the parent's limited
 // shares through the shaper, and the programs attached (pinned TCX links in
-// the node's namespace, or cls_bpf filters); problems says what is missing.
+// the node's namespace, or cls_bpf filters); and, for every share the agent
+// gave one, its pod guard (podGuard: pending until a container of the pod
+// starts, then attached; detached, or not pinned at all, is a problem).
+// Problems says what is missing. The directories default to
+// CARVE_STATE_DIR and CARVE_BPF_PIN_DIR, which the chart sets in the
+// agent's container; a state directory without the agent's checkpoint is an
+// error.
 // -o json prints a list of those objects. A share that is not enforced (or
 // whose preparation did not complete) makes it exit 1, so it serves as a
 // node check. Parents are looked up in the network namespace of /proc/1 (run

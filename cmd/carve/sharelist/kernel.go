@@ -17,6 +17,7 @@ import (
 // kernelNode is node on the running kernel: the classifier's pins opened
 // read-only, and netlink in the node's network namespace.
 type kernelNode struct {
+	pinDir string
 	pinned *bpf.Pinned
 	pinErr error
 	h      *netlink.Handle
@@ -43,7 +44,7 @@ func openNode(root, pinDir string) (*kernelNode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink in the node's network namespace: %w", err)
 	}
-	n := &kernelNode{h: h, ino: st.Ino}
+	n := &kernelNode{h: h, ino: st.Ino, pinDir: pinDir}
 	n.pinned, n.pinErr = bpf.OpenPinned(pinDir)
 	if errors.Is(n.pinErr, os.ErrNotExist) {
 		n.pinErr = fmt.Errorf("nothing pinned under %s: not the agent's --bpf-pin-dir (the chart sets CARVE_BPF_PIN_DIR in the agent's container), or the agent never shaped a share here", pinDir)
@@ -59,6 +60,7 @@ func (n *kernelNode) close() {
 }
 
 func (n *kernelNode) mapsErr() error                           { return n.pinErr }
+func (n *kernelNode) podGuard(name string) (string, error)     { return bpf.PodGuardState(n.pinDir, name) }
 func (n *kernelNode) shares() (map[bpf.Key]uint32, error)      { return n.pinned.Shares() }
 func (n *kernelNode) stats() (map[bpf.Key]bpf.Counters, error) { return n.pinned.Stats() }
 func (n *kernelNode) rates() (map[string]uint64, error)        { return n.pinned.Rates() }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ import (
 // fakeNode is a node whose classifier counts 1 MB more per stats read on
 // every share, so a measured rate is known.
 type fakeNode struct {
+	guards    map[string]string // pod guard states by link name
 	sharesMap map[bpf.Key]uint32
 	shapers   map[int]bpf.EgressShaperLinks
 	pinned    []bpf.PinnedLink
@@ -36,9 +38,10 @@ type fakeNode struct {
 	queues    map[int]map[uint32]string
 }
 
-func (f *fakeNode) mapsErr() error                      { return nil }
-func (f *fakeNode) shares() (map[bpf.Key]uint32, error) { return f.sharesMap, nil }
-func (f *fakeNode) rates() (map[string]uint64, error)   { return nil, nil }
+func (f *fakeNode) mapsErr() error                       { return nil }
+func (f *fakeNode) podGuard(name string) (string, error) { return f.guards[name], nil }
+func (f *fakeNode) shares() (map[bpf.Key]uint32, error)  { return f.sharesMap, nil }
+func (f *fakeNode) rates() (map[string]uint64, error)    { return nil, nil }
 func (f *fakeNode) spoofDrops() (map[string]bpf.SpoofDrops, error) {
 	return f.spoofed, nil
 }
@@ -243,5 +246,46 @@ func TestNICSharesWithoutState(t *testing.T) {
 	rows, err := List(context.Background(), &NICSource{StateDir: t.TempDir() + "/none", node: &fakeNode{}})
 	if err != nil || len(rows) != 0 {
 		t.Errorf("rows %+v, err %v", rows, err)
+	}
+}
+
+// A share the agent gave a pod guard is enforced while its guard is
+// pinned, waiting for the pod or attached; a guard whose interface went,
+// or whose pin is gone, is a problem, whatever the share's bandwidth. A
+// share an older agent made, without a guard, is not held to one.
+func TestNICSharesPodGuard(t *testing.T) {
+	dir := t.TempDir()
+	bootID, err := checkpoint.ReadBootID("/")
+	if err != nil {
+		t.Skip(err)
+	}
+	cp, err := prepare.OpenCheckpoint(dir, bootID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guards := map[string]string{}
+	for i, c := range []struct{ name, state string }{
+		{"a-attached", bpf.PodGuardAttached}, {"b-pending", bpf.PodGuardPending}, {"c-detached", bpf.PodGuardDetached}, {"d-unpinned", ""}, {"e-older", ""},
+	} {
+		link := fmt.Sprintf("cv00000000%02d", i)
+		u := netdev.ShareRecord{Parent: "eth0", Link: link, MAC: fmt.Sprintf("02:00:00:00:01:%02x", i), PodGuard: c.name != "e-older"}
+		share(t, cp, fmt.Sprintf("u%d", i), c.name, "0", "0", u, true)
+		guards[link] = c.state
+	}
+	rows, err := List(context.Background(), &NICSource{StateDir: dir, node: &fakeNode{guards: guards, ifindex: map[string]int{"eth0": 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		enforced bool
+		guard    string
+	}{"ns/a-attached": {true, "attached"}, "ns/b-pending": {true, "pending"}, "ns/c-detached": {false, "detached"}, "ns/d-unpinned": {false, ""}, "ns/e-older": {true, ""}}
+	if len(rows) != len(want) {
+		t.Fatalf("rows %+v", rows)
+	}
+	for _, r := range rows {
+		if w := want[r.Claim]; r.Enforced != w.enforced || r.PodGuard != w.guard {
+			t.Errorf("%s: enforced %v, guard %q, problems %v; want %v, %q", r.Claim, r.Enforced, r.PodGuard, r.Problems, w.enforced, w.guard)
+		}
 	}
 }

@@ -48,6 +48,11 @@ type Row struct {
 	// identity, which the classifier dropped, by reason (source-mac,
 	// vlan-tag, source-ip, arp-sender, nd-target).
 	Spoofed map[string]uint64 `json:"spoofedFramesDropped,omitempty"`
+	// PodGuard is where the share's pod guard is, which checks every
+	// frame its pod sends on the pod's own interface: pending (no
+	// container of the pod started yet), attached or detached; empty for
+	// a share an older agent made, without one.
+	PodGuard string `json:"podGuard,omitempty"`
 	// Enforced is true where everything that holds the share to its
 	// allocation is in place; Problems says what is missing where not.
 	Enforced bool     `json:"enforced"`
@@ -116,10 +121,10 @@ func Write(w io.Writer, rows []Row, format string) error {
 		}
 		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 		if len(nics) > 0 || len(gpus) == 0 {
-			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tQUEUE\tDROPS\tSPOOFED\tHEALTH\tENFORCED")
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tQUEUE\tDROPS\tSPOOFED\tGUARD\tHEALTH\tENFORCED")
 			for _, r := range nics {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
-					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), queueOf(r), r.Drops, spoofed(r), healthOf(r), enforced(r))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
+					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), queueOf(r), r.Drops, spoofed(r), orDash(r.PodGuard), healthOf(r), enforced(r))
 			}
 		}
 		if len(gpus) > 0 {
