@@ -111,17 +111,20 @@ func setPodShare(m *ebpf.Map, s PodShare) error {
 		return fmt.Errorf("%w (%s, not %s)", ErrNetnsTaken, net.HardwareAddr(old.Mac[:]), mac)
 	}
 	// NOEXIST first: two hooks of one pod racing both succeed, and a
-	// share of the same pod on another parent is another key.
-	if err := m.Update(&k, &v, ebpf.UpdateNoExist); err == nil || !errors.Is(err, ebpf.ErrKeyExist) {
+	// share of the same pod on another parent is another key. The first
+	// hook of a sandbox (its entry new) drops the entries its share's
+	// earlier sandboxes left; the pod's later containers find it there.
+	err = m.Update(&k, &v, ebpf.UpdateNoExist)
+	if err == nil {
+		return dropOtherSandboxes(m, k, v.Mac)
+	}
+	if !errors.Is(err, ebpf.ErrKeyExist) {
 		return err
 	}
 	if err := m.Lookup(&k, &old); err == nil && old.Mac != v.Mac {
 		return fmt.Errorf("%w (%s, not %s)", ErrNetnsTaken, net.HardwareAddr(old.Mac[:]), mac)
 	}
-	if err := m.Update(&k, &v, ebpf.UpdateExist); err != nil {
-		return err
-	}
-	return dropOtherSandboxes(m, k, v.Mac)
+	return m.Update(&k, &v, ebpf.UpdateExist)
 }
 
 // dropOtherSandboxes deletes the entries of the share named by mac on k's
