@@ -28,14 +28,19 @@ func DequeuedProgramPath(pinDir string) string { return filepath.Join(pinDir, de
 // pinDequeued pins this agent's share_dequeued in place of an earlier one.
 // Interfaces that have the earlier one keep it; it reads the same maps.
 func (s *Shaper) pinDequeued() error {
-	path := DequeuedProgramPath(s.pinDir)
+	return pinReplacing(s.objs.ShareDequeued, DequeuedProgramPath(s.pinDir))
+}
+
+// pinReplacing pins prog at path in place of what is pinned there, in one
+// rename: a reader (the hook) finds the old program or the new, never none.
+func pinReplacing(prog *ebpf.Program, path string) error {
 	tmp := path + "_new" // bpffs refuses names with a dot
 	// unix.Unlink: os.Remove of an absent file on bpffs reports rmdir's
 	// EPERM.
 	if err := unix.Unlink(tmp); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("remove %s: %w", tmp, err)
 	}
-	if err := s.objs.ShareDequeued.Pin(tmp); err != nil {
+	if err := prog.Pin(tmp); err != nil {
 		return fmt.Errorf("pin %s: %w", tmp, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -53,15 +52,7 @@ func (s *Shaper) PinPodGuard(name string, g PodShare) error {
 	if err != nil {
 		return err
 	}
-	spec, err := loadShaper()
-	if err != nil {
-		return err
-	}
-	for n, m := range spec.Maps {
-		if !strings.HasPrefix(n, ".") {
-			m.Pinning = ebpf.PinByName // the classifier's own, pinned
-		}
-	}
+	spec := s.spec.Copy() // its maps the classifier's own, pinned by name
 	var share [6]byte
 	copy(share[:], mac)
 	for n, v := range map[string]any{"guard_share_mac": share, "guard_parent": uint32(g.Parent), "guard_flags": vf} {
@@ -84,17 +75,7 @@ func (s *Shaper) PinPodGuard(name string, g PodShare) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp := path + "_new"
-	if err := unix.Unlink(tmp); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("remove %s: %w", tmp, err)
-	}
-	if err := objs.Guard.Pin(tmp); err != nil {
-		return fmt.Errorf("pin %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("pin %s: %w", path, err)
-	}
-	return nil
+	return pinReplacing(objs.Guard, path)
 }
 
 // UnpinPodGuard removes the pins of the pod guard of the share named name:

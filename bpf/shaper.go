@@ -55,6 +55,10 @@ type Counters struct {
 type Shaper struct {
 	objs   shaperObjects
 	pinDir string
+	// spec is what OpenShaper loaded, its maps pinned by name: a pod
+	// guard is loaded from a copy of it at each prepare, without parsing
+	// the object again.
+	spec *ebpf.CollectionSpec
 }
 
 // MountBPFFS mounts bpffs at dir (DefaultBPFFS when empty) unless dir is
@@ -110,7 +114,7 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 		}
 		m.Pinning = ebpf.PinByName // shaper.c says so too; state must persist
 	}
-	s := &Shaper{pinDir: pinDir}
+	s := &Shaper{pinDir: pinDir, spec: spec.Copy()}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		return nil, fmt.Errorf("load shaper: %w", err)
