@@ -6,28 +6,73 @@
 #   check-host-clean.sh --save FILE   record the host's own IFB links (a
 #                                     kernel's ifb module makes ifb0, ifb1)
 #   check-host-clean.sh [FILE]        check, IFBs in FILE excepted
+#   check-host-clean.sh --node [FILE]  what an uninstall must leave: the
+#                                     node's carve state only, while the
+#                                     cluster runs (no process or cluster
+#                                     mount checks)
+#
+# Where carve's agent kept its files is read from the environment, with the
+# chart's defaults: CARVE_STATE_DIR (/var/lib/carve), CARVE_BPF_PIN_DIR
+# (/sys/fs/bpf/carve), CARVE_CDI_DIR (/var/run/cdi), KUBELET_DIR
+# (/var/lib/kubelet) and CARVE_DRIVER (carve.dev).
 set -euo pipefail
 ifbs() { ip -o -d link show type ifb | awk -F': ' '{split($2, n, "@"); print n[1]}'; }
 if [ "${1:-}" = --save ]; then
   ifbs >"${2:?usage: $0 --save FILE}"
   exit 0
 fi
+node_only=
+if [ "${1:-}" = --node ]; then
+  node_only=1
+  shift
+fi
 baseline=${1:-/dev/null}
 left=()
+state=${CARVE_STATE_DIR:-/var/lib/carve}
+pins=${CARVE_BPF_PIN_DIR:-/sys/fs/bpf/carve}
+cdi=${CARVE_CDI_DIR:-/var/run/cdi}
+kubelet=${KUBELET_DIR:-/var/lib/kubelet}
+driver=${CARVE_DRIVER:-carve.dev}
 
 while read -r name kind; do
   case "$name" in
   cv* | carve-demo*) left+=("link $name ($kind)") ;;
-  *) [ "$kind" = ifb ] && ! grep -qxF "$name" "$baseline" && left+=("IFB link $name") ;;
+  *) [ -z "$node_only" ] && [ "$kind" = ifb ] && ! grep -qxF "$name" "$baseline" && left+=("IFB link $name") ;;
   esac
 done < <(ip -o -d link show | awk -F': ' '{split($2, n, "@"); kind = "other"; if (match($0, / (veth|ifb|macvlan|ipvlan|bridge) /)) kind = substr($0, RSTART + 1, RLENGTH - 2); print n[1], kind}')
 
-for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
-  case "$ns" in carve* | cni-*) left+=("network namespace $ns") ;; esac
-done
+if [ -z "$node_only" ]; then
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    case "$ns" in carve* | cni-*) left+=("network namespace $ns") ;; esac
+  done
+fi
 
-if [ -d /sys/fs/bpf/carve ] && [ -n "$(ls -A /sys/fs/bpf/carve 2>/dev/null)" ]; then
-  left+=("BPF pins under /sys/fs/bpf/carve: $(ls /sys/fs/bpf/carve | tr '\n' ' ')")
+if [ -d "$pins" ] && [ -n "$(ls -A "$pins" 2>/dev/null)" ]; then
+  left+=("BPF pins under $pins: $(ls "$pins" | tr '\n' ' ')")
+fi
+# The classifier's programs on any link (attached by TCX or cls_bpf): only
+# carve's agent loads programs of these names.
+if command -v bpftool >/dev/null 2>&1; then
+  progs=$(bpftool -j prog show 2>/dev/null | grep -oE '"name":"(classify_egres|classify_ingre|edt_egress|redirect_ingre|return_shaped|pod_guard|share_dequeue)[a-z]*"' | sort -u | tr '\n' ' ' || true)
+  [ -z "$progs" ] || left+=("carve's BPF programs loaded: $progs")
+fi
+[ ! -f "$state/checkpoint.json" ] || left+=("the agent's checkpoint $state/checkpoint.json")
+specs=$(ls "$cdi" 2>/dev/null | grep -E "^\.?${driver//./\\.}-claim_" | tr '\n' ' ' || true)
+[ -z "$specs" ] || left+=("CDI specs in $cdi: $specs")
+[ ! -d "$kubelet/plugins/$driver" ] || left+=("kubelet plugin directory $kubelet/plugins/$driver")
+socks=$(ls "$kubelet/plugins_registry" 2>/dev/null | grep -E "^${driver//./\\.}-.*reg\.sock$" | tr '\n' ' ' || true)
+[ -z "$socks" ] || left+=("registration sockets in $kubelet/plugins_registry: $socks")
+mounts=$(findmnt -rn -o TARGET | awk -v d="$state" '$0 == d || index($0, d "/") == 1' | tr '\n' ' ')
+[ -z "$mounts" ] || left+=("mounts under $state: $mounts")
+
+if [ -n "$node_only" ]; then
+  if [ ${#left[@]} -gt 0 ]; then
+    echo "the node is not clean:" >&2
+    printf '  %s\n' "${left[@]}" >&2
+    exit 1
+  fi
+  echo "node clean: no carve links, IFBs, pins, programs, checkpoint, CDI specs, plugin sockets or mounts"
+  exit 0
 fi
 
 # Process names as the kernel keeps them: 15 characters at most. A

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,6 +30,7 @@ type agentFlags struct {
 	nvmlReplayProcesses                                   string
 	mpsShmSize                                            string
 	mpsCgroup                                             string
+	daemonSet                                             string
 	rescan, nvmlTimeout                                   time.Duration
 	qps                                                   float64
 	burst                                                 int
@@ -75,6 +77,8 @@ func newAgentCommand() *cobra.Command {
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
 	fs.StringVar(&f.mpsCgroup, "mps-cgroup", "carve-mps", "cgroup, below the root of each of the host's cgroup hierarchies, that claims' MPS daemons are moved into so that they outlive the agent's pod (their clients lose their server with them); empty leaves them in the agent's container")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs each claim's GPU memory shares' containers and MPS daemons have as /dev/shm, one per claim (a quantity); pages are charged to the pods that write them")
+	fs.StringVar(&f.daemonSet, "daemonset", os.Getenv(envDaemonSet), "the agent's own DaemonSet, as namespace/name (default $"+envDaemonSet+", which the chart sets): "+
+		"an agent that stops while it is being deleted (an uninstall) removes carve's state from the node, unless claims are still prepared; empty never does")
 	must(cmd.MarkFlagFilename("kubeconfig"))
 	must(cmd.MarkFlagFilename("config", "yaml", "yml"))
 	must(cmd.MarkFlagDirname("root"))
@@ -110,6 +114,14 @@ func runAgent(ctx context.Context, f agentFlags) error {
 			return fmt.Errorf("--mps-cgroup: %w", err)
 		}
 	}
+	var ds types.NamespacedName
+	if f.daemonSet != "" {
+		ns, name, ok := strings.Cut(f.daemonSet, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return fmt.Errorf("--daemonset %q: want namespace/name", f.daemonSet)
+		}
+		ds = types.NamespacedName{Namespace: ns, Name: name}
+	}
 	restCfg, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return err
@@ -129,6 +141,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLReplayProcesses: f.nvmlReplayProcesses, NVMLTimeout: f.nvmlTimeout,
 		MPSShmSize: uint64(shm.Value()),
 		MPSCgroup:  f.mpsCgroup,
+		DaemonSet:  ds,
 	})
 }
 

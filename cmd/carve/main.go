@@ -73,7 +73,7 @@ func newRootCommand() *cobra.Command {
 	}
 	root.Flags().Bool("version", false, "print carve's version (as `carve version`) and exit")
 	logsapi.AddFlags(logging, root.PersistentFlags())
-	root.AddCommand(newAgentCommand(), newDiscoverCommand(), newHookCommand(), newHostMountsCommand(), newSharesCommand(), newSnapshotCommand(), newVersionCommand())
+	root.AddCommand(newAgentCommand(), newCleanupCommand(), newUninstallCheckCommand(), newDiscoverCommand(), newHookCommand(), newHostMountsCommand(), newSharesCommand(), newSnapshotCommand(), newVersionCommand())
 	return root
 }
 

@@ -7,8 +7,10 @@ import "os"
 // agent, so that a command run there (`kubectl exec ... carve shares`)
 // reads what the agent wrote wherever the chart put it.
 const (
-	envStateDir     = "CARVE_STATE_DIR"
-	envPinDir       = "CARVE_BPF_PIN_DIR"
+	envStateDir = "CARVE_STATE_DIR"
+	envPinDir   = "CARVE_BPF_PIN_DIR"
+	// envDaemonSet names the agent's DaemonSet (namespace/name).
+	envDaemonSet    = "CARVE_DAEMONSET"
 	defaultStateDir = "/var/lib/carve"
 	defaultPinDir   = "/sys/fs/bpf/carve"
 )

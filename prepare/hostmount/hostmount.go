@@ -100,6 +100,10 @@ func firstReadable(entry string) (string, error) {
 // Mount is one line of a mountinfo file: what this package needs of it.
 type Mount struct {
 	ID int
+	// ParentID is the mount this one is mounted on.
+	ParentID int
+	// Dev is the file system's major:minor.
+	Dev string
 	// Root is the directory of the file system mounted here, "/" for its
 	// whole (a bind mount of a subdirectory has that subdirectory).
 	Root       string
@@ -139,7 +143,8 @@ func ParseMountinfo(data []byte) ([]Mount, error) {
 		if err != nil {
 			return nil, fmt.Errorf("mountinfo line %d: mount ID %q: %w", n, f[0], err)
 		}
-		m := Mount{ID: id, Root: unescape(f[3]), MountPoint: unescape(f[4]), FSType: f[sep+1]}
+		m := Mount{ID: id, Dev: f[2], Root: unescape(f[3]), MountPoint: unescape(f[4]), FSType: f[sep+1]}
+		m.ParentID, _ = strconv.Atoi(f[1])
 		if sep+3 < len(f) {
 			m.SuperOptions = f[sep+3]
 		}
@@ -251,4 +256,79 @@ func EnsureBPFFS(dir string) (Action, error) {
 		did = append(did, string(shared))
 	}
 	return Action(strings.Join(did, ", ")), err
+}
+
+// RemoveSelfBind undoes what EnsureShared did to dir: where dir is a bind
+// mount of itself (the same file system and directory as its parent mount
+// shows there), it is unmounted, lazily, with whatever is mounted below
+// it. A mount of anything else at dir (an operator's own disk) is left
+// alone. It reports whether it unmounted.
+func RemoveSelfBind(dir string) (bool, error) {
+	dir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return false, fmt.Errorf("self-bind %s: %w", dir, err)
+	}
+	data, err := os.ReadFile(mountinfoPath)
+	if err != nil {
+		return false, err
+	}
+	mounts, err := ParseMountinfo(data)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", mountinfoPath, err)
+	}
+	byID := map[int]Mount{}
+	var top *Mount
+	for i, m := range mounts {
+		byID[m.ID] = m
+		if m.MountPoint == dir {
+			top = &mounts[i] // the last one at dir is the one on top
+		}
+	}
+	if top == nil {
+		return false, nil
+	}
+	parent, ok := byID[top.ParentID]
+	if !ok || !selfBind(*top, parent) {
+		return false, nil
+	}
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		return false, fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	return true, nil
+}
+
+// selfBind reports whether m shows at its mount point the same directory of
+// the same file system that parent shows there.
+func selfBind(m, parent Mount) bool {
+	if m.Dev != parent.Dev {
+		return false
+	}
+	rel, err := filepath.Rel(parent.MountPoint, m.MountPoint)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return false
+	}
+	return filepath.Join(parent.Root, rel) == m.Root
+}
+
+// HasMountBelow reports whether path, or anything below it, is a mount
+// point in the calling thread's mount namespace.
+func HasMountBelow(path string) (bool, error) {
+	path, err := filepath.Abs(path)
+	if err != nil {
+		return false, err
+	}
+	data, err := os.ReadFile(mountinfoPath)
+	if err != nil {
+		return false, err
+	}
+	mounts, err := ParseMountinfo(data)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", mountinfoPath, err)
+	}
+	for _, m := range mounts {
+		if m.MountPoint == path || strings.HasPrefix(m.MountPoint, path+"/") {
+			return true, nil
+		}
+	}
+	return false, nil
 }

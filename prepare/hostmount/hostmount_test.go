@@ -164,3 +164,54 @@ func TestRuntimeNamespace(t *testing.T) {
 		t.Errorf("RuntimeNamespace = %s, want the parent's, %s", p, want)
 	}
 }
+
+// What EnsureShared bound onto itself, RemoveSelfBind unmounts, with what
+// was mounted below it; a file system of its own mounted at the directory
+// (an operator's disk, here a tmpfs) is left alone.
+func TestRemoveSelfBind(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	other := filepath.Join(t.TempDir(), "disk")
+	inPrivateMountNS(t, func() {
+		if _, err := EnsureShared(dir); err != nil {
+			t.Error(err)
+			return
+		}
+		below := filepath.Join(dir, "mps")
+		if err := os.MkdirAll(below, 0o755); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := unix.Mount("tmpfs", below, "tmpfs", 0, "size=1m"); err != nil {
+			t.Error(err)
+			return
+		}
+		did, err := RemoveSelfBind(dir)
+		if err != nil || !did {
+			t.Errorf("RemoveSelfBind = %v, %v; want unmounted", did, err)
+		}
+		if at := mountsAt(t, dir); len(at) != 0 {
+			t.Errorf("after: mounts at %s: %+v, want none", dir, at)
+		}
+		if at := mountsAt(t, below); len(at) != 0 {
+			t.Errorf("after: mounts at %s: %+v, want none", below, at)
+		}
+		if did, err := RemoveSelfBind(dir); err != nil || did {
+			t.Errorf("again: %v, %v; want nothing done", did, err)
+		}
+
+		if err := os.MkdirAll(other, 0o755); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := unix.Mount("tmpfs", other, "tmpfs", 0, "size=1m"); err != nil {
+			t.Error(err)
+			return
+		}
+		if did, err := RemoveSelfBind(other); err != nil || did {
+			t.Errorf("a tmpfs of its own: %v, %v; want left alone", did, err)
+		}
+		if at := mountsAt(t, other); len(at) != 1 {
+			t.Errorf("a tmpfs of its own: mounts at %s: %+v, want it kept", other, at)
+		}
+	})
+}

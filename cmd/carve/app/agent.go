@@ -92,6 +92,10 @@ type Options struct {
 	// each hierarchy's root (hostcgroup.Group); "" leaves them where they
 	// start, in the agent's container.
 	MPSCgroup string
+	// DaemonSet is the agent's own DaemonSet: where set, an agent that
+	// stops while it is being deleted (an uninstall) removes carve's state
+	// from the node (uninstall.go).
+	DaemonSet types.NamespacedName
 }
 
 // prepareConflictWait is how long a prepare waits for another claim's
@@ -101,8 +105,25 @@ type Options struct {
 const prepareConflictWait = 10 * time.Second
 
 // Run runs the kubelet plugin until ctx is done or a fatal error occurs,
-// which it returns.
+// which it returns. Stopped while its DaemonSet is being deleted, it then
+// removes carve's state from the node.
 func Run(ctx context.Context, opts Options) error {
+	var ds *daemonSetWatch
+	if opts.DaemonSet.Name != "" && opts.KubeClient != nil {
+		ds = &daemonSetWatch{client: opts.KubeClient, namespace: opts.DaemonSet.Namespace, name: opts.DaemonSet.Name,
+			onDeleted: func() { warnClaimsKept(ctx, opts) }}
+		watchCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		defer stop()
+		go ds.run(watchCtx)
+	}
+	err := run(ctx, opts)
+	if err != nil || ds == nil || !ds.uninstalling(ctx) {
+		return err
+	}
+	return uninstallNode(ctx, opts)
+}
+
+func run(ctx context.Context, opts Options) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	logger := klog.FromContext(ctx)
