@@ -25,7 +25,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # cgo packages, so it runs with the CGO settings above.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: help build release test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e clean
+.PHONY: help build release test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -107,6 +107,11 @@ scheduler: ## test the scheduler module
 # ports 53790/53800/56443/50257/50259), so it can run beside the default cluster.
 scheduler-e2e: ## the scheduler's integration test: stock vs carve-scheduler choices on a control plane
 	$(MAKE) -C scheduler e2e
+
+# Upstream's scheduler_perf harness (no kubelets, its own etcd and API server
+# per run); PERF_NODES, PERF_REPEAT, PERF_RUN and PERF_OUT pass through.
+scheduler-perf: ## scheduler_perf DRA workloads, stock vs carve's plugins: a markdown table of pods/s and placement
+	$(MAKE) -C scheduler perf
 
 # e2e brings up the local control plane unless CARVE_KUBECONFIG points at one,
 # and always takes down what it brought up.
