@@ -2,11 +2,13 @@
 # Tears `make demo` down and leaves the host as the demo found it:
 #   1. the demo's pods are deleted while the agent still runs, so that the
 #      kubelet unprepares their claims (carve removes their classes, links
-#      and classifier entries);
+#      and classifier entries), and carve is uninstalled (its agent removes
+#      carve's state from the node);
 #   2. the cluster and its node stop (cluster/down.sh);
-#   3. what the agent keeps per parent between shares (the egress shaper's
-#      veth pair cveg*, the ingress IFB cvifb*) goes with it, and the
-#      demo's veth, its server namespace and the agent's BPF pins.
+#   3. should the uninstall not have run, what the agent keeps per parent
+#      between shares (the egress shaper's veth pair cveg*, the ingress IFB
+#      cvifb*) and its BPF pins go; and the demo's veth and its server
+#      namespace.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=${CARVE_CLUSTER_DIR:-/tmp/carve-cluster}
@@ -15,6 +17,9 @@ if [ -x "$cluster/bin/kubectl" ] && [ -f "$cluster/admin.kubeconfig" ]; then
   kubectl=("$cluster/bin/kubectl" --kubeconfig "$cluster/admin.kubeconfig" --request-timeout=10s)
   if "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1; then
     "${kubectl[@]}" delete pods --all --namespace default --wait --timeout=60s >/dev/null 2>&1 || true
+    # As an operator uninstalls: the agent cleans its node up as it stops.
+    helm=$("$here/cluster/build-tools.sh" | tail -n1)/helm
+    "$helm" uninstall carve --kubeconfig "$cluster/admin.kubeconfig" --namespace carve-system --wait --timeout 60s >/dev/null 2>&1 || true
   fi
 fi
 "$here/cluster/down.sh"

@@ -21,10 +21,10 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Mount{
-		{ID: 22, Root: "/", MountPoint: "/", FSType: "ext4", SuperOptions: "rw"},
-		{ID: 23, Root: "/", MountPoint: "/sys", FSType: "sysfs", SuperOptions: "rw", Shared: true},
-		{ID: 24, Root: "/", MountPoint: "/sys/fs/bpf", FSType: "bpf", SuperOptions: "rw,mode=700", Slave: true},
-		{ID: 25, Root: "/a", MountPoint: "/tmp/with space", FSType: "tmpfs", SuperOptions: "rw", Shared: true, Slave: true},
+		{ID: 22, ParentID: 1, Dev: "254:1", Root: "/", MountPoint: "/", FSType: "ext4", SuperOptions: "rw"},
+		{ID: 23, ParentID: 22, Dev: "0:21", Root: "/", MountPoint: "/sys", FSType: "sysfs", SuperOptions: "rw", Shared: true},
+		{ID: 24, ParentID: 23, Dev: "0:30", Root: "/", MountPoint: "/sys/fs/bpf", FSType: "bpf", SuperOptions: "rw,mode=700", Slave: true},
+		{ID: 25, ParentID: 22, Dev: "0:40", Root: "/a", MountPoint: "/tmp/with space", FSType: "tmpfs", SuperOptions: "rw", Shared: true, Slave: true},
 	}
 	if len(ms) != len(want) {
 		t.Fatalf("got %d mounts, want %d: %+v", len(ms), len(want), ms)

@@ -257,7 +257,10 @@ func removeStateDir(dir, hostMountNS string) ([]string, error) {
 			errs = append(errs, err)
 		}
 	}
-	removed := []string{"state in " + dir}
+	var removed []string
+	if len(entries) > 0 {
+		removed = append(removed, "state in "+dir)
+	}
 	if hostMountNS == "" {
 		return removed, errors.Join(errs...)
 	}
@@ -269,6 +272,8 @@ func removeStateDir(dir, hostMountNS string) ([]string, error) {
 		}
 		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove %s: %w", dir, err)
+		} else if err == nil {
+			removed = append(removed, "state directory "+dir)
 		}
 		return nil
 	})
