@@ -255,7 +255,24 @@ func (s *Shaper) detachTCX(ifindex int, name string) error {
 // ifindex 0 and its program, for as long as it is pinned. It returns the
 // names it removed.
 func CleanupDefunct(pinDir string) (removed []string, err error) {
-	entries, err := os.ReadDir(pinDir)
+	removed, err = cleanupDefunctIn(pinDir, "")
+	// A pod guard's link, whose share's interface went with its pod: an
+	// older agent that knew no guards unprepared the share (a rollback),
+	// or the pins outlived a crash. Its program goes with it.
+	guards, gerr := cleanupDefunctIn(filepath.Join(pinDir, podGuardDir), podGuardDir+"/")
+	if errors.Is(gerr, os.ErrNotExist) {
+		gerr = nil
+	}
+	for _, g := range guards {
+		if name, ok := strings.CutSuffix(strings.TrimPrefix(g, podGuardDir+"/"), "_link"); ok {
+			gerr = errors.Join(gerr, UnpinPodGuard(pinDir, name))
+		}
+	}
+	return append(removed, guards...), errors.Join(err, gerr)
+}
+
+func cleanupDefunctIn(dir, prefix string) (removed []string, err error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -263,7 +280,7 @@ func CleanupDefunct(pinDir string) (removed []string, err error) {
 		if e.IsDir() {
 			continue
 		}
-		path := filepath.Join(pinDir, e.Name())
+		path := filepath.Join(dir, e.Name())
 		l, lerr := link.LoadPinnedLink(path, nil)
 		if lerr != nil {
 			continue // a map, or not ours
@@ -273,7 +290,7 @@ func CleanupDefunct(pinDir string) (removed []string, err error) {
 			if uerr := l.Unpin(); uerr != nil {
 				err = errors.Join(err, uerr)
 			} else {
-				removed = append(removed, e.Name())
+				removed = append(removed, prefix+e.Name())
 			}
 		}
 		l.Close()

@@ -222,6 +222,18 @@ func TestCleanupDefunct(t *testing.T) {
 	h := nlHandle(t, ns)
 	a := addVeth(t, h, "a", "b", netns.None())
 	attach(t, s, ns, a.Attrs().Index, Egress)
+	// A share's pod guard on the other end, as the hook attaches it in a
+	// pod; an older agent unprepared the share and left its pins.
+	b, err := h.LinkByName("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PinPodGuard("cvguard", PodShare{Parent: 7, MAC: mac1.String()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := inNS(ns, func() error { return AttachPodGuard(dir, "cvguard", b.Attrs().Index) }); err != nil {
+		t.Fatal(err)
+	}
 
 	if removed, err := CleanupDefunct(dir); err != nil || len(removed) != 0 {
 		t.Fatalf("live link removed: %v, %v", removed, err)
@@ -236,7 +248,7 @@ func TestCleanupDefunct(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(removed) == 1 {
+		if len(removed) == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -246,6 +258,9 @@ func TestCleanupDefunct(t *testing.T) {
 	}
 	if paths, _ := filepath.Glob(filepath.Join(dir, "classify_*")); len(paths) != 0 {
 		t.Fatalf("pins left: %v", paths)
+	}
+	if paths, _ := filepath.Glob(filepath.Join(dir, podGuardDir, "*")); len(paths) != 0 {
+		t.Fatalf("pod guard pins left: %v", paths)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "shares")); err != nil {
 		t.Fatalf("map pin removed too: %v", err)

@@ -60,13 +60,20 @@ func run(t testing.TB, name string, args ...string) string {
 // containerd, as a user without a registry would.
 func buildAgentImage(t testing.TB, tag string) {
 	t.Helper()
-	root := repoRoot()
 	bin := carveBinary(t)
 	if other := os.Getenv("CARVE_E2E_AGENT_BINARY"); other != "" {
 		// Another build of the agent (an earlier version, to measure
 		// against), with its carve-hook beside it where it has one.
 		bin = other
 	}
+	buildAgentImageFrom(t, tag, bin)
+}
+
+// buildAgentImageFrom builds the agent's image from the carve binary bin,
+// with the carve-hook beside it where there is one.
+func buildAgentImageFrom(t testing.TB, tag, bin string) {
+	t.Helper()
+	root := repoRoot()
 	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve"}
 	if hook := filepath.Join(filepath.Dir(bin), "carve-hook"); fileExists(hook) {
 		args = append(args, "--file", hook+":/carve-hook")

@@ -34,6 +34,13 @@ func installChart(t testing.TB, env map[string]string, stateDir, nodeConfig stri
 // installChartWith installs the chart with more helm arguments (values).
 func installChartWith(t testing.TB, env map[string]string, stateDir string, values []string, nodeConfig string) {
 	t.Helper()
+	installChartFrom(t, env, stateDir, chartDir(), "e2e", values, nodeConfig)
+}
+
+// installChartFrom installs the chart at chart (an earlier release's, for
+// upgrades) with the agent's image carve:tag.
+func installChartFrom(t testing.TB, env map[string]string, stateDir, chart, tag string, values []string, nodeConfig string) {
+	t.Helper()
 	helm := os.Getenv("CARVE_HELM")
 	if helm == "" {
 		t.Fatal("CARVE_HELM is not set")
@@ -76,9 +83,9 @@ func installChartWith(t testing.TB, env map[string]string, stateDir string, valu
 			t.Logf("agent logs:\n%s", out)
 		}
 	})
-	args := []string{"install", "carve", chartDir(), "--kubeconfig", kc,
+	args := []string{"install", "carve", chart, "--kubeconfig", kc,
 		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "120s",
-		"--set", "image.repository=carve,image.tag=e2e,image.pullPolicy=Never",
+		"--set", "image.repository=carve,image.tag=" + tag + ",image.pullPolicy=Never",
 		"--set", "kubeletDir=" + env["KUBELET_ROOT_DIR"], "--set", "cdiDir=" + env["CARVE_CDI_DIR"], "--set", "stateDir=" + stateDir,
 		// The chart's mount propagation defaults, as a user installs it:
 		// its init container makes the state dir and bpffs shared on this

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"sync"
+	"syscall"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -41,10 +42,10 @@ func metricsMux(reg *prometheus.Registry, helper *kubeletplugin.Helper, profilin
 }
 
 func serveHTTP(ctx context.Context, wg *sync.WaitGroup, srv *http.Server) error {
-	ln, err := net.Listen("tcp", srv.Addr)
-	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
-	}
+	return listenEventually(ctx, wg, srv.Addr, "metrics", func(ln net.Listener) { serveHTTPOn(ctx, wg, srv, ln) })
+}
+
+func serveHTTPOn(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, ln net.Listener) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -60,17 +61,16 @@ func serveHTTP(ctx context.Context, wg *sync.WaitGroup, srv *http.Server) error 
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	return nil
 }
 
 // serveHealth runs the standard gRPC health service for the DaemonSet's grpc
 // liveness probe: SERVING while the kubelet plugin is up, NOT_SERVING while
 // the kubelet reports a failed registration.
 func serveHealth(ctx context.Context, wg *sync.WaitGroup, addr string, helper *kubeletplugin.Helper) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("health listener: %w", err)
-	}
+	return listenEventually(ctx, wg, addr, "health", func(ln net.Listener) { serveHealthOn(ctx, wg, ln, helper) })
+}
+
+func serveHealthOn(ctx context.Context, wg *sync.WaitGroup, ln net.Listener, helper *kubeletplugin.Helper) {
 	hs := health.NewServer()
 	srv := grpc.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
@@ -99,6 +99,41 @@ func serveHealth(ctx context.Context, wg *sync.WaitGroup, addr string, helper *k
 				return
 			case <-t.C:
 				update()
+			}
+		}
+	}()
+}
+
+// listenEventually listens on addr and hands the listener to serve. Where
+// another process holds the address, it keeps trying in the background and
+// serves once it can: on the node's network (hostNetwork) a rolling
+// update's new agent starts beside the one it replaces, which holds the
+// ports until it stops; the kubelet's probe meanwhile reaches the old one.
+func listenEventually(ctx context.Context, wg *sync.WaitGroup, addr, what string, serve func(net.Listener)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		serve(ln)
+		return nil
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s listener: %w", what, err)
+	}
+	klog.FromContext(ctx).Info("Address in use, by the agent this one replaces if in a rolling update; serving once it is free", "what", what, "address", addr)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if ln, err := net.Listen("tcp", addr); err == nil {
+				klog.FromContext(ctx).Info("Serving", "what", what, "address", addr)
+				serve(ln)
+				return
 			}
 		}
 	}()

@@ -1,0 +1,417 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	upgradeParent = "carve-e2g0"
+	upgradePeer   = "carve-e2g1"
+	upgradeServer = "carve-e2g-srv"
+	upgradeIP     = "10.84.0.1"
+	// upgradeFrom is the release the upgrade starts from
+	// (deploy/CHANGELOG.md).
+	upgradeFrom = "e524ddd0f94756aecd80ae65313b928a3a4eee28"
+)
+
+// previousRelease builds (or finds in the cache) the release at commit:
+// its bin/ and chart/carve.
+func previousRelease(t testing.TB, commit string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(repoRoot(), "deploy", "cluster", "build-release.sh"), commit)
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+			if ee.ExitCode() == 3 {
+				// A clone without the release's history cannot
+				// build it; everything else is a failure.
+				t.Skipf("release %s: %s", commit[:12], strings.TrimSpace(stderr))
+			}
+		}
+		t.Fatalf("build release %s: %v\n%s", commit[:12], err, stderr)
+	}
+	return strings.TrimSpace(lastLine(string(out)))
+}
+
+// wireSampler reads the bytes a link in a namespace received, every 100 ms:
+// the frames that reached the far end of a share's parent, at L2.
+type wireSampler struct {
+	mu sync.Mutex
+	// at is when a sample was read: the middle of the netlink call; slow
+	// marks a call that took over 2 ms (the thread was descheduled), whose
+	// reading time is too uncertain to divide by.
+	at      []time.Time
+	slow    []bool
+	bytes   []uint64
+	limit   float64
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+func sampleWire(t testing.TB, ns, link string, limit float64) *wireSampler {
+	t.Helper()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl, err := netlink.NewHandleAt(h)
+	h.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &wireSampler{limit: limit, stop: make(chan struct{}), stopped: make(chan struct{})}
+	go func() {
+		defer close(s.stopped)
+		defer nl.Close()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			before := time.Now()
+			l, err := nl.LinkByName(link)
+			after := time.Now()
+			if err == nil && l.Attrs().Statistics != nil {
+				s.mu.Lock()
+				s.at = append(s.at, before.Add(after.Sub(before)/2))
+				s.slow = append(s.slow, after.Sub(before) > 2*time.Millisecond)
+				s.bytes = append(s.bytes, l.Attrs().Statistics.RxBytes)
+				s.mu.Unlock()
+			}
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// over lists the intervals whose rate was over frac of limit, by when they
+// ended, relative to t0.
+func (s *wireSampler) over(limit, frac float64, t0 time.Time) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for i := 1; i < len(s.at); i++ {
+		if s.slow[i] || s.slow[i-1] {
+			continue
+		}
+		bps := float64(s.bytes[i]-s.bytes[i-1]) * 8 / s.at[i].Sub(s.at[i-1]).Seconds()
+		if bps > frac*limit {
+			// With the two intervals before it: a burst after a lull
+			// is the token bucket's, a run of them a leak.
+			ctx := ""
+			for k := max(i-2, 1); k < i; k++ {
+				ctx += fmt.Sprintf("%.3f ", float64(s.bytes[k]-s.bytes[k-1])*8/s.at[k].Sub(s.at[k-1]).Seconds()/limit)
+			}
+			out = append(out, fmt.Sprintf("%.1fs:%.3f (after %s)", s.at[i].Sub(t0).Seconds(), bps/limit, strings.TrimSpace(ctx)))
+		}
+	}
+	return out
+}
+
+// wireStats is what the samples say: the highest rate over any one
+// interval, and the longest run of intervals with nothing received.
+type wireStats struct {
+	samples, uncertain int
+	// overBurst is the most bytes any stretch between two samples carried
+	// beyond 1.01 of the limit; a token bucket lets out up to its burst
+	// after a lull, so conformance is overBurst within the class's burst.
+	overBurst float64
+	// maxSecond is the highest rate over any stretch of a second or more.
+	maxSecond      float64
+	maxBps         float64
+	maxAt          time.Time
+	longestSilence time.Duration
+}
+
+func (s *wireSampler) finish() wireStats {
+	close(s.stop)
+	<-s.stopped
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var st wireStats
+	st.samples = len(s.at)
+	var silentSince time.Time
+	for i := 1; i < len(s.at); i++ {
+		dt := s.at[i].Sub(s.at[i-1]).Seconds()
+		d := s.bytes[i] - s.bytes[i-1]
+		if s.slow[i] || s.slow[i-1] {
+			st.uncertain++
+		} else if bps := float64(d) * 8 / dt; bps > st.maxBps {
+			st.maxBps, st.maxAt = bps, s.at[i]
+		}
+		if d == 0 {
+			if silentSince.IsZero() {
+				silentSince = s.at[i-1]
+			}
+			if gap := s.at[i].Sub(silentSince); gap > st.longestSilence {
+				st.longestSilence = gap
+			}
+		} else {
+			silentSince = time.Time{}
+		}
+	}
+	// Every stretch between two trusted samples: what it carried beyond
+	// 1.01 of the limit (bytes), and over a second or more its rate.
+	for i := 0; i < len(s.at); i++ {
+		if s.slow[i] {
+			continue
+		}
+		for j := i + 1; j < len(s.at); j++ {
+			if s.slow[j] {
+				continue
+			}
+			dt := s.at[j].Sub(s.at[i]).Seconds()
+			got := float64(s.bytes[j] - s.bytes[i])
+			if ex := got - 1.01*s.limit/8*dt; ex > st.overBurst {
+				st.overBurst = ex
+			}
+			if dt >= 1 {
+				if bps := got * 8 / dt; bps > st.maxSecond {
+					st.maxSecond = bps
+				}
+			}
+		}
+	}
+	return st
+}
+
+// sharesJSON runs the current `carve shares -o json` against the node's
+// state and pins.
+func sharesJSON(t testing.TB, stateDir string) ([]map[string]any, string, error) {
+	t.Helper()
+	out, err := exec.Command(carveBinary(t), "shares", "-o", "json", "--state-dir", stateDir, "--bpf-pin-dir", e2ePins, "--interval", "0s").CombinedOutput()
+	var rows []map[string]any
+	if jerr := json.Unmarshal(out, &rows); jerr != nil && err == nil {
+		err = jerr
+	}
+	return rows, string(out), err
+}
+
+// TestNodeUpgrade (issue 43, item 2): the previous release installed with
+// its own chart and image, share pods running, one of them saturating its
+// 20M share; then `helm upgrade --reuse-values` to the build under test,
+// while a share is unprepared and another prepared; then `helm rollback`.
+// Throughout, the saturated share's rate at the far end of its parent,
+// sampled every 100 ms, stays within 1.01 of its limit and never stops for
+// a second; after each step `carve shares` lists every share enforced, with
+// its drop counter carried over, and the node holds one set of classes,
+// links and pins for what is prepared.
+func TestNodeUpgrade(t *testing.T) {
+	cs := client(t)
+	env := clusterEnv(t)
+	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
+	helm := os.Getenv("CARVE_HELM")
+	kc := os.Getenv("CARVE_KUBECONFIG")
+	prev := previousRelease(t, upgradeFrom)
+	buildAgentImageFrom(t, "carve:prev-e2e", filepath.Join(prev, "bin", "carve"))
+	buildAgentImage(t, "carve:e2e")
+	buildNetTestImage(t)
+	trafficServer(t, upgradeParent, upgradePeer, upgradeServer, upgradeIP, "5201")
+	nodeCfg := nicNodeConfig(upgradeParent, "upg", "10.84.0.0/24", upgradeIP, "")
+	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["upg"],"interfaceName":"net1"}`
+	installChartFrom(t, env, stateDir, filepath.Join(prev, "chart", "carve"), "prev-e2e", nil, nodeCfg)
+	const limit = 20e6
+	// The HTB burst of a 20M class (netdev's htbBuffer: 8 ms of the rate,
+	// at least 16 KiB), with a frame's worth for the sampler's timing.
+	const shareBurst = 20000 + 1514
+	share := func(name string) sharePod {
+		return sharePod{name: name, parent: upgradeParent, capacity: bothWays("20M"), netCfg: netCfg, image: "carve-net-test:e2e"}
+	}
+	for _, name := range []string{"up-a", "up-b"} {
+		share(name).start(t, cs)
+	}
+	for _, name := range []string{"up-a", "up-b"} {
+		waitFor(t, "pod "+name, 90*time.Second, podRunning(cs, testNS, name))
+	}
+	// Every share listed, enforced; drops not below what came before.
+	checkShares := func(when string, want []string, dropsBefore map[string]float64) map[string]float64 {
+		t.Helper()
+		rows, out, err := sharesJSON(t, stateDir)
+		if err != nil {
+			t.Errorf("%s: carve shares: %v\n%s", when, err, out)
+		}
+		drops := map[string]float64{}
+		var claims []string
+		for _, r := range rows {
+			claim, _ := r["claim"].(string)
+			claims = append(claims, claim)
+			drops[claim], _ = r["drops"].(float64)
+			if r["enforced"] != true {
+				t.Errorf("%s: %s not enforced: %v", when, claim, r)
+			}
+			if before, ok := dropsBefore[claim]; ok && drops[claim] < before {
+				t.Errorf("%s: %s's drops went from %v to %v: the counter was not carried over", when, claim, before, drops[claim])
+			}
+		}
+		sort.Strings(claims)
+		if strings.Join(claims, " ") != strings.Join(want, " ") {
+			t.Errorf("%s: carve shares lists %v, want %v", when, claims, want)
+		}
+		t.Logf("%s: shares %v, drops %v", when, claims, drops)
+		return drops
+	}
+	// One set of carve's links for the one parent, and one pod guard pin
+	// per guarded share at most.
+	checkNode := func(when string, shares int) {
+		t.Helper()
+		links := linksNamed(t, "cv")
+		sort.Strings(links)
+		if len(links) != 3 {
+			t.Errorf("%s: carve's links %v, want one IFB and one egress shaper pair", when, links)
+		}
+		guards, _ := os.ReadDir(filepath.Join(e2ePins, "pod_guard"))
+		if len(guards) > 2*shares {
+			t.Errorf("%s: %d pod guard pins for %d shares", when, len(guards), shares)
+		}
+		if n := len(checkpointRecords(t, stateDir)); n != shares {
+			t.Errorf("%s: %d checkpoint records, want %d", when, n, shares)
+		}
+		specs, _ := filepath.Glob(filepath.Join(env["CARVE_CDI_DIR"], "carve.dev-claim_*.json"))
+		if len(specs) != shares {
+			t.Errorf("%s: %d CDI specs, want %d", when, len(specs), shares)
+		}
+	}
+	// The share's rate across a step, sampled at the far end of the
+	// parent.
+	across := func(what string, step func(t0 time.Time)) {
+		t.Helper()
+		wire := sampleWire(t, upgradeServer, upgradePeer, limit)
+		iperf := startIperfTo("up-a", upgradeIP, "5201", 45, false)
+		time.Sleep(3 * time.Second)
+		t0 := time.Now()
+		step(t0)
+		r := <-iperf
+		st := wire.finish()
+		t.Logf("%s: iperf %.1f Mbit/s (%v); wire, every 100 ms: %d samples (%d uncertain, left out), max %.3f of the limit at %.1fs, "+
+			"beyond 1.01 of it at most %.0f bytes (the class's burst: %d), over a second or more at most %.3f, longest silence %v; over 1.01 in 100 ms: %v",
+			what, r.bps/1e6, r.err, st.samples, st.uncertain, st.maxBps/limit, st.maxAt.Sub(t0).Seconds(),
+			st.overBurst, shareBurst, st.maxSecond/limit, st.longestSilence, wire.over(limit, 1.01, t0))
+		if r.err != nil {
+			t.Errorf("%s: iperf3: %v", what, r.err)
+		}
+		// A token bucket lets its burst out after a lull: within it, no
+		// stretch of any length may carry more than 1.01 of the limit.
+		if st.overBurst > shareBurst {
+			t.Errorf("%s: a stretch carried %.0f bytes beyond 1.01 of the limit, more than the class's burst of %d", what, st.overBurst, shareBurst)
+		}
+		if st.maxSecond > 1.01*limit {
+			t.Errorf("%s: the share's rate over a second reached %.3f of its limit (want at most 1.01)", what, st.maxSecond/limit)
+		}
+		if st.longestSilence > time.Second {
+			t.Errorf("%s: the share's pod sent nothing for %v (want at most 1 s)", what, st.longestSilence)
+		}
+	}
+
+	// The sampler's own reading of the old agent's steady state.
+	across("old agent, steady", func(time.Time) {})
+	drops := checkShares("before the upgrade", []string{testNS + "/up-a", testNS + "/up-b"}, nil)
+	checkNode("before the upgrade", 2)
+
+	across("helm upgrade", func(t0 time.Time) {
+		upgradeDone := make(chan error, 1)
+		go func() {
+			out, err := exec.Command(helm, "upgrade", "carve", chartDir(), "--kubeconfig", kc, "--namespace", chartNamespace, "--reuse-values",
+				"--set", "image.tag=e2e", "--wait", "--timeout", "120s").CombinedOutput()
+			if err != nil {
+				err = fmt.Errorf("%v\n%s", err, out)
+			}
+			upgradeDone <- err
+		}()
+		// During the rollout: a share unprepared, another prepared.
+		time.Sleep(2 * time.Second)
+		deletePodAndClaim(t, cs, "up-b")
+		t.Logf("%.1fs: up-b gone", time.Since(t0).Seconds())
+		share("up-c").start(t, cs)
+		if err := <-upgradeDone; err != nil {
+			logAgentPods(t)
+			t.Fatalf("helm upgrade: %v", err)
+		}
+		t.Logf("%.1fs: helm upgrade done", time.Since(t0).Seconds())
+		waitFor(t, "pod up-c", 90*time.Second, podRunning(cs, testNS, "up-c"))
+		t.Logf("%.1fs: up-c running", time.Since(t0).Seconds())
+	})
+	agentImages(t, "after the upgrade", "carve:e2e")
+	drops = checkShares("after the upgrade", []string{testNS + "/up-a", testNS + "/up-c"}, drops)
+	checkNode("after the upgrade", 2)
+
+	across("helm rollback", func(t0 time.Time) {
+		if out, err := exec.Command(helm, "rollback", "carve", "1", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "120s").CombinedOutput(); err != nil {
+			logAgentPods(t)
+			t.Fatalf("helm rollback: %v\n%s", err, out)
+		}
+		t.Logf("%.1fs: helm rollback done", time.Since(t0).Seconds())
+	})
+	agentImages(t, "after the rollback", "carve:prev-e2e")
+	checkShares("after the rollback", []string{testNS + "/up-a", testNS + "/up-c"}, drops)
+	checkNode("after the rollback", 2)
+	// The older agent unprepares what the newer one prepared.
+	deletePodAndClaim(t, cs, "up-c")
+	waitFor(t, "up-c unprepared", 60*time.Second, func() (bool, error) { return len(checkpointRecords(t, stateDir)) == 1, nil })
+	drops = checkShares("after the older agent unprepared up-c", []string{testNS + "/up-a"}, nil)
+	guards := func() []string {
+		entries, _ := os.ReadDir(filepath.Join(e2ePins, "pod_guard"))
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	t.Logf("pod guard pins under the older agent, up-a (prepared by it) alone prepared: %v", guards())
+
+	// Forward again: the current agent removes what the older one could
+	// not (the pod guard of the share it unprepared).
+	run(t, helm, "upgrade", "carve", chartDir(), "--kubeconfig", kc, "--namespace", chartNamespace, "--reuse-values",
+		"--set", "image.tag=e2e", "--wait", "--timeout", "120s")
+	agentImages(t, "upgraded again", "carve:e2e")
+	waitFor(t, "no pod guard pins of unprepared shares", 30*time.Second, func() (bool, error) { return len(guards()) == 0, nil })
+	checkShares("upgraded again", []string{testNS + "/up-a"}, drops)
+	checkNode("upgraded again", 1)
+}
+
+// agentImages checks that every agent pod runs image.
+func agentImages(t testing.TB, when, image string) {
+	t.Helper()
+	pods, err := client(t).CoreV1().Pods(chartNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && p.Spec.Containers[0].Image != image {
+			t.Errorf("%s: agent pod %s runs %s, want %s", when, p.Name, p.Spec.Containers[0].Image, image)
+		}
+	}
+}
+
+// logAgentPods logs each agent pod's phase, image and last log lines.
+func logAgentPods(t testing.TB) {
+	t.Helper()
+	kc := os.Getenv("CARVE_KUBECONFIG")
+	kubectl := filepath.Join(filepath.Dir(kc), "bin", "kubectl")
+	pods, err := client(t).CoreV1().Pods(chartNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=agent"})
+	if err != nil {
+		t.Logf("agent pods: %v", err)
+		return
+	}
+	for _, p := range pods.Items {
+		out, _ := exec.Command(kubectl, "--kubeconfig", kc, "logs", "-n", chartNamespace, p.Name, "--all-containers", "--tail=40").CombinedOutput()
+		t.Logf("agent pod %s (%s, %s, %s):\n%s", p.Name, p.Spec.Containers[0].Image, p.Status.Phase, podWhy(&p), out)
+	}
+}
