@@ -142,6 +142,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		MPSShmSize: uint64(shm.Value()),
 		MPSCgroup:  f.mpsCgroup,
 		DaemonSet:  ds,
+		Version:    version,
 	})
 }
 

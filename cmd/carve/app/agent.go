@@ -31,6 +31,7 @@ import (
 	"github.com/carve-dra/carve/prepare/health"
 	"github.com/carve-dra/carve/prepare/llc"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
+	"github.com/carve-dra/carve/prepare/nodeformat"
 	"github.com/carve-dra/carve/prepare/status"
 	"github.com/carve-dra/carve/slices"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -92,6 +93,9 @@ type Options struct {
 	// each hierarchy's root (hostcgroup.Group); "" leaves them where they
 	// start, in the agent's container.
 	MPSCgroup string
+	// Version is the agent's release, recorded with the node's state
+	// format.
+	Version string
 	// DaemonSet is the agent's own DaemonSet: where set, an agent that
 	// stops while it is being deleted (an uninstall) removes carve's state
 	// from the node (uninstall.go).
@@ -138,6 +142,16 @@ func run(ctx context.Context, opts Options) error {
 	// Before anything writes into it (the hook binary, the checkpoint).
 	if err := prepare.EnsureStateDir(opts.StateDir); err != nil {
 		return err
+	}
+	// Before anything reads the node's state: an older release's is
+	// migrated, a newer one this agent cannot serve refused untouched.
+	if found, err := nodeformat.Prepare(opts.StateDir, opts.BPFPinDir, opts.Version); err != nil {
+		if errors.Is(err, nodeformat.ErrTooNew) {
+			nodeEvent(ctx, opts.KubeClient, opts.NodeName, "NodeStateTooNew", err.Error())
+		}
+		return err
+	} else if found != nil && found.Version != nodeformat.Current {
+		logger.Info("Node state format", "found", found.Version, "writtenBy", found.WrittenBy, "serving", nodeformat.Current)
 	}
 	bootID, err := checkpoint.ReadBootID(opts.Root)
 	if err != nil {
