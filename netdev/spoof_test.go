@@ -337,6 +337,7 @@ func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
 	request = append(request, make([]byte, 18)...)
 	quiet(t, b.tp.Server, "peer0")
 	before, _ := b.shaper.SpoofDrops()
+	got0 := rxPackets(t, pod, "net1")
 	rx0, _ := nettest.RxBytes(b.tp.Server, "peer0")
 	sent, err := nettest.RawSend(b.tp.Server, "peer0", request, 200*time.Millisecond)
 	if err != nil {
@@ -344,9 +345,10 @@ func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	rx1, _ := nettest.RxBytes(b.tp.Server, "peer0")
+	got := rxPackets(t, pod, "net1") - got0
 	after, _ := b.shaper.SpoofDrops()
 	dropped := after[a.mac][bpf.SpoofSrcMAC] - before[a.mac][bpf.SpoofSrcMAC]
-	t.Logf("%d ARP requests for %s: the server received %d bytes back; the pod's kernel's replies dropped: %d", sent, stolen, rx1-rx0, dropped)
+	t.Logf("%d ARP requests for %s, %d delivered to the pod: the server received %d bytes back; the pod's kernel's replies dropped as the share's: %d", sent, stolen, got, rx1-rx0, dropped)
 	if rx1-rx0 > 1000 {
 		t.Errorf("the pod's kernel's ARP replies from its changed MAC reached the server: %d bytes", rx1-rx0)
 	}
@@ -354,8 +356,14 @@ func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
 	if strings.Contains(string(out), changed.String()) {
 		t.Errorf("the server learned the pod's changed MAC for %s: %s", stolen, out)
 	}
-	if dropped < uint64(sent)/2 {
-		t.Errorf("%d replies of the pod's kernel counted as dropped for %d requests", dropped, sent)
+	// The pod's kernel answers the requests delivered to it; how many
+	// are delivered depends on the machine's load (a macvlan queues
+	// broadcasts, and drops past its queue), so the replies counted
+	// under the share are checked against those, not the requests sent.
+	// A TCX drop is counted on no device, so the replies themselves
+	// cannot be counted on net1.
+	if got < 100 || dropped+10 < got {
+		t.Errorf("%d of %d requests delivered to the pod; %d of its kernel's replies counted as dropped under the share", got, sent, dropped)
 	}
 	// The interface gone (its pod's namespace with it, say), the guard's
 	// link says so: `carve shares` reports the share not enforced.
@@ -365,4 +373,14 @@ func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
 	if st, err := bpf.PodGuardState(b.pinDir, a.spec.HostName); err != nil || st != bpf.PodGuardDetached {
 		t.Errorf("the pod guard of a deleted interface: %q, %v; want detached", st, err)
 	}
+}
+
+// rxPackets is a link's received packets, in the namespace of h.
+func rxPackets(t *testing.T, h *netlink.Handle, name string) uint64 {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil || l.Attrs().Statistics == nil {
+		t.Fatalf("statistics of %s: %v", name, err)
+	}
+	return l.Attrs().Statistics.RxPackets
 }
