@@ -8,14 +8,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/carve-dra/carve/gpu/memslice"
 )
 
 const (
@@ -206,8 +212,8 @@ func sharesJSON(t testing.TB, stateDir string) ([]map[string]any, string, error)
 }
 
 // TestNodeUpgrade (issue 43, item 2): the previous release installed with
-// its own chart and image, share pods running, one of them saturating its
-// 20M share; then `helm upgrade --reuse-values` to the build under test,
+// its own chart and image, share pods running (NIC shares, a GPU memory
+// share with its MPS daemon), one of them saturating its 20M share; then `helm upgrade --reuse-values` to the build under test,
 // while a share is unprepared and another prepared; then `helm rollback`.
 // Throughout, the saturated share's rate at the far end of its parent,
 // sampled every 100 ms, stays within 1.01 of its limit and never stops for
@@ -225,9 +231,54 @@ func TestNodeUpgrade(t *testing.T) {
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
 	trafficServer(t, upgradeParent, upgradePeer, upgradeServer, upgradeIP, "5201")
-	nodeCfg := nicNodeConfig(upgradeParent, "upg", "10.84.0.0/24", upgradeIP, "")
+	// A GPU memory share too, on a real H100's NVML replay, with its MPS
+	// daemon (deploy/e2e/fakemps) started by the old agent.
+	g := newGPUNode(t)
+	nodeCfg := nicNodeConfig(upgradeParent, "upg", "10.84.0.0/24", upgradeIP,
+		"requestPolicies:\n  gpu:\n    memory: {default: 1Gi, min: 1Gi, step: 1Gi}\n")
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["upg"],"interfaceName":"net1"}`
-	installChartFrom(t, env, stateDir, filepath.Join(prev, "chart", "carve"), "prev-e2e", nil, nodeCfg)
+	installChartFrom(t, env, stateDir, filepath.Join(prev, "chart", "carve"), "prev-e2e", []string{"--set-string", "nvmlReplayFile=" + g.replay,
+		"--set-string", "nvmlReplayProcessesFile=" + g.procs, "--set-string", "nvidiaDriverRoot=" + g.driver}, nodeCfg)
+	mpsPIDs := func() []string {
+		files, _ := filepath.Glob(filepath.Join(stateDir, memslice.SharesDir, "mps", "*", "*", "pipe", "nvidia-cuda-mps-control.pid"))
+		var pids []string
+		for _, f := range files {
+			raw, _ := os.ReadFile(f)
+			pid := strings.TrimSpace(string(raw))
+			if n, err := strconv.Atoi(pid); err != nil || syscall.Kill(n, 0) != nil {
+				pid += "(dead)"
+			}
+			pids = append(pids, pid)
+		}
+		return pids
+	}
+	// Before the chart's uninstall: the GPU pod gone and unprepared, so
+	// that no daemon outlives the agent.
+	t.Cleanup(func() {
+		forceDeletePod(cs, "up-gpu")
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) && len(mpsPIDs()) > 0 {
+			time.Sleep(250 * time.Millisecond)
+		}
+		if left := mpsPIDs(); len(left) > 0 {
+			t.Errorf("MPS daemons left after the GPU pod went: %v", left)
+		}
+	})
+	gpuShareClaim(t, cs, "up-gpu", "2Gi")
+	gp := pod("up-gpu", &corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr.To("up-gpu")})
+	gp.Spec.Containers[0].Command = []string{"sh", "-c", "exec sleep 3600"}
+	startPod(t, cs, gp)
+	waitFor(t, "pod up-gpu", 120*time.Second, podRunning(cs, testNS, "up-gpu"))
+	daemons := mpsPIDs()
+	if len(daemons) != 1 || strings.Contains(daemons[0], "dead") {
+		t.Fatalf("the GPU share's MPS daemon under the old agent: %v, want one running", daemons)
+	}
+	checkDaemons := func(when string) {
+		t.Helper()
+		if got := mpsPIDs(); strings.Join(got, " ") != strings.Join(daemons, " ") {
+			t.Errorf("%s: MPS daemons %v, want the one the old agent started (%v), neither restarted nor doubled", when, got, daemons)
+		}
+	}
 	const limit = 20e6
 	// The HTB burst of a 20M class (netdev's htbBuffer: 8 ms of the rate,
 	// at least 16 KiB), with a frame's worth for the sampler's timing.
@@ -281,12 +332,13 @@ func TestNodeUpgrade(t *testing.T) {
 		if len(guards) > 2*shares {
 			t.Errorf("%s: %d pod guard pins for %d shares", when, len(guards), shares)
 		}
-		if n := len(checkpointRecords(t, stateDir)); n != shares {
-			t.Errorf("%s: %d checkpoint records, want %d", when, n, shares)
+		// The GPU share's claim besides the NIC shares'.
+		if n := len(checkpointRecords(t, stateDir)); n != shares+1 {
+			t.Errorf("%s: %d checkpoint records, want %d", when, n, shares+1)
 		}
 		specs, _ := filepath.Glob(filepath.Join(env["CARVE_CDI_DIR"], "carve.dev-claim_*.json"))
-		if len(specs) != shares {
-			t.Errorf("%s: %d CDI specs, want %d", when, len(specs), shares)
+		if len(specs) != shares+1 {
+			t.Errorf("%s: %d CDI specs, want %d", when, len(specs), shares+1)
 		}
 	}
 	// The share's rate across a step, sampled at the far end of the
@@ -322,7 +374,7 @@ func TestNodeUpgrade(t *testing.T) {
 
 	// The sampler's own reading of the old agent's steady state.
 	across("old agent, steady", func(time.Time) {})
-	drops := checkShares("before the upgrade", []string{testNS + "/up-a", testNS + "/up-b"}, nil)
+	drops := checkShares("before the upgrade", []string{testNS + "/up-a", testNS + "/up-b", testNS + "/up-gpu"}, nil)
 	checkNode("before the upgrade", 2)
 
 	across("helm upgrade", func(t0 time.Time) {
@@ -349,8 +401,9 @@ func TestNodeUpgrade(t *testing.T) {
 		t.Logf("%.1fs: up-c running", time.Since(t0).Seconds())
 	})
 	agentImages(t, "after the upgrade", "carve:e2e")
-	drops = checkShares("after the upgrade", []string{testNS + "/up-a", testNS + "/up-c"}, drops)
+	drops = checkShares("after the upgrade", []string{testNS + "/up-a", testNS + "/up-c", testNS + "/up-gpu"}, drops)
 	checkNode("after the upgrade", 2)
+	checkDaemons("after the upgrade")
 
 	across("helm rollback", func(t0 time.Time) {
 		if out, err := exec.Command(helm, "rollback", "carve", "1", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "120s").CombinedOutput(); err != nil {
@@ -360,12 +413,13 @@ func TestNodeUpgrade(t *testing.T) {
 		t.Logf("%.1fs: helm rollback done", time.Since(t0).Seconds())
 	})
 	agentImages(t, "after the rollback", "carve:prev-e2e")
-	checkShares("after the rollback", []string{testNS + "/up-a", testNS + "/up-c"}, drops)
+	checkShares("after the rollback", []string{testNS + "/up-a", testNS + "/up-c", testNS + "/up-gpu"}, drops)
 	checkNode("after the rollback", 2)
+	checkDaemons("after the rollback")
 	// The older agent unprepares what the newer one prepared.
 	deletePodAndClaim(t, cs, "up-c")
-	waitFor(t, "up-c unprepared", 60*time.Second, func() (bool, error) { return len(checkpointRecords(t, stateDir)) == 1, nil })
-	drops = checkShares("after the older agent unprepared up-c", []string{testNS + "/up-a"}, nil)
+	waitFor(t, "up-c unprepared", 60*time.Second, func() (bool, error) { return len(checkpointRecords(t, stateDir)) == 2, nil })
+	drops = checkShares("after the older agent unprepared up-c", []string{testNS + "/up-a", testNS + "/up-gpu"}, nil)
 	guards := func() []string {
 		entries, _ := os.ReadDir(filepath.Join(e2ePins, "pod_guard"))
 		var names []string
@@ -382,8 +436,9 @@ func TestNodeUpgrade(t *testing.T) {
 		"--set", "image.tag=e2e", "--wait", "--timeout", "120s")
 	agentImages(t, "upgraded again", "carve:e2e")
 	waitFor(t, "no pod guard pins of unprepared shares", 30*time.Second, func() (bool, error) { return len(guards()) == 0, nil })
-	checkShares("upgraded again", []string{testNS + "/up-a"}, drops)
+	checkShares("upgraded again", []string{testNS + "/up-a", testNS + "/up-gpu"}, drops)
 	checkNode("upgraded again", 1)
+	checkDaemons("upgraded again")
 }
 
 // agentImages checks that every agent pod runs image.
