@@ -44,8 +44,14 @@ type daemonSetWatch struct {
 }
 
 func (w *daemonSetWatch) observe(ds *appsv1.DaemonSet) {
-	if ds != nil && ds.DeletionTimestamp != nil {
+	switch {
+	case ds == nil:
+	case ds.DeletionTimestamp != nil:
 		w.markDeleted()
+	default:
+		// There again (deleted with --cascade=orphan, then made anew,
+		// adopting this pod): not an uninstall.
+		w.deleted.Store(false)
 	}
 }
 

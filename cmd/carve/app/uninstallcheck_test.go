@@ -130,6 +130,19 @@ func TestDaemonSetWatch(t *testing.T) {
 		t.Errorf("after the DaemonSet's deletion: uninstalling %v, onDeleted ran %d times; want true, once", w.uninstalling(ctx), seen.Load())
 	}
 
+	// Made anew (deleted with --cascade=orphan, then adopted again): not
+	// an uninstall any more.
+	if _, err := cs.AppsV1().DaemonSets(ds.Namespace).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for w.deleted.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if w.uninstalling(ctx) {
+		t.Error("uninstalling after the DaemonSet was made again")
+	}
+
 	never := &daemonSetWatch{client: fake.NewClientset(), namespace: "x", name: "y"}
 	if never.uninstalling(ctx) {
 		t.Error("an agent that never saw its DaemonSet thinks it is uninstalled")
