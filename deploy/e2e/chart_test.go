@@ -199,7 +199,10 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 				t.Errorf("%s %s rejected: %v", u.GetKind(), u.GetName(), err)
 			}
 		}
-		for kind, n := range map[string]int{"DaemonSet": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ServiceAccount": 1,
+		// The agent's, and the pre-delete hook's (ServiceAccount,
+		// ClusterRole and binding, Job); the agent's Role reads its
+		// DaemonSet.
+		for kind, n := range map[string]int{"DaemonSet": 1, "ClusterRole": 2, "ClusterRoleBinding": 2, "ServiceAccount": 2, "Role": 1, "RoleBinding": 1, "Job": 1,
 			"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1, "DeviceClass": 5, "NetworkPolicy": map[bool]int{true: 1}[scraped]} {
 			if kinds[kind] != n {
 				t.Errorf("rendered %d %s, want %d (sets %v)", kinds[kind], kind, n, sets)

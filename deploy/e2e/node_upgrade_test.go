@@ -213,7 +213,8 @@ func sharesJSON(t testing.TB, stateDir string) ([]map[string]any, string, error)
 
 // TestNodeUpgrade (issue 43, item 2): the previous release installed with
 // its own chart and image, share pods running (NIC shares, a GPU memory
-// share with its MPS daemon), one of them saturating its 20M share; then `helm upgrade --reuse-values` to the build under test,
+// share with its MPS daemon, an LLC from a fixture), one of them
+// saturating its 20M share; then `helm upgrade --reuse-values` to the build under test,
 // while a share is unprepared and another prepared; then `helm rollback`.
 // Throughout, the saturated share's rate at the far end of its parent,
 // sampled every 100 ms, stays within 1.01 of its limit and never stops for
@@ -237,8 +238,11 @@ func TestNodeUpgrade(t *testing.T) {
 	nodeCfg := nicNodeConfig(upgradeParent, "upg", "10.84.0.0/24", upgradeIP,
 		"requestPolicies:\n  gpu:\n    memory: {default: 1Gi, min: 1Gi, step: 1Gi}\n")
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["upg"],"interfaceName":"net1"}`
-	installChartFrom(t, env, stateDir, filepath.Join(prev, "chart", "carve"), "prev-e2e", []string{"--set-string", "nvmlReplayFile=" + g.replay,
-		"--set-string", "nvmlReplayProcessesFile=" + g.procs, "--set-string", "nvidiaDriverRoot=" + g.driver}, nodeCfg)
+	// And an LLC, from a fixture cache tree (this host's may have none).
+	t.Setenv("CARVE_E2E_LLC", "fixture")
+	llc := chooseLLCSource(t, filepath.Dir(kc))
+	installChartFrom(t, env, stateDir, filepath.Join(prev, "chart", "carve"), "prev-e2e", append([]string{"--set-string", "nvmlReplayFile=" + g.replay,
+		"--set-string", "nvmlReplayProcessesFile=" + g.procs, "--set-string", "nvidiaDriverRoot=" + g.driver}, llc.helmValues()...), nodeCfg)
 	mpsPIDs := func() []string {
 		files, _ := filepath.Glob(filepath.Join(stateDir, memslice.SharesDir, "mps", "*", "*", "pipe", "nvidia-cuda-mps-control.pid"))
 		var pids []string
@@ -269,6 +273,9 @@ func TestNodeUpgrade(t *testing.T) {
 	gp.Spec.Containers[0].Command = []string{"sh", "-c", "exec sleep 3600"}
 	startPod(t, cs, gp)
 	waitFor(t, "pod up-gpu", 120*time.Second, podRunning(cs, testNS, "up-gpu"))
+	createLLCClaim(t, cs, "up-llc")
+	startPod(t, cs, pod("up-llc", &corev1.PodResourceClaim{Name: "cache", ResourceClaimName: ptr.To("up-llc")}))
+	waitFor(t, "pod up-llc", 90*time.Second, podRunning(cs, testNS, "up-llc"))
 	daemons := mpsPIDs()
 	if len(daemons) != 1 || strings.Contains(daemons[0], "dead") {
 		t.Fatalf("the GPU share's MPS daemon under the old agent: %v, want one running", daemons)
@@ -332,13 +339,13 @@ func TestNodeUpgrade(t *testing.T) {
 		if len(guards) > 2*shares {
 			t.Errorf("%s: %d pod guard pins for %d shares", when, len(guards), shares)
 		}
-		// The GPU share's claim besides the NIC shares'.
-		if n := len(checkpointRecords(t, stateDir)); n != shares+1 {
-			t.Errorf("%s: %d checkpoint records, want %d", when, n, shares+1)
+		// The GPU share's and the LLC's claims besides the NIC shares'.
+		if n := len(checkpointRecords(t, stateDir)); n != shares+2 {
+			t.Errorf("%s: %d checkpoint records, want %d", when, n, shares+2)
 		}
 		specs, _ := filepath.Glob(filepath.Join(env["CARVE_CDI_DIR"], "carve.dev-claim_*.json"))
-		if len(specs) != shares+1 {
-			t.Errorf("%s: %d CDI specs, want %d", when, len(specs), shares+1)
+		if len(specs) != shares+2 {
+			t.Errorf("%s: %d CDI specs, want %d", when, len(specs), shares+2)
 		}
 	}
 	// The share's rate across a step, sampled at the far end of the
@@ -418,7 +425,7 @@ func TestNodeUpgrade(t *testing.T) {
 	checkDaemons("after the rollback")
 	// The older agent unprepares what the newer one prepared.
 	deletePodAndClaim(t, cs, "up-c")
-	waitFor(t, "up-c unprepared", 60*time.Second, func() (bool, error) { return len(checkpointRecords(t, stateDir)) == 2, nil })
+	waitFor(t, "up-c unprepared", 60*time.Second, func() (bool, error) { return len(checkpointRecords(t, stateDir)) == 3, nil })
 	drops = checkShares("after the older agent unprepared up-c", []string{testNS + "/up-a", testNS + "/up-gpu"}, nil)
 	guards := func() []string {
 		entries, _ := os.ReadDir(filepath.Join(e2ePins, "pod_guard"))
