@@ -328,6 +328,11 @@ func TestReport(t *testing.T) {
 		// Repetition 10's name extends 1's: it must not match it.
 		through("C/half_100nodes/carve/10/run/test", 1),
 		{Labels: map[string]string{"Metric": "scheduler_plugin_execution_duration_seconds", "plugin": "DynamicResources", "extension_point": "Filter", "Name": "C/half_100nodes/carve/1/run/test"}, Data: map[string]float64{"Average": 0.25}},
+		// Score was sampled in carve's first and second runs, ShareFit's
+		// in the second only; in the third no Score was.
+		{Labels: map[string]string{"Metric": "scheduler_plugin_execution_duration_seconds", "plugin": "DynamicResources", "extension_point": "Score", "Name": "C/half_100nodes/carve/1/run/test"}, Data: map[string]float64{"Average": 0.001}},
+		{Labels: map[string]string{"Metric": "scheduler_plugin_execution_duration_seconds", "plugin": "DynamicResources", "extension_point": "Score", "Name": "C/half_100nodes/carve/2/run/test"}, Data: map[string]float64{"Average": 0.001}},
+		{Labels: map[string]string{"Metric": "scheduler_plugin_execution_duration_seconds", "plugin": "ShareFit", "extension_point": "Score", "Name": "C/half_100nodes/carve/2/run/test"}, Data: map[string]float64{"Average": 0.002}},
 	}
 	rec := newRecorder()
 	for rep, used := range []int{12, 11, 15} {
@@ -339,9 +344,14 @@ func TestReport(t *testing.T) {
 		t.Errorf("results %+v", results)
 	}
 	problems := strings.Join(check(results), "\n")
-	for _, want := range []string{"no ShareFit Score", "devices of driver other.driver", "C/half_100nodes/carve/2: placement not measured"} {
+	for _, want := range []string{"C/half_100nodes/carve/1: no ShareFit Score", "devices of driver other.driver", "C/half_100nodes/carve/2: placement not measured"} {
 		if !strings.Contains(problems, want) {
 			t.Errorf("problems %q lack %q", problems, want)
+		}
+	}
+	for _, unwanted := range []string{"carve/2: no ShareFit", "carve/3: no ShareFit", "stock/1: no ShareFit"} {
+		if strings.Contains(problems, unwanted) {
+			t.Errorf("problems %q hold %q", problems, unwanted)
 		}
 	}
 	var b strings.Builder
