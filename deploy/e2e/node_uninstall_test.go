@@ -18,7 +18,7 @@ import (
 const (
 	uninstallParent = "carve-e2u0"
 	uninstallServer = "carve-e2u-srv"
-	uninstallIP     = "10.83.0.1"
+	uninstallIP     = "10.85.0.1"
 )
 
 // TestNodeUninstall (issue 43, item 3): what `helm uninstall` does to the
@@ -45,7 +45,7 @@ func TestNodeUninstall(t *testing.T) {
 	trafficServer(t, uninstallParent, "carve-e2u1", uninstallServer, uninstallIP)
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
-	nodeCfg := nicNodeConfig(uninstallParent, "uninst", "10.83.0.0/24", uninstallIP, "")
+	nodeCfg := nicNodeConfig(uninstallParent, "uninst", "10.85.0.0/24", uninstallIP, "")
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["uninst"],"interfaceName":"net1"}`
 	nodeEnv := append(os.Environ(), "CARVE_STATE_DIR="+stateDir, "CARVE_BPF_PIN_DIR="+e2ePins,
 		"CARVE_CDI_DIR="+env["CARVE_CDI_DIR"], "KUBELET_DIR="+env["KUBELET_ROOT_DIR"])
