@@ -2,6 +2,7 @@ package prepare
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -19,6 +20,25 @@ type Records = checkpoint.Records[ClaimRecord]
 // OpenCheckpoint opens the driver's checkpoint in dir (see checkpoint.Open).
 func OpenCheckpoint(dir, bootID string, onCorrupt func(kept string, err error)) (*Checkpoint, error) {
 	return checkpoint.Open[ClaimRecord](dir, bootID, onCorrupt)
+}
+
+// ReadRecords reads the claim records of this boot from the checkpoint in
+// stateDir, for a tool beside the agent (`carve shares`, `carve cleanup`):
+// the boot is the host's under root.
+func ReadRecords(root, stateDir string) (map[types.UID]ClaimRecord, error) {
+	bootID, err := checkpoint.ReadBootID(root)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := OpenCheckpoint(stateDir, bootID, nil)
+	if err != nil {
+		return nil, err
+	}
+	claims, err := cp.Read()
+	if err != nil {
+		return nil, fmt.Errorf("read the checkpoint in %s: %w", stateDir, err)
+	}
+	return claims, nil
 }
 
 // ClaimState is the phase a claim's preparation reached.

@@ -125,17 +125,9 @@ func preparedClaims(root, stateDir string) ([]prepare.ClaimRecord, error) {
 	if _, err := os.Stat(checkpoint.Path(stateDir)); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	bootID, err := checkpoint.ReadBootID(root)
+	records, err := prepare.ReadRecords(root, stateDir)
 	if err != nil {
 		return nil, err
-	}
-	cp, err := prepare.OpenCheckpoint(stateDir, bootID, nil)
-	if err != nil {
-		return nil, err
-	}
-	records, err := cp.Read()
-	if err != nil {
-		return nil, fmt.Errorf("read the checkpoint in %s: %w", stateDir, err)
 	}
 	out := make([]prepare.ClaimRecord, 0, len(records))
 	for _, r := range records {

@@ -99,17 +99,9 @@ func CheckStateDir(dir string) error {
 
 // readRecords reads the checkpoint's records of this boot.
 func readRecords(root, stateDir string) (map[string]prepare.ClaimRecord, error) {
-	bootID, err := checkpoint.ReadBootID(root)
+	claims, err := prepare.ReadRecords(root, stateDir)
 	if err != nil {
 		return nil, err
-	}
-	cp, err := prepare.OpenCheckpoint(stateDir, bootID, nil)
-	if err != nil {
-		return nil, err
-	}
-	claims, err := cp.Read()
-	if err != nil {
-		return nil, fmt.Errorf("read the checkpoint in %s: %w", stateDir, err)
 	}
 	out := make(map[string]prepare.ClaimRecord, len(claims))
 	for uid, r := range claims {
