@@ -264,12 +264,12 @@ func run(ctx context.Context, opts Options) error {
 	defer wg.Wait()
 	if opts.MetricsAddr != "" {
 		srv := &http.Server{Addr: opts.MetricsAddr, Handler: metricsMux(reg, helper, opts.Profiling), ReadHeaderTimeout: 5 * time.Second}
-		if err := serveHTTP(ctx, &wg, srv); err != nil {
+		if err := serveHTTP(ctx, &wg, srv, func(err error) { cancel(err) }); err != nil {
 			return err
 		}
 	}
 	if opts.HealthAddr != "" {
-		if err := serveHealth(ctx, &wg, opts.HealthAddr, helper); err != nil {
+		if err := serveHealth(ctx, &wg, opts.HealthAddr, helper, func(err error) { cancel(err) }); err != nil {
 			return err
 		}
 	}

@@ -41,8 +41,8 @@ func metricsMux(reg *prometheus.Registry, helper *kubeletplugin.Helper, profilin
 	return mux
 }
 
-func serveHTTP(ctx context.Context, wg *sync.WaitGroup, srv *http.Server) error {
-	return listenEventually(ctx, wg, srv.Addr, "metrics", func(ln net.Listener) { serveHTTPOn(ctx, wg, srv, ln) })
+func serveHTTP(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, fatal func(error)) error {
+	return listenEventually(ctx, wg, srv.Addr, "metrics", fatal, func(ln net.Listener) { serveHTTPOn(ctx, wg, srv, ln) })
 }
 
 func serveHTTPOn(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, ln net.Listener) {
@@ -66,8 +66,8 @@ func serveHTTPOn(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, ln n
 // serveHealth runs the standard gRPC health service for the DaemonSet's grpc
 // liveness probe: SERVING while the kubelet plugin is up, NOT_SERVING while
 // the kubelet reports a failed registration.
-func serveHealth(ctx context.Context, wg *sync.WaitGroup, addr string, helper *kubeletplugin.Helper) error {
-	return listenEventually(ctx, wg, addr, "health", func(ln net.Listener) { serveHealthOn(ctx, wg, ln, helper) })
+func serveHealth(ctx context.Context, wg *sync.WaitGroup, addr string, helper *kubeletplugin.Helper, fatal func(error)) error {
+	return listenEventually(ctx, wg, addr, "health", fatal, func(ln net.Listener) { serveHealthOn(ctx, wg, ln, helper) })
 }
 
 func serveHealthOn(ctx context.Context, wg *sync.WaitGroup, ln net.Listener, helper *kubeletplugin.Helper) {
@@ -104,12 +104,19 @@ func serveHealthOn(ctx context.Context, wg *sync.WaitGroup, ln net.Listener, hel
 	}()
 }
 
+// addrWait is how long an address may stay taken: longer than a replaced
+// agent's termination grace period (the chart's default, 30 s) and its
+// start-up beside the new one.
+var addrWait = 2 * time.Minute
+
 // listenEventually listens on addr and hands the listener to serve. Where
 // another process holds the address, it keeps trying in the background and
 // serves once it can: on the node's network (hostNetwork) a rolling
 // update's new agent starts beside the one it replaces, which holds the
 // ports until it stops; the kubelet's probe meanwhile reaches the old one.
-func listenEventually(ctx context.Context, wg *sync.WaitGroup, addr, what string, serve func(net.Listener)) error {
+// An address still taken after addrWait is another process's, or a
+// misconfiguration (two of the agent's own on one port): fatal.
+func listenEventually(ctx context.Context, wg *sync.WaitGroup, addr, what string, fatal func(error), serve func(net.Listener)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err == nil {
 		serve(ln)
@@ -124,15 +131,21 @@ func listenEventually(ctx context.Context, wg *sync.WaitGroup, addr, what string
 		defer wg.Done()
 		t := time.NewTicker(500 * time.Millisecond)
 		defer t.Stop()
+		deadline := time.Now().Add(addrWait)
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			if ln, err := net.Listen("tcp", addr); err == nil {
+			ln, err := net.Listen("tcp", addr)
+			if err == nil {
 				klog.FromContext(ctx).Info("Serving", "what", what, "address", addr)
 				serve(ln)
+				return
+			}
+			if time.Now().After(deadline) {
+				fatal(fmt.Errorf("%s listener: %s still in use after %v: %w", what, addr, addrWait, err))
 				return
 			}
 		}
