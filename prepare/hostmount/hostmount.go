@@ -122,6 +122,19 @@ type Mount struct {
 // main thread's, which InNamespace leaves in the agent's namespace.
 const mountinfoPath = "/proc/thread-self/mountinfo"
 
+// currentMounts are the calling thread's mounts.
+func currentMounts() ([]Mount, error) {
+	data, err := os.ReadFile(mountinfoPath)
+	if err != nil {
+		return nil, err
+	}
+	mounts, err := ParseMountinfo(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", mountinfoPath, err)
+	}
+	return mounts, nil
+}
+
 // ParseMountinfo reads proc(5)'s mountinfo format.
 func ParseMountinfo(data []byte) ([]Mount, error) {
 	var out []Mount
@@ -184,13 +197,9 @@ func MountOf(path string) (Mount, error) {
 	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_MNT_ID, &stx); err != nil {
 		return Mount{}, fmt.Errorf("statx %s: %w", path, err)
 	}
-	data, err := os.ReadFile(mountinfoPath)
+	mounts, err := currentMounts()
 	if err != nil {
 		return Mount{}, err
-	}
-	mounts, err := ParseMountinfo(data)
-	if err != nil {
-		return Mount{}, fmt.Errorf("%s: %w", mountinfoPath, err)
 	}
 	for _, m := range mounts {
 		if uint64(m.ID) == stx.Mnt_id {
@@ -268,13 +277,9 @@ func RemoveSelfBind(dir string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("self-bind %s: %w", dir, err)
 	}
-	data, err := os.ReadFile(mountinfoPath)
+	mounts, err := currentMounts()
 	if err != nil {
 		return false, err
-	}
-	mounts, err := ParseMountinfo(data)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", mountinfoPath, err)
 	}
 	byID := map[int]Mount{}
 	var top *Mount
@@ -317,13 +322,9 @@ func HasMountBelow(path string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	data, err := os.ReadFile(mountinfoPath)
+	mounts, err := currentMounts()
 	if err != nil {
 		return false, err
-	}
-	mounts, err := ParseMountinfo(data)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", mountinfoPath, err)
 	}
 	for _, m := range mounts {
 		if m.MountPoint == path || strings.HasPrefix(m.MountPoint, path+"/") {
