@@ -142,12 +142,19 @@ func TestNodeUninstall(t *testing.T) {
 			t.Errorf("the pins went with a claim prepared: its share is no longer enforced")
 		}
 		waitFor(t, "an Event on the Node", 10*time.Second, func() (bool, error) {
+			// Earlier tests' uninstalls may have left events of their
+			// own: this one names un-c.
 			evs, err := cs.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "reason=UninstalledWithClaims"})
-			if err != nil || len(evs.Items) == 0 {
+			if err != nil {
 				return false, err
 			}
-			t.Logf("Node event: %s", evs.Items[len(evs.Items)-1].Message)
-			return strings.Contains(evs.Items[len(evs.Items)-1].Message, testNS+"/un-c"), nil
+			for _, e := range evs.Items {
+				if strings.Contains(e.Message, testNS+"/un-c") {
+					t.Logf("Node event: %s", e.Message)
+					return true, nil
+				}
+			}
+			return false, nil
 		})
 		cleanup := func(args ...string) (string, error) {
 			cmd := exec.Command(carveBinary(t), append([]string{"cleanup", "--state-dir", stateDir, "--bpf-pin-dir", e2ePins,
