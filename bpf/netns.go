@@ -30,7 +30,8 @@ type PodShare struct {
 	AllowMACChange bool
 	// CheckIPv4 drops IPv4 sources and ARP senders outside the share's
 	// addresses (AllowAddr); CheckIPv6 IPv6 sources and ND advertisement
-	// targets. Each is set where the share has addresses of the family.
+	// targets. Each is set where the share has addresses of the family,
+	// or none and its class leaves the family closed (openFamilies).
 	CheckIPv4, CheckIPv6 bool
 }
 

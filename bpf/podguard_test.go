@@ -43,7 +43,7 @@ func TestPodGuard(t *testing.T) {
 		{"own IPv4", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", false), 0},
 		{"own ARP request", arpFrame(share, share, 1, "10.9.0.5", "10.9.0.1"), 0},
 		{"its own IPv6 link-local", ipFrame(gw, share, eui64LinkLocal(share).String(), "fe80::2", false), 0},
-		{"a global IPv6 (SLAAC; no IPv6 addresses given)", ipFrame(gw, share, "2001:db8::1", "2001:db8::2", false), 0},
+		{"a global IPv6 (SLAAC; IPv6 opened, no IPv6 addresses given)", ipFrame(gw, share, "2001:db8::1", "2001:db8::2", false), 0},
 		{"another link-local", ipFrame(gw, share, "fe80::1", "fe80::2", false), SpoofSrcIP},
 		{"DHCP", udpFrame(bcast, share, "0.0.0.0", "255.255.255.255", 68, 67), 0},
 		{"the share's own VLAN, in the pod", ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true), SpoofVLAN},

@@ -162,8 +162,9 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	}
 }
 
-// A share given only IPv4 addresses keeps the IPv6 addresses its pod makes
-// (SLAAC): IPv6 is unchecked, IPv4 checked.
+// A share given only IPv4 addresses, in a class that opens IPv6
+// (openFamilies; the agent then leaves CheckIPv6 off), keeps the IPv6
+// addresses its pod makes (SLAAC): IPv6 is unchecked, IPv4 checked.
 func TestIPv4OnlyShareKeepsItsIPv6(t *testing.T) {
 	needRoot(t)
 	s := openShaper(t, testPinDir(t))

@@ -199,10 +199,12 @@
 //     change, and drops on the parent, counted by reason, every frame whose
 //     source MAC is not the share's (unless the DeviceClass sets
 //     allowMACChange), that carries an 802.1Q/802.1ad tag but its share's
-//     own VLAN's, or, where the share was given addresses of a family, whose
-//     IPv4/IPv6 source, ARP sender or ND advertisement target is not one of
-//     them (the unspecified IPv6 address and the link-local one its MAC
-//     makes excepted). The full allow-list, checked also on the pod's own
+//     own VLAN's, or whose IPv4/IPv6 source, ARP sender or ND advertisement
+//     target is not one of the share's addresses (the unspecified IPv6
+//     address and the link-local one its MAC makes excepted). A family the
+//     share was given no address in is closed so, unless its DeviceClass
+//     lists it in openFamilies (addresses from DHCP or SLAAC), where its
+//     sources go unchecked (TestClosedFamilies). The full allow-list, checked also on the pod's own
 //     interface for every frame it sends, its kernel's own included, is
 //     bpf/policy.h. Measured on the real
 //     node (TestNodeShareEscapes): 92k–379k forged frames per 2 s flood

@@ -166,7 +166,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		// and its addresses where it has some.
 		spec.PodShare = &hook.PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index,
 			VLAN: cfg.VLAN, AllowMACChange: cfg.AllowMACChange}
-		spec.PodShare.CheckIPv4, spec.PodShare.CheckIPv6 = p.addressFamilies(cfg)
+		spec.PodShare.CheckIPv4, spec.PodShare.CheckIPv6 = p.checkedFamilies(cfg)
 		if u.EgressMinor != 0 {
 			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
 		}
@@ -235,9 +235,17 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		InterfaceName: spec.PodName, IPs: u.Addresses, HardwareAddress: podMAC}}, nil
 }
 
+// checkedFamilies says in which families the share's frames are checked
+// against its addresses: every family but one its class opens
+// (openFamilies) and carve gives it no address of. A closed family the
+// share has no address in is checked against none, which shuts it.
+func (p *NICPreparer) checkedFamilies(cfg v1alpha1.NetworkConfig) (v4, v6 bool) {
+	has4, has6 := p.addressFamilies(cfg)
+	return has4 || !cfg.Opens(v1alpha1.FamilyIPv4), has6 || !cfg.Opens(v1alpha1.FamilyIPv6)
+}
+
 // addressFamilies says which families the share will have addresses of:
-// its static addresses' and its pools'. A family it has none of is left
-// unchecked (the pod's own SLAAC addresses, say).
+// its static addresses' and its pools'.
 func (p *NICPreparer) addressFamilies(cfg v1alpha1.NetworkConfig) (v4, v6 bool) {
 	note := func(a netip.Addr) {
 		v4 = v4 || a.Unmap().Is4()

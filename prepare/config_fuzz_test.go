@@ -52,8 +52,9 @@ func FuzzEffectiveConfig(f *testing.F) {
 		{class, net(`,"interfaceName":"eth0"`), 1}, // reserved
 		{class, net(`,"pools":["a"]`), 0},          // a NetworkConfig for a GPU
 		{net(`,"pools":["a"],"allowedPools":["b"]`), net(`,"pools":["b"]`), 1},
-		{net(`,"allowedPools":["b"]`), net(`,"pools":["a"]`), 1},        // not the class's
-		{net(`,"allowedPools":["b"]`), net(`,"allowedPools":["a"]`), 1}, // the class's to set
+		{net(`,"allowedPools":["b"]`), net(`,"pools":["a"]`), 1},              // not the class's
+		{net(`,"allowedPools":["b"]`), net(`,"allowedPools":["a"]`), 1},       // the class's to set
+		{net(`,"openFamilies":["IPv6"]`), net(`,"openFamilies":["IPv4"]`), 1}, // the class's to set
 		{dev, []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"CARVE_CLAIM_UID":"x"}}`), 0},
 		{dev, []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"carve_x":"\n\u0000"}}`), 16},
 		{[]byte(`{}`), []byte(`[]`), 1},

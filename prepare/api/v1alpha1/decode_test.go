@@ -49,6 +49,8 @@ func TestDecodeRefusesNamingTheField(t *testing.T) {
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","routes":[{"destination":"x"}]}`, "parameters.routes[0].destination"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","mode":"ipvlan","macvlanMode":"vepa"}`, "parameters.macvlanMode"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"DeviceConfig","env":{"1BAD":"x"}}`, "parameters.env[1BAD]"},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","openFamilies":["ipv4"]}`, `parameters.openFamilies[0]: Unsupported value: "ipv4": supported values: "IPv4", "IPv6"`},
+		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","openFamilies":["IPv6","IPv6"]}`, `parameters.openFamilies[1]: Duplicate value: "IPv6"`},
 		{`[1,2]`, "not a JSON object"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"eth0"}`, "parameters.interfaceName: Invalid value: \"eth0\": reserved"},
 		{`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","interfaceName":"lo"}`, "reserved"},

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"slices"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -66,6 +68,26 @@ type NetworkConfig struct {
 	// addresses, or nest a link on it that lands on the node's NIC. Set
 	// by the DeviceClass (the admin), never by a claim.
 	AllowNetAdmin bool `json:"allowNetAdmin,omitempty"`
+	// OpenFamilies lists the address families (IPv4, IPv6) in which a
+	// share that carve gave no address of the family may send from any
+	// address: one that gets its address on the segment (DHCP, SLAAC).
+	// A family left closed is checked against the share's addresses
+	// even where it has none: then no IPv4 or ARP but a DHCP client's
+	// request and an ARP probe, and no IPv6 but from the interface's own
+	// link-local address. A share's own addresses are checked whatever
+	// this says. Set by the DeviceClass (the admin), never by a claim.
+	OpenFamilies []string `json:"openFamilies,omitempty"`
+}
+
+// Address families OpenFamilies may name.
+const (
+	FamilyIPv4 = "IPv4"
+	FamilyIPv6 = "IPv6"
+)
+
+// Opens reports whether the config opens family (OpenFamilies).
+func (n *NetworkConfig) Opens(family string) bool {
+	return slices.Contains(n.OpenFamilies, family)
 }
 
 // GPUConfig configures a GPU memory share (a claim with capacity

@@ -160,6 +160,15 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Required(path.Child("pools").Index(i), "a pool name from the node config"))
 		}
 	}
+	for i, f := range n.OpenFamilies {
+		p := path.Child("openFamilies").Index(i)
+		switch {
+		case f != FamilyIPv4 && f != FamilyIPv6:
+			errs = append(errs, field.NotSupported(p, f, []string{FamilyIPv4, FamilyIPv6}))
+		case slices.Index(n.OpenFamilies, f) < i:
+			errs = append(errs, field.Duplicate(p, f))
+		}
+	}
 	for i, p := range n.AllowedPools {
 		if p == "" {
 			errs = append(errs, field.Required(path.Child("allowedPools").Index(i), "a pool name from the node config"))

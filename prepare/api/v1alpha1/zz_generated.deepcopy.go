@@ -100,6 +100,11 @@ func (in *NetworkConfig) DeepCopyInto(out *NetworkConfig) {
 		*out = make([]Route, len(*in))
 		copy(*out, *in)
 	}
+	if in.OpenFamilies != nil {
+		in, out := &in.OpenFamilies, &out.OpenFamilies
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	return
 }
 
