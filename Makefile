@@ -25,7 +25,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # cgo packages, so it runs with the CGO settings above.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: help build release test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf clean
+.PHONY: help build release test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf vmtest clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -148,6 +148,14 @@ soak: build ## the long soak on the real node: agent kills under churn, then 20,
 	  traffic=0; [ "$$n" = 100 ] && traffic=1; \
 	  CARVE_E2E_SHARE_PODS=$$n CARVE_E2E_SHARE_PODS_TRAFFIC=$$traffic $(GO) test -count=1 -v -timeout 30m -run '^TestNodeManySharePods$$' ./deploy/e2e/ || exit 1; \
 	done
+
+# The privileged packages in throw-away qemu guests (TCG: this machine kind
+# cannot use KVM), one a package and kernel, of Debian's current kernels:
+# VMTEST_KERNELS (suites; trixie's 6.12 and bookworm's 6.1 by default),
+# VMTEST_PKGS, VMTEST_RUN (a -run regexp). deploy/vmtest/README.md says what
+# runs where and what each kernel lacks.
+vmtest: ## the datapath tests in qemu guests of other kernels (VMTEST_KERNELS, VMTEST_PKGS, VMTEST_RUN)
+	@GO=$(GO) deploy/vmtest/vmtest.sh
 
 manifests: ## render the chart into deploy/manifests/carve.yaml
 	@helm=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \

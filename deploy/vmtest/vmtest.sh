@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# vmtest.sh: make vmtest. For each kernel of VMTEST_KERNELS (Debian suites;
+# kernel.sh fetches each suite's current kernel), runs the test binary of
+# each package of VMTEST_PKGS in a throw-away guest of its own (run.sh), one
+# guest at a time, with -test.run VMTEST_RUN. Exits non-zero if any package
+# fails on any kernel, or any kernel cannot be fetched or booted.
+# README.md beside this file says which tests run on which kernel, and why
+# the default VMTEST_RUN is a subset.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+VMTEST_KERNELS=${VMTEST_KERNELS:-trixie bookworm}
+VMTEST_PKGS=${VMTEST_PKGS:-./bpf ./netdev ./prepare/hook}
+VMTEST_RUN=${VMTEST_RUN:-}
+VMTEST_TIMEOUT=${VMTEST_TIMEOUT:-20m}
+VMTEST_V=${VMTEST_V:-1}
+GO=${GO:-go}
+start=$(date +%s)
+stamp() { echo "[vmtest +$(( $(date +%s) - start ))s] $*"; }
+command -v qemu-system-x86_64 >/dev/null ||
+  { echo "vmtest: no qemu-system-x86_64 (Debian: apt-get install --no-install-recommends qemu-system-x86)" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/carve-vmtest.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$repo"
+# Built once, on the host, static: the guest has the host's /usr, but a
+# static binary does not depend on it matching.
+for pkg in $VMTEST_PKGS; do
+  name=$(echo "${pkg#./}" | tr / _)
+  stamp "build $pkg"
+  CGO_ENABLED=0 $GO test -c -o "$work/$name.test" "$pkg"
+done
+
+failed=()
+for suite in $VMTEST_KERNELS; do
+  kdir=$("$here/kernel.sh" "$suite" | tail -n1)
+  release=$(cat "$kdir/release")
+  label=$suite-$release
+  "$here/initramfs.sh" "$kdir" "$work/initramfs-$suite.cpio"
+  for pkg in $VMTEST_PKGS; do
+    name=$(echo "${pkg#./}" | tr / _)
+    [ -x "$work/$name.test" ] || { stamp "$pkg has no tests"; continue; }
+    args=(-test.timeout "$VMTEST_TIMEOUT" -test.count 1)
+    [ "$VMTEST_V" = 1 ] && args+=(-test.v)
+    [ -n "$VMTEST_RUN" ] && args+=(-test.run "$VMTEST_RUN")
+    stamp "$pkg on $label"
+    t0=$(date +%s)
+    if "$here/run.sh" "$kdir" "$work/initramfs-$suite.cpio" "$label" "$repo/${pkg#./}" -- "$work/$name.test" "${args[@]}"; then
+      stamp "ok   $pkg on $label ($(( $(date +%s) - t0 ))s)"
+    else
+      stamp "FAIL $pkg on $label ($(( $(date +%s) - t0 ))s)"
+      failed+=("$pkg on $label")
+    fi
+  done
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  stamp "failed: ${failed[*]}"
+  exit 1
+fi
+stamp "all passed on: $VMTEST_KERNELS"
