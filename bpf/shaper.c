@@ -15,6 +15,7 @@
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
@@ -313,13 +314,63 @@ static __always_inline void count(struct share_key *key, __u32 len)
 	c->packets += 1;
 }
 
+// bpf_get_netns_cookie is a tc helper only since Linux 6.15: before, the
+// verifier refuses the whole program (Debian's 6.1 and 6.12, make vmtest).
+// OpenShaper clears tc_netns_cookie where the kernel lacks the helper, and
+// netns_cookie then reads the same cookie (the net_cookie of the socket's
+// namespace, which SO_NETNS_COOKIE gives the agent) with
+// bpf_probe_read_kernel, its offsets relocated from the kernel's BTF. The
+// verifier never walks a branch the constant rules out, so one object loads
+// on both.
+volatile const __u8 tc_netns_cookie = 1;
+
+#pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
+struct net___carve {
+	__u64 net_cookie;
+};
+typedef struct {
+	struct net___carve *net;
+} possible_net_t___carve;
+struct sock_common___carve {
+	possible_net_t___carve skc_net;
+};
+#pragma clang attribute pop
+
+// The bytes of struct sock copied to reach skc_net (48 on 6.1 and 6.12).
+#define SOCK_HEAD 96
+
+// netns_cookie is bpf_get_netns_cookie(skb) where the kernel has it for tc
+// programs, else the same read through the socket; 0 for a frame with no
+// socket, which is in no pod's entry either way.
+static __always_inline __u64 netns_cookie(struct __sk_buff *skb)
+{
+	if (tc_netns_cookie)
+		return bpf_get_netns_cookie(skb);
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return 0;
+	// The verifier allows no arithmetic on a socket pointer, so the
+	// socket's head is copied whole and skc_net taken from the copy.
+	__u8 head[SOCK_HEAD];
+	__u32 off = bpf_core_field_offset(struct sock_common___carve, skc_net);
+	if (off > SOCK_HEAD - 8)
+		return 0;
+	if (bpf_probe_read_kernel(head, off + 8, sk))
+		return 0;
+	__u64 net = 0, cookie = 0;
+	__builtin_memcpy(&net, head + off, 8);
+	if (!net || bpf_probe_read_kernel(&cookie, 8, (void *)(net + bpf_core_field_offset(struct net___carve, net_cookie))))
+		return 0;
+	return cookie;
+}
+
 // netns_share finds the share of the pod whose socket sent skb out of the
 // parent, or NULL: the host's own frames and frames with no socket (the
 // host's cookie) are in no pod's entry.
 static __always_inline struct netns_val *netns_share(struct __sk_buff *skb)
 {
 	struct netns_key nk = {
-		.cookie = bpf_get_netns_cookie(skb),
+		.cookie = netns_cookie(skb),
 		.ifindex = skb->ifindex,
 	};
 	return bpf_map_lookup_elem(&share_netns, &nk);

@@ -114,6 +114,9 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 		}
 		m.Pinning = ebpf.PinByName // shaper.c says so too; state must persist
 	}
+	if _, err := setNetnsCookieSource(spec); err != nil {
+		return nil, err
+	}
 	s := &Shaper{pinDir: pinDir, spec: spec.Copy()}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {

@@ -189,6 +189,7 @@ const (
 	shaperVarGuardFlags       = "guard_flags"
 	shaperVarGuardParent      = "guard_parent"
 	shaperVarGuardShareMac    = "guard_share_mac"
+	shaperVarTcNetnsCookie    = "tc_netns_cookie"
 )
 
 // loadShaper returns the embedded CollectionSpec for shaper.
@@ -275,6 +276,7 @@ type shaperVariableSpecs struct {
 	GuardFlags    *ebpf.VariableSpec `ebpf:"guard_flags"`
 	GuardParent   *ebpf.VariableSpec `ebpf:"guard_parent"`
 	GuardShareMac *ebpf.VariableSpec `ebpf:"guard_share_mac"`
+	TcNetnsCookie *ebpf.VariableSpec `ebpf:"tc_netns_cookie"`
 }
 
 // shaperObjects contains all objects after they have been loaded into the kernel.
@@ -351,6 +353,7 @@ type shaperVariables struct {
 	GuardFlags    *ebpf.Variable `ebpf:"guard_flags"`
 	GuardParent   *ebpf.Variable `ebpf:"guard_parent"`
 	GuardShareMac *ebpf.Variable `ebpf:"guard_share_mac"`
+	TcNetnsCookie *ebpf.Variable `ebpf:"tc_netns_cookie"`
 }
 
 // shaperPrograms contains all programs after they have been loaded into the kernel.
