@@ -152,20 +152,34 @@ func PodGuardState(pinDir, name string) (string, error) {
 	} else if err != nil {
 		return "", err
 	}
-	l, err := link.LoadPinnedLink(PodGuardLinkPath(pinDir, name), nil)
-	if errors.Is(err, os.ErrNotExist) {
+	ifindex, err := PodGuardIfindex(pinDir, name)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
 		return PodGuardPending, nil
+	case err != nil:
+		return "", err
+	case ifindex == 0:
+		return PodGuardDetached, nil
 	}
+	return PodGuardAttached, nil
+}
+
+// PodGuardIfindex is the index, in its pod's network namespace, of the
+// interface the pod guard of share name is attached to: 0 where it is
+// detached (the interface is gone), os.ErrNotExist where the hook has not
+// attached it yet.
+func PodGuardIfindex(pinDir, name string) (int, error) {
+	l, err := link.LoadPinnedLink(PodGuardLinkPath(pinDir, name), nil)
 	if err != nil {
-		return "", fmt.Errorf("the pod guard link of %s: %w", name, err)
+		return 0, fmt.Errorf("the pod guard link of %s: %w", name, err)
 	}
 	defer l.Close()
 	info, err := l.Info()
 	if err != nil {
-		return "", fmt.Errorf("the pod guard link of %s: %w", name, err)
+		return 0, fmt.Errorf("the pod guard link of %s: %w", name, err)
 	}
-	if tcx := info.TCX(); tcx == nil || tcx.Ifindex == 0 {
-		return PodGuardDetached, nil
+	if tcx := info.TCX(); tcx != nil {
+		return int(tcx.Ifindex), nil
 	}
-	return PodGuardAttached, nil
+	return 0, nil
 }

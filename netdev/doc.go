@@ -189,8 +189,13 @@
 // naming the option, so the runtime does not start it (measured on the
 // real node, TestNodeShareEscapes). A container of the pod that uses no
 // NIC claim runs no hook of carve's and is not checked: Pod Security
-// "baseline" forbids adding NET_ADMIN. Where the class allows it, a pod
-// (any capabilities its pod spec grants) cannot:
+// "baseline" forbids adding NET_ADMIN. Where the class allows it, a link
+// the pod nests on its share's interface (a macvlan there lands on the
+// node's NIC, and in source mode receives others' frames) is removed within
+// a second, with an Event on the pod and carve_share_nested_links_removed_total
+// (nested.go; measured on the real node: gone before the pod's next
+// command). Where the class allows it, a pod (any capabilities its pod
+// spec grants) cannot:
 //
 //   - Claim another's identity on the wire (SR-IOV spoofchk, and IP). Pods
 //     get CAP_NET_RAW by default and may write any frame; with CAP_NET_ADMIN

@@ -25,12 +25,16 @@ var (
 	shareSpoofDrops = prometheus.NewDesc("carve_share_spoofed_frames_dropped_total",
 		"Frames a pod sent through its NIC share that the classifier dropped for claiming another's identity, by reason "+
 			"(source-mac, vlan-tag, source-ip, arp-sender, nd-target).", []string{"claim", "share_id", "reason"}, nil)
+	shareNestedLinks = prometheus.NewDesc("carve_share_nested_links_removed_total",
+		"Links (macvlan, macvtap, ipvlan, ipvtap) a NIC share's pod nested on the node's NIC, which the agent removed.", []string{"claim", "share_id"}, nil)
 )
 
 // shareLabels name a share in metrics, with its allocated bandwidth (bits
 // per second, 0 where it asked for none).
 type shareLabels struct {
-	claim, shareID          string
+	claim, shareID string
+	// link is the share's interface's name on the node (LinkName).
+	link                    string
 	egressBits, ingressBits int64
 	// dropBase is what the share's classes had counted before it took
 	// them over, by direction (park.go).
@@ -46,7 +50,7 @@ func (l shareLabels) withDropBase(u undoRecord) shareLabels {
 }
 
 func labelsOf(a prepare.Allocation) shareLabels {
-	l := shareLabels{claim: a.ClaimNamespace + "/" + a.ClaimName}
+	l := shareLabels{claim: a.ClaimNamespace + "/" + a.ClaimName, link: LinkName(a.ShareKey())}
 	if a.ShareID != nil {
 		l.shareID = string(*a.ShareID)
 	}
@@ -68,6 +72,7 @@ func (p *NICPreparer) Describe(ch chan<- *prometheus.Desc) {
 	ch <- shareDrops
 	ch <- shareSpoofDrops
 	ch <- shareAllocated
+	ch <- shareNestedLinks
 }
 
 // Collect reports every prepared share's counters, read from the BPF maps
@@ -82,7 +87,13 @@ func (p *NICPreparer) Collect(ch chan<- prometheus.Metric) {
 	}
 	p.mu.Lock()
 	labels := maps.Clone(p.labels)
+	nested := maps.Clone(p.nestedRemoved)
 	p.mu.Unlock()
+	for mac, n := range nested {
+		if l, ok := labels[mac]; ok {
+			ch <- prometheus.MustNewConstMetric(shareNestedLinks, prometheus.CounterValue, float64(n), l.claim, l.shareID)
+		}
+	}
 	for _, l := range labels {
 		for dir, bits := range map[string]int64{"egress": l.egressBits, "ingress": l.ingressBits} {
 			if bits > 0 {

@@ -67,6 +67,9 @@ type NICPreparer struct {
 	plainRoot map[int]bool
 	labels    map[string]shareLabels
 	held      map[string]map[string]bool
+	// nestedRemoved counts the links each share's pod nested on its
+	// parent that WatchNestedLinks removed, by the share's MAC.
+	nestedRemoved map[string]uint64
 	// addressKeys tells every bandwidth share apart by address, not only
 	// ipvlan's (tests, see KeyByAddress in export_test.go).
 	addressKeys bool

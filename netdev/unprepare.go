@@ -97,6 +97,7 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 	p.releaseShare(key)
 	p.mu.Lock()
 	delete(p.labels, u.MAC)
+	delete(p.nestedRemoved, u.MAC)
 	p.mu.Unlock()
 	klog.FromContext(ctx).V(2).Info("Unprepared NIC share; its classes and interface are being removed", "parent", u.Parent, "link", u.Link, "mac", u.MAC,
 		"egressClass", u.EgressMinor, "ingressClass", u.IngressMinor)

@@ -38,7 +38,9 @@ const (
 // still meets its share at L2. A pod given CAP_NET_ADMIN in a DeviceClass
 // that sets allowMACChange changes its interface's MAC and still works,
 // held to its share both ways; when it adds an address of no share, its
-// kernel's ARP replies for it never leave; and a claim naming a pool its
+// kernel's ARP replies for it never leave; a macvlan it nests on its
+// share's interface (the kernel puts it on the node's NIC) is removed
+// within a second, with an Event on the pod; and a claim naming a pool its
 // class does not allow is refused at prepare. The pods' image carries
 // rawflood (deploy/e2e/rawflood), a static Go binary.
 func TestNodeShareEscapes(t *testing.T) {
@@ -208,6 +210,24 @@ func TestNodeShareEscapes(t *testing.T) {
 		t.Errorf("no ARP reply of the pod's kernel counted as dropped (%v)", drops[macs["admin"]])
 	}
 	podExec(t, testNS, "admin", "main", "ip", "addr", "del", stolen+"/32", "dev", "net1")
+
+	// The same pod nests a macvlan on its share's interface: the kernel
+	// puts it on the node's NIC, outside the share's checks. The agent
+	// removes it within a second, and tells the pod why.
+	nested := podExec(t, testNS, "admin", "main", "sh", "-c",
+		"ip link add link net1 name spy type macvlan && echo made; sleep 1; ip link show spy 2>&1 || echo gone")
+	t.Logf("a macvlan nested on net1, then 1 s later: %q", strings.Fields(nested))
+	if !strings.Contains(nested, "made") || !strings.Contains(nested, "gone") {
+		t.Errorf("a macvlan the pod nested on its share: %q, want made and then gone within 1 s", nested)
+	}
+	waitFor(t, "the pod told of its nested link's removal", 30*time.Second, func() (bool, error) {
+		ev, err := cs.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=admin,reason=NestedLinkRemoved"})
+		if err != nil || len(ev.Items) == 0 {
+			return false, err
+		}
+		t.Logf("pod admin: %s: %s", ev.Items[0].Reason, ev.Items[0].Message)
+		return true, nil
+	})
 
 	// A claim names a pool its class does not allow (another tenant's
 	// subnet): refused at prepare, naming the pool and the class's.

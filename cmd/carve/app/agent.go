@@ -23,6 +23,7 @@ import (
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/gpuopen"
+	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/cdi"
@@ -291,6 +292,11 @@ func run(ctx context.Context, opts Options) error {
 		if err := devHealth.nic.Run(ctx, devHealth.tracker); err != nil {
 			logger.Error(err, "NIC error counters")
 		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		k.nics.WatchNestedLinks(ctx, netdev.NestedLinkOptions{Root: opts.Root, OnRemoved: nestedLinkEvents(opts)})
 	}()
 	for name, src := range map[string]health.Source{
 		"FPGA": &fpga.HealthSource{Root: firstSet(opts.FPGARoot, opts.Root), Devices: inv.devices},

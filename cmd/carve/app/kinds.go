@@ -26,6 +26,7 @@ import (
 // classifier) and what the GPU kinds need (the node's NVML).
 type kinds struct {
 	preparers  map[string]prepare.Preparer
+	nics       *netdev.NICPreparer
 	linkEvents *netdev.LinkChanges
 	// classifierShares is how many shares the loaded classifier holds;
 	// 0 where none is loaded.
@@ -79,6 +80,7 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 		return nil, err
 	}
 	closers = append(closers, func() { k.gpus.close(ctx) })
+	k.nics = nics
 	k.collectors = []prometheus.Collector{nics}
 	if k.gpus.memory.police != nil {
 		k.collectors = append(k.collectors, k.gpus.memory.police)
