@@ -93,8 +93,15 @@ func TestAQM(t *testing.T) {
 	if want := aqmStamp(0, classDev, child) & (1<<63 | 1<<40 - 1); out.Tstamp&(1<<63|1<<40-1) != want {
 		t.Fatalf("stamp %#x, want class 1:%x of ifindex %d (%#x)", out.Tstamp, child, classDev, want)
 	}
-	if at := out.Tstamp >> 40 & 0x7fffff; at != monoNow(t)>>16&0x7fffff && at+1 != monoNow(t)>>16&0x7fffff {
-		t.Errorf("stamped at %d (in 65.5 us), now is %d", at, monoNow(t)>>16&0x7fffff)
+	// Stamped now: within a tick of 65.5 us on a host; in an emulated
+	// guest (make vmtest) a run of the program and the read of the clock
+	// after it took 11 ms, so there within 50 ms.
+	slack := uint64(1)
+	if nettest.Emulated() != "" {
+		slack = uint64(50*time.Millisecond) >> 16
+	}
+	if at, now := out.Tstamp>>40&0x7fffff, monoNow(t)>>16&0x7fffff; (now-at)&0x7fffff > slack {
+		t.Errorf("stamped at %d (in 65.5 us), now is %d: more than %d ticks apart", at, now, slack)
 	}
 
 	// busy keeps the flow going for d, so that it keeps its child.

@@ -61,7 +61,11 @@ func TestClassifyHTB(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	attach(t, s, n.host, n.a.Attrs().Index, Egress)
+	// TCX where the kernel has it, cls_bpf before 6.6: either must hold
+	// each share to its rate (make vmtest runs this on 6.1).
+	if err := inNS(n.host, func() error { return s.Attach(n.a.Attrs().Index, Egress) }); err != nil {
+		t.Fatal(err)
+	}
 	defer func() {
 		if err := inNS(n.host, func() error { return s.Detach(n.a.Attrs().Index) }); err != nil {
 			t.Error(err)
@@ -79,8 +83,8 @@ func TestClassifyHTB(t *testing.T) {
 		c := stats[Key{MAC: n.macs[i].String(), Dir: Egress}]
 		t.Logf("share %s class 1:%x: %.1f Mbit/s goodput at %d Mbit/s, ratio %.3f; counted %d bytes in %d packets",
 			n.macs[i], 0x10*(i+1), got[i]/1e6, r/1e6, ratio, c.Bytes, c.Packets)
-		if ratio < 0.95*0.9 || ratio > 0.95*1.1 {
-			t.Errorf("share %d: goodput/rate %.3f, want 0.95 ± 10%%", i, ratio)
+		if lo, hi := nettest.GoodputBand(0.95*0.9, 0.95*1.1); ratio < lo || ratio > hi {
+			t.Errorf("share %d: goodput/rate %.3f, want %.3f–%.3f", i, ratio, lo, hi)
 		}
 		if c.Bytes == 0 || c.Packets == 0 {
 			t.Errorf("share %d: no bytes counted", i)

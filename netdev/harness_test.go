@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -166,8 +167,20 @@ func (b *bench) addAlloc(name string, a prepare.Allocation) *share {
 	if len(spec.Addresses) > 0 {
 		s.ip = strings.Split(spec.Addresses[0], "/")[0]
 	}
-	if prepared.Network == nil || prepared.Network.HardwareAddress != spec.MAC {
-		b.t.Errorf("network data %+v", prepared.Network)
+	// The network data names the MAC the pod's interface has: the
+	// share's own, or for ipvlan its parent's (the share's MAC then only
+	// names its classifier entries).
+	ph, err := netlink.NewHandleAt(pod)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer ph.Close()
+	podLink, err := ph.LinkByName(spec.PodName)
+	if err != nil {
+		b.t.Fatalf("%s's interface in its pod: %v", name, err)
+	}
+	if prepared.Network == nil || prepared.Network.HardwareAddress != podLink.Attrs().HardwareAddr.String() {
+		b.t.Errorf("network data %+v, want the MAC of the pod's %s, %s", prepared.Network, spec.PodName, podLink.Attrs().HardwareAddr)
 	}
 	b.t.Cleanup(func() { _ = b.p.Unprepare(context.Background(), a, prepared.Undo) })
 	return s

@@ -19,6 +19,12 @@ import (
 func TestSharesHoldTheirRates(t *testing.T) {
 	b := newBench(t)
 	for r, round := range [][2]string{{"50M", "200M"}, {"1G", "200M"}} {
+		if round[0] == "1G" && nettest.Emulated() != "" {
+			// An emulated guest's TCP reached 0.42–0.81 of it: the
+			// sender, not the share, is the limit there.
+			t.Logf("1G round not run: a make vmtest guest (%s) cannot send 1 Gbit/s", nettest.Emulated())
+			continue
+		}
 		shares := []*share{b.add(fmt.Sprintf("a%d", r), round[0], round[0], nil), b.add(fmt.Sprintf("b%d", r), round[1], round[1], nil)}
 		for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 			// 1.2 Gbit/s of TCP is near what 2 vCPUs can send: where
@@ -38,11 +44,12 @@ func TestSharesHoldTheirRates(t *testing.T) {
 					// queue, so L2 includes what its bounded leaf dropped
 					// and TCP resent; goodput is what the share delivered
 					// (0.956 of the rate is the limit met to within 1%).
-					if gpRatio > 0.956*1.1 {
-						t.Errorf("%s share of %s: goodput ratio %.3f is over 0.956 + 10%%", dir, limit, gpRatio)
+					lo, hi := nettest.GoodputBand(0.956*0.9, 0.956*1.1)
+					if gpRatio > hi {
+						t.Errorf("%s share of %s: goodput ratio %.3f is over %.3f", dir, limit, gpRatio, hi)
 					}
-					if gpRatio < 0.956*0.9 || l2Ratio < 0.9 {
-						short = append(short, fmt.Sprintf("%s share of %s: goodput ratio %.3f is under 0.956 - 10%%, or L2 ratio %.3f under 0.9", dir, limit, gpRatio, l2Ratio))
+					if gpRatio < lo || l2Ratio < 0.9 {
+						short = append(short, fmt.Sprintf("%s share of %s: goodput ratio %.3f is under %.3f, or L2 ratio %.3f under 0.9", dir, limit, gpRatio, lo, l2Ratio))
 					}
 				}
 				if len(short) == 0 {
