@@ -17,23 +17,30 @@ const shareByAddr = 1
 // AddrShare is one address of a share that is told apart by address (an
 // ipvlan child, which sends and receives with its parent's MAC).
 type AddrShare struct {
-	// Parent is the ifindex of the parent the address is the share's on.
+	// Parent is the ifindex of the parent the address is the share's on,
+	// and VLAN the share's VLAN there (0 for none): one address may be
+	// two shares' in two VLANs of one parent.
 	Parent int
+	VLAN   int
 	Addr   netip.Addr
 	// MAC names the share: its entries in the share map and its counters.
 	MAC string
 }
 
 // ErrAddrTaken is returned when an address already belongs to another share
-// of the same parent: the classifier could not tell their traffic apart.
+// of the same parent and VLAN: the classifier could not tell their traffic
+// apart.
 var ErrAddrTaken = errors.New("the address belongs to another share of this parent")
 
-func addrKey(parent int, a netip.Addr) (shaperAddrKey, error) {
+func addrKey(parent, vlan int, a netip.Addr) (shaperAddrKey, error) {
 	var k shaperAddrKey
 	if parent <= 0 {
 		return k, fmt.Errorf("bad parent ifindex %d", parent)
 	}
-	k.Ifindex = uint32(parent)
+	if vlan < 0 || vlan > 4094 {
+		return k, fmt.Errorf("bad VLAN %d", vlan)
+	}
+	k.Ifindex, k.Vlan = uint32(parent), uint16(vlan)
 	switch a = a.Unmap(); {
 	case a.Is4():
 		k.Family = 4
@@ -56,13 +63,14 @@ func (k shaperAddrKey) addr() netip.Addr {
 	return netip.AddrFrom16(k.Addr)
 }
 
-// SetShareAddr records addr as the share's on parent (its ifindex): frames
-// leaving parent from addr, and frames arriving on parent for it, are the
-// share's, once its entries are set with SetShareByAddress. Recording it
-// again for the same share is a no-op; an address of another share of the
-// parent is refused with ErrAddrTaken, and left to that share.
-func (s *Shaper) SetShareAddr(parent int, addr netip.Addr, mac net.HardwareAddr) error {
-	k, err := addrKey(parent, addr)
+// SetShareAddr records addr as the share's on parent (its ifindex) in VLAN
+// vlan (0 for none): frames leaving parent from addr in that VLAN, and
+// frames arriving on parent for it, are the share's, once its entries are
+// set with SetShareByAddress. Recording it again for the same share is a
+// no-op; an address of another share of the parent and VLAN is refused
+// with ErrAddrTaken, and left to that share.
+func (s *Shaper) SetShareAddr(parent, vlan int, addr netip.Addr, mac net.HardwareAddr) error {
+	k, err := addrKey(parent, vlan, addr)
 	if err != nil {
 		return err
 	}
@@ -131,7 +139,7 @@ func readAddrs(m *ebpf.Map) ([]AddrShare, error) {
 	var v shaperAddrOwner
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, AddrShare{Parent: int(k.Ifindex), Addr: k.addr(), MAC: net.HardwareAddr(v.Mac[:]).String()})
+		out = append(out, AddrShare{Parent: int(k.Ifindex), VLAN: int(k.Vlan), Addr: k.addr(), MAC: net.HardwareAddr(v.Mac[:]).String()})
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read share addresses: %w", err)
@@ -156,10 +164,55 @@ func deleteAddrsOf(m *ebpf.Map, mac net.HardwareAddr) error {
 		if a.MAC != mac.String() {
 			continue
 		}
-		k, _ := addrKey(a.Parent, a.Addr)
+		k, _ := addrKey(a.Parent, a.VLAN, a.Addr)
 		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete address %s of share %s: %w", a.Addr, mac, err)
 		}
 	}
 	return nil
+}
+
+// MoveAddrsToVLAN moves the address entries of the share named by mac that
+// carry no VLAN (both maps: its classifier addresses and its allowed
+// sources) into VLAN vlan, and reports how many moved. Agents before
+// addresses were kept by VLAN recorded a VLAN share's addresses with none;
+// the agent moves them at its start (netdev's Restore). An entry the VLAN
+// already holds for another share is left, and reported in the error.
+func (s *Shaper) MoveAddrsToVLAN(mac net.HardwareAddr, vlan int) (int, error) {
+	if vlan <= 0 || vlan > 4094 {
+		return 0, fmt.Errorf("bad VLAN %d", vlan)
+	}
+	moved := 0
+	var errs []error
+	for _, m := range []*ebpf.Map{s.objs.ShareAddrs, s.objs.AllowedAddrs} {
+		all, err := readAddrs(m)
+		if err != nil {
+			return moved, err
+		}
+		for _, a := range all {
+			if a.MAC != mac.String() || a.VLAN != 0 {
+				continue
+			}
+			old, _ := addrKey(a.Parent, 0, a.Addr)
+			k, _ := addrKey(a.Parent, vlan, a.Addr)
+			var v shaperAddrOwner
+			copy(v.Mac[:], mac)
+			// The new entry first: the address is never unowned.
+			if err := m.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				errs = append(errs, fmt.Errorf("address %s of share %s into VLAN %d: %w", a.Addr, mac, vlan, err))
+				continue
+			}
+			var owner shaperAddrOwner
+			if err := m.Lookup(&k, &owner); err == nil && owner.Mac != v.Mac {
+				errs = append(errs, fmt.Errorf("%w: %s in VLAN %d is share %s's", ErrAddrTaken, a.Addr, vlan, net.HardwareAddr(owner.Mac[:])))
+				continue
+			}
+			if err := m.Delete(&old); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("address %s of share %s without a VLAN: %w", a.Addr, mac, err))
+				continue
+			}
+			moved++
+		}
+	}
+	return moved, errors.Join(errs...)
 }

@@ -74,7 +74,7 @@ func TestAddressKeyedShare(t *testing.T) {
 	nodeMAC := net.HardwareAddr{0, 0, 0, 0, 0, 0} // lo's: PACKET_HOST
 	peerMAC := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
 	for _, a := range []string{"10.9.0.5", "fd09::5"} {
-		if err := s.SetShareAddr(parent, netip.MustParseAddr(a), share); err != nil {
+		if err := s.SetShareAddr(parent, 0, netip.MustParseAddr(a), share); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -82,6 +82,14 @@ func TestAddressKeyedShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := s.SetShareByAddress(Ingress, share, ingressClass); err != nil {
+		t.Fatal(err)
+	}
+	// The same address in VLAN 100 of the same parent is another share's.
+	const vlanClass = 0x10030
+	if err := s.SetShareAddr(parent, 100, netip.MustParseAddr("10.9.0.5"), mac2); err != nil {
+		t.Fatalf("the same address in VLAN 100 for another share: %v", err)
+	}
+	if err := s.SetShareByAddress(Egress, mac2, vlanClass); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.objs.IfbOf.Put(uint32(parent), uint32(7)); err != nil {
@@ -95,7 +103,7 @@ func TestAddressKeyedShare(t *testing.T) {
 	}{
 		{"IPv4 from the share's address", ipFrame(peerMAC, nodeMAC, "10.9.0.5", "10.9.0.1", false), egressClass},
 		{"IPv6 from the share's address", ipFrame(peerMAC, nodeMAC, "fd09::5", "fd09::1", false), egressClass},
-		{"IPv4 behind a VLAN tag", ipFrame(peerMAC, nodeMAC, "10.9.0.5", "10.9.0.1", true), egressClass},
+		{"IPv4 of the address in VLAN 100, another share's", ipFrame(peerMAC, nodeMAC, "10.9.0.5", "10.9.0.1", true), vlanClass},
 		{"IPv4 from another address", ipFrame(peerMAC, nodeMAC, "10.9.0.6", "10.9.0.1", false), 0},
 		{"IPv6 from another address", ipFrame(peerMAC, nodeMAC, "fd09::6", "fd09::1", false), 0},
 		{"from the share's naming MAC", ipFrame(peerMAC, share, "10.9.0.6", "10.9.0.1", false), 0},
@@ -108,8 +116,11 @@ func TestAddressKeyedShare(t *testing.T) {
 		}
 	}
 	after, _ := s.Stats()
-	if got := after[Key{share.String(), Egress}].Packets - before[Key{share.String(), Egress}].Packets; got != 3 {
-		t.Errorf("egress: %d packets counted for the share, want 3", got)
+	if got := after[Key{share.String(), Egress}].Packets - before[Key{share.String(), Egress}].Packets; got != 2 {
+		t.Errorf("egress: %d packets counted for the share, want 2", got)
+	}
+	if got := after[Key{mac2.String(), Egress}].Packets - before[Key{mac2.String(), Egress}].Packets; got != 1 {
+		t.Errorf("egress: %d packets counted for the VLAN 100 share, want 1", got)
 	}
 
 	ingress := []struct {
@@ -172,14 +183,14 @@ func TestAddressKeyedShare(t *testing.T) {
 	}
 
 	// An address is one share's per parent; taking it again is a no-op.
-	err = s.SetShareAddr(parent, netip.MustParseAddr("fd09::5"), mac2)
+	err = s.SetShareAddr(parent, 0, netip.MustParseAddr("fd09::5"), mac2)
 	if !errors.Is(err, ErrAddrTaken) {
 		t.Errorf("another share taking fd09::5: %v, want ErrAddrTaken", err)
 	}
-	if err := s.SetShareAddr(parent, netip.MustParseAddr("fd09::5"), share); err != nil {
+	if err := s.SetShareAddr(parent, 0, netip.MustParseAddr("fd09::5"), share); err != nil {
 		t.Errorf("the same share again: %v", err)
 	}
-	if err := s.SetShareAddr(2, netip.MustParseAddr("fd09::5"), mac2); err != nil {
+	if err := s.SetShareAddr(2, 0, netip.MustParseAddr("fd09::5"), mac2); err != nil {
 		t.Errorf("the address on another parent: %v", err)
 	}
 	if keyed, _ := s.AddressKeyed(); !keyed[Key{share.String(), Egress}] || !keyed[Key{share.String(), Ingress}] {
@@ -192,8 +203,8 @@ func TestAddressKeyedShare(t *testing.T) {
 		}
 	}
 	left, _ := s.ShareAddrs()
-	if len(left) != 1 || left[0].MAC != mac2.String() || left[0].Parent != 2 {
-		t.Errorf("after deleting the share's addresses: %v, want only %s's on parent 2", left, mac2)
+	if len(left) != 2 || left[0].MAC != mac2.String() || left[1].MAC != mac2.String() {
+		t.Errorf("after deleting the share's addresses: %v, want only %s's two (parent 2; parent 1, VLAN 100)", left, mac2)
 	}
 	if _, prio := runCtx(t, s.objs.ClassifyEgress, egress[0].frame, skbCtx{}); prio != 0 {
 		t.Errorf("after deleting its addresses the share still takes its frames (priority %#x)", prio)
@@ -214,7 +225,7 @@ func benchClassifyByAddress(b *testing.B, src string, want uint32) {
 	needRoot(b)
 	s := openShaper(b, testPinDir(b))
 	defer s.Close()
-	if err := s.SetShareAddr(1, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+	if err := s.SetShareAddr(1, 0, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
 		b.Fatal(err)
 	}
 	if err := s.SetShareByAddress(Egress, mac1, 0x10010); err != nil {
@@ -233,4 +244,53 @@ func benchClassifyByAddress(b *testing.B, src string, want uint32) {
 		b.Fatalf("returned %d, %v; want TCX_NEXT (-1)", int32(ret), err)
 	}
 	b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+}
+
+// An older agent recorded a VLAN share's addresses with no VLAN; the agent
+// moves them into the share's VLAN at its start, in both address maps,
+// once. An address the VLAN already gives another share stays where it
+// was, and the move says so.
+func TestMoveAddrsToVLAN(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const parent = 1
+	if err := s.SetShareAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"10.9.0.5", "fd09::5"} {
+		if err := s.AllowAddr(parent, 0, netip.MustParseAddr(a), mac1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range []int{3, 0} {
+		if moved, err := s.MoveAddrsToVLAN(mac1, 100); err != nil || moved != want {
+			t.Errorf("move %d: %d moved, %v; want %d", i+1, moved, err, want)
+		}
+	}
+	shareAddrs, _ := s.ShareAddrs()
+	allowed, _ := s.AllowedAddrs()
+	for _, a := range append(shareAddrs, allowed...) {
+		if a.VLAN != 100 || a.MAC != mac1.String() {
+			t.Errorf("after the move: %+v, want every entry in VLAN 100", a)
+		}
+	}
+	if len(shareAddrs) != 1 || len(allowed) != 2 {
+		t.Errorf("after the move: %v and %v, want 1 and 2 entries", shareAddrs, allowed)
+	}
+	// mac2's 10.9.0.5 cannot go to VLAN 100: it is mac1's there.
+	if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), mac2); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := s.MoveAddrsToVLAN(mac2, 100); moved != 0 || !errors.Is(err, ErrAddrTaken) {
+		t.Errorf("moving onto another share's address: %d moved, %v; want 0, ErrAddrTaken", moved, err)
+	}
+	allowed, _ = s.AllowedAddrs()
+	kept := false
+	for _, a := range allowed {
+		kept = kept || (a.MAC == mac2.String() && a.VLAN == 0)
+	}
+	if !kept {
+		t.Errorf("the refused move took the share's own entry: %v", allowed)
+	}
 }

@@ -67,7 +67,7 @@ func benchClassify(b *testing.B, src []byte, pod, guard, learned, flows, queueOn
 	}
 	share := PodShare{Parent: parent, MAC: mac1.String(), ClassID: class, CheckIPv4: guard, CheckIPv6: guard}
 	if guard {
-		if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+		if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
 			b.Fatal(err)
 		}
 		if err := s.GuardShare(mac1, share); err != nil {

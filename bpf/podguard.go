@@ -39,15 +39,15 @@ func PodGuardLinkPath(pinDir, name string) string {
 }
 
 // PinPodGuard loads a pod guard for the share named g.MAC on parent
-// g.Parent, with g's checks (its VLAN is the host's to add: in the pod a
-// frame may carry none), and pins it for the hook, in place of one pinned
-// before under the same name.
+// g.Parent, with g's checks, and pins it for the hook, in place of one
+// pinned before under the same name. g.VLAN is the share's VLAN, in which
+// its addresses are recorded; in the pod a frame carries no tag at all
+// (the host's VLAN device adds it).
 func (s *Shaper) PinPodGuard(name string, g PodShare) error {
 	mac, err := net.ParseMAC(g.MAC)
 	if err != nil || len(mac) != 6 {
 		return fmt.Errorf("pod guard of %s: MAC %q: %v", name, g.MAC, err)
 	}
-	g.VLAN = 0
 	vf, err := g.vlanFlags()
 	if err != nil {
 		return err

@@ -22,7 +22,12 @@ func TestPodGuard(t *testing.T) {
 	defer s.Close()
 	const parent = 7 // the parent's ifindex on the node: not this namespace's
 	share := mac1
-	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), share); err != nil {
+	// The share's address in its VLAN (100); the same address without a
+	// VLAN is another share's.
+	if err := s.AllowAddr(parent, 100, netip.MustParseAddr("10.9.0.5"), share); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), mac2); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.PinPodGuard("cvtest", PodShare{Parent: parent, MAC: share.String(), VLAN: 100, CheckIPv4: true}); err != nil {
@@ -97,7 +102,7 @@ func BenchmarkPodGuard(b *testing.B) {
 			s := openShaper(b, dir)
 			defer s.Close()
 			const parent = 1
-			if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+			if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
 				b.Fatal(err)
 			}
 			if err := s.PinPodGuard("cvbench", PodShare{Parent: parent, MAC: mac1.String(), CheckIPv4: checked, CheckIPv6: checked}); err != nil {

@@ -26,10 +26,11 @@
 //     unspecified address, and neighbour advertisements only for those.
 
 // allowed reports whether the share named by mac may use addr (family 4 or
-// 6, 4 or 16 bytes) on parent.
-static __always_inline int allowed(__u32 parent, __u8 family, const __u8 *addr, const __u8 *mac)
+// 6, 4 or 16 bytes) on parent, in its VLAN vlan (0 for none): the same
+// address may be two shares' in two VLANs of one parent.
+static __always_inline int allowed(__u32 parent, __u16 vlan, __u8 family, const __u8 *addr, const __u8 *mac)
 {
-	struct addr_key k = { .ifindex = parent, .family = family };
+	struct addr_key k = { .ifindex = parent, .family = family, .vlan = vlan };
 	if (family == 4)
 		__builtin_memcpy(k.addr, addr, 4);
 	else
@@ -64,12 +65,12 @@ static __always_inline int ip6_own(const __u8 *a, const __u8 *src)
 // ip6_may_use is whether a frame from src of the share may carry a: its
 // own (ip6_own) always; where check (the share was given IPv6 addresses)
 // one of them; else any but another's link-local (SLAAC's are the pod's).
-static __always_inline int ip6_may_use(const __u8 *a, const __u8 *src, int check, __u32 parent, const __u8 *share)
+static __always_inline int ip6_may_use(const __u8 *a, const __u8 *src, int check, __u32 parent, __u16 vlan, const __u8 *share)
 {
 	if (ip6_own(a, src))
 		return 1;
 	if (check)
-		return allowed(parent, 6, a, share);
+		return allowed(parent, vlan, 6, a, share);
 	return !ip6_link_local(a);
 }
 
@@ -81,7 +82,8 @@ static __always_inline int ip6_may_use(const __u8 *a, const __u8 *src, int check
 // redirect (137), and in neighbour discovery (133 to 136) a target (136)
 // that is the share's and link-layer options (1, 2) that are src.
 // end is where the IPv6 payload ends: what follows is the frame's padding.
-static __always_inline int icmp6_reason(struct __sk_buff *skb, __u32 off, __u32 end, __u32 parent, const __u8 *share, const __u8 *src, int check)
+static __always_inline int icmp6_reason(struct __sk_buff *skb, __u32 off, __u32 end, __u32 parent, __u16 vlan, const __u8 *share, const __u8 *src,
+					int check)
 {
 	__u8 icmp[24]; // type, code, checksum, flags or reserved, target
 	if (bpf_skb_load_bytes(skb, off, icmp, 4) < 0)
@@ -96,7 +98,7 @@ static __always_inline int icmp6_reason(struct __sk_buff *skb, __u32 off, __u32 
 			return SPOOF_ND;
 		// A solicitation asks about another's address; an
 		// advertisement claims its target.
-		if (icmp[0] == 136 && !ip6_may_use(icmp + 8, src, check, parent, share))
+		if (icmp[0] == 136 && !ip6_may_use(icmp + 8, src, check, parent, vlan, share))
 			return SPOOF_ND;
 		opts = off + 24;
 	}
@@ -122,12 +124,12 @@ static __always_inline int icmp6_reason(struct __sk_buff *skb, __u32 off, __u32 
 // addresses of the family) its source, then past its extension headers (a few; a
 // fragment header ahead of ICMPv6 is refused, as RFC 6980 forbids
 // fragmented neighbour discovery) its ICMPv6 message.
-static __always_inline int ip6_reason(struct __sk_buff *skb, __u32 off, __u32 parent, const __u8 *share, const __u8 *src, int check)
+static __always_inline int ip6_reason(struct __sk_buff *skb, __u32 off, __u32 parent, __u16 vlan, const __u8 *share, const __u8 *src, int check)
 {
 	__u8 ip6[40];
 	if (bpf_skb_load_bytes(skb, off, ip6, sizeof(ip6)) < 0)
 		return SPOOF_SRC_IP;
-	if (!ip6_may_use(ip6 + 8, src, check, parent, share))
+	if (!ip6_may_use(ip6 + 8, src, check, parent, vlan, share))
 		return SPOOF_SRC_IP;
 	__u8 next = ip6[6];
 	__u32 at = off + 40;
@@ -154,7 +156,7 @@ static __always_inline int ip6_reason(struct __sk_buff *skb, __u32 off, __u32 pa
 	if (fragmented)
 		return SPOOF_ND;
 	__u32 end = off + 40 + (((__u32)ip6[4] << 8) | ip6[5]);
-	return icmp6_reason(skb, at, end, parent, share, src, check);
+	return icmp6_reason(skb, at, end, parent, vlan, share, src, check);
 }
 
 // dhcp_request reports whether the IPv4 packet at off is UDP from port 68
@@ -172,12 +174,15 @@ static __always_inline int dhcp_request(struct __sk_buff *skb, __u32 off)
 
 // spoof_reason checks a frame a pod sent through its share on parent
 // against the policy above. The share is named by share; guard is its
-// netns_val's vlan_flags (in the pod, with no VLAN: the tag is the host's
-// to add). SPOOF_OK, or why it must be dropped.
-static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, const __u8 *share, __u16 guard)
+// netns_val's vlan_flags, with the share's VLAN, in which its addresses
+// are recorded. in_pod: the frame is on the share's own interface in its
+// pod, where it may carry no tag at all (the host's VLAN device adds it).
+// SPOOF_OK, or why it must be dropped.
+static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, const __u8 *share, __u16 guard, int in_pod)
 {
 	__u8 eth[ETH_HLEN];
-	__u16 vlan = guard & NETNS_VLAN_MASK;
+	__u16 share_vlan = guard & NETNS_VLAN_MASK;
+	__u16 vlan = in_pod ? 0 : share_vlan; // the tag the frame must carry
 	__u16 flags = guard >> NETNS_FLAGS_SHIFT;
 
 	if (bpf_skb_load_bytes(skb, 0, eth, ETH_HLEN) < 0)
@@ -218,7 +223,7 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, con
 			return SPOOF_SRC_IP;
 		if ((src[0] | src[1] | src[2] | src[3]) == 0)
 			return dhcp_request(skb, off) ? SPOOF_OK : SPOOF_SRC_IP;
-		return allowed(parent, 4, src, share) ? SPOOF_OK : SPOOF_SRC_IP;
+		return allowed(parent, share_vlan, 4, src, share) ? SPOOF_OK : SPOOF_SRC_IP;
 	}
 	if (proto == bpf_htons(ETH_P_ARP) && (flags & NETNS_CHECK_IPV4)) {
 		// htype, ptype, hlen, plen, oper, sha[6], spa[4]
@@ -231,9 +236,9 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, con
 			return SPOOF_ARP; // the sender MAC is the frame's own, checked above
 		if ((arp[14] | arp[15] | arp[16] | arp[17]) == 0) // an ARP probe
 			return SPOOF_OK;
-		return allowed(parent, 4, arp + 14, share) ? SPOOF_OK : SPOOF_ARP;
+		return allowed(parent, share_vlan, 4, arp + 14, share) ? SPOOF_OK : SPOOF_ARP;
 	}
 	if (proto == bpf_htons(ETH_P_IPV6))
-		return ip6_reason(skb, off, parent, share, eth + ETH_ALEN, flags & NETNS_CHECK_IPV6);
+		return ip6_reason(skb, off, parent, share_vlan, share, eth + ETH_ALEN, flags & NETNS_CHECK_IPV6);
 	return SPOOF_OK;
 }

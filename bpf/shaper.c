@@ -200,7 +200,8 @@ struct {
 struct addr_key {
 	__u32 ifindex; // the parent's
 	__u8 family;   // 4 or 6
-	__u8 pad[3];   // always zero
+	__u8 pad;      // always zero
+	__u16 vlan;    // the share's VLAN on the parent, 0 for none (host order)
 	__u8 addr[16]; // IPv4 in the first four bytes, the rest zero
 };
 
@@ -420,20 +421,24 @@ static __always_inline int l3_addr(void *l3, void *end, __u16 proto, __u8 dir, s
 }
 
 // frame_addr reads a frame's source (egress) or destination (ingress) IPv4
-// or IPv6 address into k, past one VLAN tag where the tag is in the frame
-// (an accelerated tag is not); anything else is no share's. The headers
-// are read in place where they are in the skb's linear data (nearly
-// always; cheaper than copying them out), else copied.
+// or IPv6 address into k, with its VLAN: the skb's accelerated tag, else
+// one tag in the frame, which is skipped; anything else is no share's. The
+// headers are read in place where they are in the skb's linear data
+// (nearly always; cheaper than copying them out), else copied.
 static __always_inline int frame_addr(struct __sk_buff *skb, __u8 dir, struct addr_key *k)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	__u16 proto;
 
+	if (skb->vlan_present)
+		k->vlan = skb->vlan_tci & 0x0fff;
 	if (data + ETH_HLEN + 4 <= end) {
 		void *l3 = data + ETH_HLEN;
 		proto = *(__u16 *)(data + 2 * ETH_ALEN);
 		if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+			if (!skb->vlan_present)
+				k->vlan = bpf_ntohs(*(__u16 *)(data + ETH_HLEN)) & 0x0fff;
 			proto = *(__u16 *)(data + 2 * ETH_ALEN + 4);
 			l3 += 4;
 		}
@@ -447,8 +452,12 @@ static __always_inline int frame_addr(struct __sk_buff *skb, __u8 dir, struct ad
 	if (bpf_skb_load_bytes(skb, 2 * ETH_ALEN, &proto, sizeof(proto)) < 0)
 		return -1;
 	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
-		if (bpf_skb_load_bytes(skb, 2 * ETH_ALEN + 4, &proto, sizeof(proto)) < 0)
+		__u16 tci;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &tci, sizeof(tci)) < 0 ||
+		    bpf_skb_load_bytes(skb, 2 * ETH_ALEN + 4, &proto, sizeof(proto)) < 0)
 			return -1;
+		if (!skb->vlan_present)
+			k->vlan = bpf_ntohs(tci) & 0x0fff;
 		off += 4;
 	}
 	if (proto == bpf_htons(ETH_P_IP)) {
@@ -649,7 +658,7 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 		if (n) {
 			// A pod's frame: its own share's, and dropped where it
 			// claims to be someone else's.
-			int reason = spoof_reason(skb, skb->ifindex, n->mac, n->vlan_flags);
+			int reason = spoof_reason(skb, skb->ifindex, n->mac, n->vlan_flags, 0);
 			if (reason != SPOOF_OK) {
 				count_drop(n->mac, reason);
 				return TC_ACT_SHOT;
@@ -673,7 +682,7 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 		if (!v)
 			v = learned_share(skb->ifindex, &key);
 		if (v && (v->flags & SHARE_GUARDED)) {
-			int reason = spoof_reason(skb, skb->ifindex, key.mac, v->flags >> SHARE_GUARD_SHIFT);
+			int reason = spoof_reason(skb, skb->ifindex, key.mac, v->flags >> SHARE_GUARD_SHIFT, 0);
 			if (reason != SPOOF_OK) {
 				count_drop(key.mac, reason);
 				return TC_ACT_SHOT;
@@ -746,7 +755,7 @@ int share_dequeued(struct __sk_buff *skb)
 // each share (Shaper.PinPodGuard), zero in the classifier's own load.
 volatile const __u8 guard_share_mac[ETH_ALEN];
 volatile const __u32 guard_parent;
-volatile const __u16 guard_flags; // netns_val's vlan_flags, VLAN bits zero
+volatile const __u16 guard_flags; // netns_val's vlan_flags: the share's VLAN, for its addresses
 
 // On the egress of a share's own interface, in its pod (the runtime hook
 // attaches it, its link pinned on the host): every frame the pod sends,
@@ -760,7 +769,7 @@ int pod_guard(struct __sk_buff *skb)
 	// folded to the zeros it was compiled with.
 	for (int i = 0; i < ETH_ALEN; i++)
 		share[i] = guard_share_mac[i];
-	int reason = spoof_reason(skb, guard_parent, share, guard_flags & ~NETNS_VLAN_MASK);
+	int reason = spoof_reason(skb, guard_parent, share, guard_flags, 1);
 	if (reason != SPOOF_OK) {
 		count_drop(share, reason);
 		return TC_ACT_SHOT;

@@ -17,7 +17,8 @@ type shaperAddrKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Family  uint8
-	Pad     [3]uint8
+	Pad     uint8
+	Vlan    uint16
 	Addr    [16]uint8
 }
 

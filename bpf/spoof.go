@@ -59,10 +59,11 @@ func (r SpoofReason) String() string {
 }
 
 // AllowAddr records addr as one the share named by mac may send from on
-// parent (checked for pod shares with CheckIPv4 or CheckIPv6). An address another
-// share holds there is refused with ErrAddrTaken.
-func (s *Shaper) AllowAddr(parent int, addr netip.Addr, mac net.HardwareAddr) error {
-	k, err := addrKey(parent, addr)
+// parent in VLAN vlan (0 for none; checked for pod shares with CheckIPv4 or
+// CheckIPv6). An address another share holds in the same parent and VLAN
+// is refused with ErrAddrTaken.
+func (s *Shaper) AllowAddr(parent, vlan int, addr netip.Addr, mac net.HardwareAddr) error {
+	k, err := addrKey(parent, vlan, addr)
 	if err != nil {
 		return err
 	}
@@ -76,7 +77,7 @@ func (s *Shaper) AllowAddr(parent int, addr netip.Addr, mac net.HardwareAddr) er
 	}
 	var old shaperAddrOwner
 	if err := s.objs.AllowedAddrs.Lookup(&k, &old); err == nil && old.Mac != v.Mac {
-		return fmt.Errorf("%w: %s of parent %d is share %s's", ErrAddrTaken, addr, parent, net.HardwareAddr(old.Mac[:]))
+		return fmt.Errorf("%w: %s of parent %d (VLAN %d) is share %s's", ErrAddrTaken, addr, parent, vlan, net.HardwareAddr(old.Mac[:]))
 	}
 	return nil
 }

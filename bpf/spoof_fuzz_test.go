@@ -21,7 +21,7 @@ import (
 type spoofModel struct {
 	share     net.HardwareAddr
 	pod       PodShare
-	allowed   map[netip.Addr]bool
+	allowed   map[netip.Addr]bool // the share's addresses in its VLAN
 	unchecked bool
 	// learned maps each MAC learned on the parent to its share, before the
 	// frame; others are MACs that name shares or the node.
@@ -223,18 +223,28 @@ func FuzzClassifyEgress(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	allowed := map[netip.Addr]bool{}
-	for _, a := range []string{"10.9.0.5", "fd09::5"} {
-		allowed[netip.MustParseAddr(a)] = true
-		if err := s.AllowAddr(parent, netip.MustParseAddr(a), share); err != nil {
-			f.Fatal(err)
+	// The share's addresses in each VLAN it may be in (the fuzzed flags
+	// choose it): in VLAN 100, others than untagged. 10.9.0.6 is
+	// another share's in VLAN 100, and the share's untagged.
+	allowed := map[int]map[netip.Addr]bool{}
+	for vlan, addrs := range map[int][]string{0: {"10.9.0.5", "fd09::5", "10.9.0.6"}, 100: {"10.9.0.7", "fd09::7"}} {
+		allowed[vlan] = map[netip.Addr]bool{}
+		for _, a := range addrs {
+			allowed[vlan][netip.MustParseAddr(a)] = true
+			if err := s.AllowAddr(parent, vlan, netip.MustParseAddr(a), share); err != nil {
+				f.Fatal(err)
+			}
 		}
+	}
+	if err := s.AllowAddr(parent, 100, netip.MustParseAddr("10.9.0.6"), mac2); err != nil {
+		f.Fatal(err)
 	}
 	gw := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 1}
 	for _, seed := range [][]byte{
 		ipFrame(gw, share, "10.9.0.5", "10.9.0.1", false),
 		ipFrame(gw, share, "10.9.0.6", "10.9.0.1", false),
 		ipFrame(gw, share, "10.9.0.5", "10.9.0.1", true),
+		ipFrame(gw, share, "10.9.0.7", "10.9.0.1", true),
 		ipFrame(gw, share, "fd09::5", "fd09::1", false),
 		ipFrame(gw, mac2, "10.9.0.5", "10.9.0.1", false),
 		arpFrame(share, share, 2, "10.9.0.1", "10.9.0.5"),
@@ -278,7 +288,7 @@ func FuzzClassifyEgress(f *testing.F) {
 		}
 		pod := PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class,
 			VLAN: int(vlanFlags&0x0fff) % 4095, AllowMACChange: vlanFlags&(1<<12) != 0, CheckIPv4: vlanFlags&(2<<12) != 0, CheckIPv6: vlanFlags&(4<<12) != 0}
-		model := spoofModel{share: share, pod: pod, allowed: allowed}
+		model := spoofModel{share: share, pod: pod, allowed: allowed[pod.VLAN]}
 		wantClass := uint32(class)
 		if vlanFlags&socketless == 0 {
 			// The same share again: its entry's flags are replaced.

@@ -81,11 +81,11 @@ func TestSpoofedFramesAreDropped(t *testing.T) {
 	const parent, class = 1, 0x10010
 	share, neighbour := mac1, mac2
 	for _, a := range []string{"10.9.0.5", "fd09::5"} {
-		if err := s.AllowAddr(parent, netip.MustParseAddr(a), share); err != nil {
+		if err := s.AllowAddr(parent, 0, netip.MustParseAddr(a), share); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), neighbour); err == nil {
+	if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), neighbour); err == nil {
 		t.Error("another share was allowed the share's address")
 	}
 	if err := s.SetShare(Ingress, neighbour, 0x10020); err != nil {
@@ -170,7 +170,7 @@ func TestIPv4OnlyShareKeepsItsIPv6(t *testing.T) {
 	s := openShaper(t, testPinDir(t))
 	defer s.Close()
 	const parent, class = 1, 0x10010
-	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+	if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
 		t.Fatal(err)
 	}
 	setOwnPodShare(t, s, PodShare{Parent: parent, MAC: mac1.String(), ClassID: class, CheckIPv4: true})
@@ -265,7 +265,7 @@ func TestSocketlessFramesAreGuarded(t *testing.T) {
 	const parent, class = 1, 0x10010
 	shaped, unshaped, unguarded := mac1, mac2, net.HardwareAddr{0x02, 0xca, 0x7e, 0, 0, 3}
 	for _, m := range []net.HardwareAddr{shaped, unshaped} {
-		if err := s.AllowAddr(parent, netip.MustParseAddr(map[string]string{shaped.String(): "10.9.0.5", unshaped.String(): "10.9.0.6"}[m.String()]), m); err != nil {
+		if err := s.AllowAddr(parent, 0, netip.MustParseAddr(map[string]string{shaped.String(): "10.9.0.5", unshaped.String(): "10.9.0.6"}[m.String()]), m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -323,7 +323,7 @@ func TestSocketlessFramesAreGuarded(t *testing.T) {
 	// MAC are then the share's, guarded.
 	changer := net.HardwareAddr{0x02, 0xca, 0x7e, 0, 0, 4}
 	taken := net.HardwareAddr{0x02, 0x77, 0, 0, 0, 9}
-	if err := s.AllowAddr(parent, netip.MustParseAddr("10.9.0.8"), changer); err != nil {
+	if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.8"), changer); err != nil {
 		t.Fatal(err)
 	}
 	guard := PodShare{Parent: parent, MAC: changer.String(), ClassID: 0x10040, AllowMACChange: true, CheckIPv4: true}

@@ -37,9 +37,10 @@ func checkAddressable(cfg v1alpha1.NetworkConfig) error {
 }
 
 // keyByAddress records the share's addresses for its parent in the
-// classifier, then makes its class entries reachable through them (and its
-// pod's netns) alone. An address another share of the parent holds is
-// refused: their traffic could not be told apart.
+// classifier, in its VLAN (u.VLAN), then makes its class entries reachable
+// through them (and its pod's netns) alone. An address another share of
+// the parent holds in the same VLAN is refused: their traffic could not be
+// told apart.
 func (p *NICPreparer) keyByAddress(parent netlink.Link, mac net.HardwareAddr, u *undoRecord) error {
 	u.AddressKeyed = true // before any entry: undo then looks for them
 	for _, s := range u.Addresses {
@@ -47,7 +48,7 @@ func (p *NICPreparer) keyByAddress(parent netlink.Link, mac net.HardwareAddr, u 
 		if err != nil {
 			return err
 		}
-		if err := p.opts.Shaper.SetShareAddr(parent.Attrs().Index, addr, mac); err != nil {
+		if err := p.opts.Shaper.SetShareAddr(parent.Attrs().Index, u.VLAN, addr, mac); err != nil {
 			return fmt.Errorf("classifier entry for address %s: %w", s, err)
 		}
 	}

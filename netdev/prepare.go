@@ -44,7 +44,7 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 		net1 = *cfg.Network
 	}
 	key := a.ShareKey()
-	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String()}
+	u := undoRecord{Parent: dev.NIC.Name, Link: LinkName(key), MAC: ShareMAC(key).String(), VLAN: net1.VLAN}
 	// Counted before anything is made: a parent at its limit refuses the
 	// share with nothing to undo.
 	added, err := p.holdShare(dev.NIC.Name, key, p.shareLimit(dev))
@@ -287,7 +287,7 @@ func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, ad
 		if err != nil {
 			return err
 		}
-		if err := p.opts.Shaper.AllowAddr(parent.Attrs().Index, addr, mac); err != nil {
+		if err := p.opts.Shaper.AllowAddr(parent.Attrs().Index, guard.VLAN, addr, mac); err != nil {
 			return fmt.Errorf("address %s of the share on %s: %w", s, parent.Attrs().Name, err)
 		}
 	}

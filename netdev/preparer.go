@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -136,6 +137,10 @@ type undoRecord struct {
 	IngressDropBase uint64   `json:"ingressDropBase,omitempty"`
 	Addresses       []string `json:"addresses,omitempty"`
 	PoolAddrs       []string `json:"poolAddresses,omitempty"`
+	// VLAN is the share's VLAN on its parent, in which its addresses are
+	// recorded in the classifier (0 for none, and in records of carves
+	// before addresses were kept by VLAN: see migrateVLANAddrs).
+	VLAN int `json:"vlan,omitempty"`
 	// AddressKeyed is set where the classifier tells the share apart by
 	// its addresses (ipvlan), not by its MAC.
 	AddressKeyed bool `json:"addressKeyed,omitempty"`
@@ -168,6 +173,7 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 			}
 		}
 		p.ipam.reserve(key, addrs)
+		p.migrateVLANAddrs(ctx, a, u)
 		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor, u.FlowClasses)
 		p.mu.Lock()
 		p.labels[u.MAC] = labelsOf(a).withDropBase(u)
@@ -193,6 +199,32 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 	}
 	if len(unexplained) > 0 {
 		klog.FromContext(ctx).Info("Classifier entries that no record or attach spec explains are kept; was the state directory lost?", "entries", unexplained)
+	}
+}
+
+// migrateVLANAddrs moves the classifier's address entries of a VLAN share
+// that an agent before addresses were kept by VLAN prepared (its record
+// names no VLAN; its allocation's config does) into its VLAN, where the
+// classifier now looks them up. Idempotent: a moved share has none left to
+// move.
+func (p *NICPreparer) migrateVLANAddrs(ctx context.Context, a prepare.Allocation, u undoRecord) {
+	if p.opts.Shaper == nil || u.VLAN != 0 || len(u.Addresses) == 0 {
+		return
+	}
+	eff, err := prepare.DecodeEffectiveConfig(a.Config)
+	if err != nil || eff.Network == nil || eff.Network.VLAN == 0 {
+		return
+	}
+	mac, err := net.ParseMAC(u.MAC)
+	if err != nil {
+		return
+	}
+	moved, err := p.opts.Shaper.MoveAddrsToVLAN(mac, eff.Network.VLAN)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Moving a VLAN share's addresses into its VLAN; its pod's frames from them may be dropped", "share", u.Link, "vlan", eff.Network.VLAN)
+	}
+	if moved > 0 {
+		klog.FromContext(ctx).Info("Moved a VLAN share's addresses into its VLAN (recorded by an older agent)", "share", u.Link, "vlan", eff.Network.VLAN, "entries", moved)
 	}
 }
 

@@ -30,7 +30,13 @@ import (
 //	2: pod guards pinned under <pin dir>/pod_guard, their state in the
 //	   attach specs and undo records (fields 0.1.0 ignores); the
 //	   share_flow_stats map retired. 0.1.0 serves it (TestNodeUpgrade).
-const Current = 2
+//	3: the classifier's address maps keep a share's addresses by parent,
+//	   VLAN and address (the key's padding, zero before, holds the VLAN):
+//	   one address may be two shares' in two VLANs. Untagged shares'
+//	   entries are unchanged, so older agents serve them as before; a
+//	   VLAN share's addresses are in its VLAN, where an older classifier
+//	   does not look: its pod's frames from them would be dropped.
+const Current = 3
 
 // MinReader is the oldest format an agent must know to serve what this
 // build writes.
@@ -60,6 +66,11 @@ var migrations = map[int]Migration{
 	// share_flow_stats map is unpinned by the classifier as it opens
 	// (bpf.OpenShaper).
 	1: func(string, string) error { return nil },
+	// 2 to 3: a VLAN share's address entries move into its VLAN. Only
+	// the shares' configs say which VLAN, so the NIC preparer moves them
+	// as it restores its shares (netdev's migrateVLANAddrs), before
+	// the agent serves; entries without a VLAN stay untagged shares'.
+	2: func(string, string) error { return nil },
 }
 
 // Read reads stateDir's format: none (nil) for a fresh node, version 1 for

@@ -2,6 +2,7 @@ package nodeformat
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +28,7 @@ func TestPrepare(t *testing.T) {
 		}
 		return strings.TrimSpace(string(raw))
 	}
-	current := `{"version":2,"minReader":1,"writtenBy":"test"}`
+	current := fmt.Sprintf(`{"version":%d,"minReader":%d,"writtenBy":"test"}`, Current, MinReader)
 
 	fresh := t.TempDir()
 	if found, err := Prepare(fresh, "", "test"); err != nil || found != nil {
@@ -47,9 +48,9 @@ func TestPrepare(t *testing.T) {
 	}
 
 	servable := t.TempDir()
-	newer := `{"version":7,"minReader":2,"writtenBy":"9.0.0"}`
+	newer := fmt.Sprintf(`{"version":%d,"minReader":%d,"writtenBy":"9.0.0"}`, Current+5, Current)
 	write(t, servable, "format.json", newer)
-	if found, err := Prepare(servable, "", "test"); err != nil || found.Version != 7 {
+	if found, err := Prepare(servable, "", "test"); err != nil || found.Version != Current+5 {
 		t.Errorf("a newer state this agent can serve: %+v, %v", found, err)
 	}
 	if got := read(t, servable); got != newer {
@@ -57,7 +58,7 @@ func TestPrepare(t *testing.T) {
 	}
 
 	tooNew := t.TempDir()
-	newest := `{"version":7,"minReader":3,"writtenBy":"9.0.0"}`
+	newest := fmt.Sprintf(`{"version":%d,"minReader":%d,"writtenBy":"9.0.0"}`, Current+5, Current+1)
 	write(t, tooNew, "format.json", newest)
 	_, err := Prepare(tooNew, "", "test")
 	if !errors.Is(err, ErrTooNew) || !strings.Contains(err.Error(), "9.0.0") || !strings.Contains(err.Error(), "run the newer carve") {

@@ -197,7 +197,18 @@ func (st *state) needAddrs(r *Row, u netdev.ShareRecord, parent int) {
 			r.Problems = append(r.Problems, fmt.Sprintf("address %q: %v", s, err))
 			continue
 		}
-		if got, ok := st.addrs[bpf.AddrShare{Parent: parent, Addr: addr}]; !ok {
+		got, ok := st.addrs[bpf.AddrShare{Parent: parent, VLAN: u.VLAN, Addr: addr}]
+		if u.VLAN == 0 && (!ok || got != u.MAC) {
+			// A record of a carve before addresses were kept by VLAN
+			// names none: the agent has since moved a VLAN share's
+			// entries into its VLAN.
+			for k, mac := range st.addrs {
+				if k.Parent == parent && k.Addr == addr && mac == u.MAC {
+					got, ok = mac, true
+				}
+			}
+		}
+		if !ok {
 			r.Problems = append(r.Problems, fmt.Sprintf("no classifier entry for address %s on %s", addr, u.Parent))
 		} else if got != u.MAC {
 			r.Problems = append(r.Problems, fmt.Sprintf("classifier gives address %s on %s to share %s", addr, u.Parent, got))

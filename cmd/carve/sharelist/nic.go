@@ -184,7 +184,7 @@ func readState(ctx context.Context, n node, interval time.Duration) (*state, err
 	}
 	st.addrs = make(map[bpf.AddrShare]string, len(addrs))
 	for _, a := range addrs {
-		st.addrs[bpf.AddrShare{Parent: a.Parent, Addr: a.Addr}] = a.MAC
+		st.addrs[bpf.AddrShare{Parent: a.Parent, VLAN: a.VLAN, Addr: a.Addr}] = a.MAC
 	}
 	if st.egressShapers, err = n.egressShapers(); err != nil {
 		return nil, err
