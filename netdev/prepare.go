@@ -174,7 +174,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		// The same checks on the pod's own interface, for every frame
 		// it sends (bpf/podguard.go); the hook attaches it.
 		ps := spec.PodShare
-		guard := bpf.PodShare{Parent: ps.ParentIndex, MAC: mac.String(), AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6}
+		guard := bpf.PodShare{Parent: ps.ParentIndex, MAC: mac.String(), VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6}
 		if err := p.opts.Shaper.PinPodGuard(u.Link, guard); err != nil {
 			return prepare.Prepared{}, err
 		}
