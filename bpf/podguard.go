@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -91,6 +92,9 @@ func UnpinPodGuard(pinDir, name string) error {
 	return errors.Join(errs...)
 }
 
+// podGuardProg names the pod guard's cls_bpf filter (carve-pod_guard).
+const podGuardProg = "pod_guard"
+
 // ErrNoPodGuard is returned by AttachPodGuard where the agent pinned no
 // guard for the share (an older agent prepared it).
 var ErrNoPodGuard = errors.New("no pod guard pinned for the share")
@@ -125,7 +129,18 @@ func AttachPodGuard(pinDir, name string, ifindex int) error {
 		return fmt.Errorf("open the pod guard of %s: %w", name, err)
 	}
 	defer prog.Close()
+	// Before 6.6 (Debian's 6.1: make vmtest) a cls_bpf filter on the
+	// interface holds the guard, and goes with it; the hook failed there
+	// for every share. There is no link to pin: PodGuardState says
+	// pending, and the nested-link watch, which finds the share's own
+	// interface by its link, leaves the pod's links alone.
+	if forceLegacy {
+		return attachLegacy(ifindex, prog, podGuardProg, netlink.HANDLE_MIN_EGRESS)
+	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress, Anchor: link.Head()})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return attachLegacy(ifindex, prog, podGuardProg, netlink.HANDLE_MIN_EGRESS)
+	}
 	if err != nil {
 		return fmt.Errorf("attach the pod guard of %s to ifindex %d: %w", name, ifindex, err)
 	}
