@@ -162,8 +162,13 @@ manifests: ## render the chart into deploy/manifests/carve.yaml
 	$$helm lint --kube-version 1.37.0 deploy/chart/carve >/dev/null && \
 	$$helm template carve deploy/chart/carve --namespace carve-system --kube-version 1.37.0 --set createNamespace=true > deploy/manifests/carve.yaml
 
-cluster-up: ## start the local control plane; the last line is the kubeconfig path
-	@deploy/cluster/up.sh
+# NODES=N (N >= 2): the control plane on the host and N nodes, each a set of
+# namespaces of its own on a node network and a shared tenant segment
+# (deploy/cluster/nodes.sh); NODES=1, the default, is the single node.
+NODES ?= 1
+
+cluster-up: ## start the local control plane and NODES nodes (default 1); the last line is the kubeconfig path
+	@CARVE_CLUSTER_NODES=$(NODES) deploy/cluster/up.sh
 
 cluster-down: ## stop the local control plane and remove its state
 	@deploy/cluster/down.sh

@@ -40,11 +40,11 @@ etcd_start() {
 # - --cert-dir points into the state dir so nothing is ever written to
 #   /var/run/kubernetes (the default).
 apiserver_start() {
-  log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
+  log "starting kube-apiserver on https://$APISERVER_HOST:$APISERVER_PORT"
   start_daemon kube-apiserver \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 \
-    --advertise-address=127.0.0.1 \
+    --bind-address="$APISERVER_HOST" \
+    --advertise-address="$APISERVER_HOST" \
     --secure-port="$APISERVER_PORT" \
     --cert-dir="$PKI" \
     --tls-cert-file="$PKI/apiserver.crt" \
@@ -83,7 +83,9 @@ apiserver_wait_ready() {
 # controllers_start: starts kube-controller-manager and kube-scheduler;
 # controllers_wait_ready waits for them.
 #  - node-lifecycle-controller is off: with no kubelet it would mark every Node
-#    NotReady and taint/evict from it.
+#    NotReady and taint/evict from it. Several nodes (nodes.sh) have it on,
+#    so a killed node is marked NotReady within 20 s (their kubelets renew
+#    every 5 s) and its pods are evicted.
 #  - --use-service-account-credentials: see USE_SA_CREDENTIALS in up.sh; the
 #    token controller signs with --service-account-private-key-file.
 #  - --flex-volume-plugin-dir: the default is under /usr/libexec, which the
@@ -91,6 +93,11 @@ apiserver_wait_ready() {
 #  - the cluster-signing files let the CSR signer issue kubelet certs later.
 controllers_start() {
   log "starting kube-controller-manager and kube-scheduler"
+  local controllers='*,-node-lifecycle-controller' lifecycle=()
+  if [ "${NODES:-1}" != 1 ]; then
+    controllers='*'
+    lifecycle=(--node-monitor-grace-period=20s --node-monitor-period=2s)
+  fi
   start_daemon kube-controller-manager \
     --kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$STATE_DIR/controller-manager.kubeconfig" \
@@ -98,7 +105,7 @@ controllers_start() {
     --bind-address=127.0.0.1 \
     --secure-port="$KCM_PORT" \
     --leader-elect=false \
-    --controllers='*,-node-lifecycle-controller' \
+    --controllers="$controllers" "${lifecycle[@]}" \
     --flex-volume-plugin-dir="$STATE_DIR/flexvolume" \
     --service-account-private-key-file="$PKI/sa.key" \
     --root-ca-file="$PKI/ca.crt" \

@@ -38,6 +38,8 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # removes it.
 stop_all() {
   local c pid pids="" all
+  # Several nodes (nodes.sh): their PID 1s, and with them all they run.
+  if declare -F mn_kill_inits >/dev/null; then mn_kill_inits; fi
   for c in "${COMPONENTS[@]}"; do
     if pid=$(pid_of "$c"); then
       kill -9 "$pid" 2>/dev/null || true

@@ -93,11 +93,13 @@ stop() {
 # the kills back), then what they leave behind.
 
 # cgroup_dirs: every /carve cgroup directory (the kubelet's cgroupRoot, see
-# node.sh) in every v1 hierarchy and the unified one, deepest first.
+# node.sh; /carve-mn for several nodes) in every v1 hierarchy and the unified one, deepest first.
 cgroup_dirs() {
-  local hier
+  local hier root=carve
+  # Several nodes (nodes.sh) have a root of their own.
+  [ ! -f "$NODE_DIR/cgroup-root" ] || root=$(cat "$NODE_DIR/cgroup-root")
   for hier in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-    [ ! -d "$hier/carve" ] || find "$hier/carve" -depth -type d 2>/dev/null || true
+    [ ! -d "$hier/$root" ] || find "$hier/$root" -depth -type d 2>/dev/null || true
   done
 }
 
@@ -137,6 +139,39 @@ unmount_under() {
   done
   log "WARNING: still mounted under $dir: $(findmnt -rn -o TARGET | grep -F "$dir" | tr '\n' ' ')"
   return 1
+}
+
+# nodes_down: the nodes of a multi-node cluster (nodes.sh), as listed in
+# $NODE_DIR/multi. Each node's PID 1 is SIGKILLed (it ignores SIGTERM; its
+# death makes the kernel kill every process of its PID namespace, pods
+# included) and waited for, before anything of it is removed; the mount
+# namespace and its mounts go with its last process.
+nodes_down() {
+  local what name pid inits="" left
+  while read -r what name; do
+    [ "$what" = init ] || continue
+    # Only a PID whose parent is unshare is a node's init (a reused PID is
+    # left alone).
+    pid=$(cut -d' ' -f4 "/proc/$name/stat" 2>/dev/null) || continue
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = unshare ] || continue
+    kill -9 "$name" 2>/dev/null || true
+    inits="$inits $name"
+  done <"$NODE_DIR/multi"
+  [ -z "$inits" ] || log "killed the nodes' init processes:$inits"
+  for _ in $(seq 100); do
+    left=""
+    for pid in $inits; do gone "$pid" || left="$left $pid"; done
+    [ -n "$left" ] || break
+    sleep 0.1
+  done
+  [ -z "$left" ] || log "WARNING: node init processes still alive:$left"
+  node_down
+  while read -r what name; do
+    case "$what" in
+    netns) ip netns del "$name" 2>/dev/null || true ;;
+    link) ip link del "$name" 2>/dev/null || true ;;
+    esac
+  done <"$NODE_DIR/multi"
 }
 
 node_down() {
@@ -219,7 +254,9 @@ node_down() {
 # graceful shutdown hangs retrying etcd and needs SIGKILL after the timeout
 # (measured: still alive after 16 s). The node goes first: a kubelet whose
 # apiserver vanished keeps retrying, but stops fine either way.
-if [ -f "$MARKER" ] && [ -d "$NODE_DIR" ]; then
+if [ -f "$MARKER" ] && [ -f "$NODE_DIR/multi" ]; then
+  nodes_down
+elif [ -f "$MARKER" ] && [ -d "$NODE_DIR" ]; then
   node_down
 fi
 stop kube-scheduler kube-controller-manager kube-apiserver

@@ -16,7 +16,7 @@ pki_prepare() {
 # credentials, so it stays valid if copied elsewhere.
 write_kubeconfig() {
   "$PKI_TOOL" kubeconfig --out "$1" --user "$2" --cert "$3" --key "$4" \
-    --ca-file "$PKI/ca.crt" --server "https://127.0.0.1:$APISERVER_PORT"
+    --ca-file "$PKI/ca.crt" --server "https://${APISERVER_HOST:-127.0.0.1}:$APISERVER_PORT"
 }
 
 # make_ca NAME CN: a self-signed EC P-256 CA, $PKI/NAME.crt and .key.
@@ -45,8 +45,11 @@ cluster_pki() {
   log "generating certificates in $PKI"
   make_ca ca carve-test-ca
   make_ca front-proxy-ca carve-test-front-proxy-ca
+  # Several nodes reach the API server on the node network's bridge.
+  local extra=""
+  [ "${APISERVER_HOST:-127.0.0.1}" = 127.0.0.1 ] || extra="IP:$APISERVER_HOST,"
   issue ca apiserver "/CN=kube-apiserver" server \
-    "IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    "IP:127.0.0.1,${extra}IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   # system:masters bypasses RBAC: tests act as cluster admin.
   issue ca admin "/O=system:masters/CN=carve-admin" client
   # These user names are what the bootstrap RBAC roles are bound to.

@@ -49,6 +49,13 @@
 #                                  the release k8s-build/go.mod pins)
 #   CONTAINERD_VERSION             passed on to build-containerd.sh
 # The node (all optional too):
+#   CARVE_CLUSTER_NODES            how many nodes (default 1). 1: the node
+#                                  below, on the host's network. 2 or more:
+#                                  each node a set of namespaces (nodes.sh),
+#                                  the API server on the node network's
+#                                  bridge (10.77.0.1), the node lifecycle
+#                                  controller on; the CARVE_NODE_* settings
+#                                  below are for the single node only
 #   CARVE_CLUSTER_NODE             1: start the node (default), 0: control
 #                                  plane only
 #   CARVE_NODE_NAME                Node name               (default carve-node)
@@ -93,6 +100,14 @@ USE_SA_CREDENTIALS=${CARVE_USE_SA_CREDENTIALS:-true}
 SERVICE_CIDR=10.96.0.0/12
 NODE=${CARVE_CLUSTER_NODE:-1}
 case "$NODE" in 0 | 1) ;; *) echo "[cluster-up] ERROR: CARVE_CLUSTER_NODE must be 0 or 1" >&2; exit 1 ;; esac
+NODES=${CARVE_CLUSTER_NODES:-1}
+case "$NODES" in [1-9] | [1-9][0-9]) ;; *) echo "[cluster-up] ERROR: CARVE_CLUSTER_NODES must be 1 to 99" >&2; exit 1 ;; esac
+[ "$NODES" = 1 ] || [ "$NODE" = 1 ] || { echo "[cluster-up] ERROR: CARVE_CLUSTER_NODES=$NODES with CARVE_CLUSTER_NODE=0" >&2; exit 1; }
+# Where the API server listens: loopback for one node on the host's
+# network; the node network's bridge, which every node's namespace reaches,
+# for several (nodes.sh).
+APISERVER_HOST=127.0.0.1
+[ "$NODES" = 1 ] || APISERVER_HOST=10.77.0.1
 NODE_NAME=${CARVE_NODE_NAME:-carve-node}
 NODE_IP=${CARVE_NODE_IP:-}
 CDI_DIR=${CARVE_CDI_DIR:-${STATE_DIR}/cdi}
@@ -108,7 +123,8 @@ SERVICE_IP=10.96.0.1 # first address of SERVICE_CIDR: the `kubernetes` Service
 
 # Every process runs one of these binaries; down.sh knows the same list.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
-[ "$NODE" = 0 ] || COMPONENTS+=(containerd kubelet)
+# Several nodes' daemons run inside the nodes, and are theirs to watch.
+[ "$NODE" = 0 ] || [ "$NODES" != 1 ] || COMPONENTS+=(containerd kubelet)
 
 PKI=$STATE_DIR/pki
 LOGS=$STATE_DIR/logs
@@ -147,8 +163,18 @@ alive=0
 for c in "${COMPONENTS[@]}"; do
   if pid_of "$c" >/dev/null; then alive=$((alive + 1)); fi
 done
+# Several nodes: each node's PID 1 is alive too, and cluster.env says as
+# many nodes as are wanted (a single node's says none).
+nodes_match=1
+if [ -f "$STATE_DIR/cluster.env" ]; then
+  have=$(sed -n 's/^CARVE_CLUSTER_NODES=//p' "$STATE_DIR/cluster.env")
+  [ "${have:-1}" = "$NODES" ] || nodes_match=0
+  for p in $(sed -n 's/^CARVE_NODE_[0-9]*_PID=//p' "$STATE_DIR/cluster.env"); do
+    gone "$p" && nodes_match=0
+  done
+fi
 # cluster.env is written last, so its presence means a start that finished.
-if [ $alive -eq ${#COMPONENTS[@]} ] && [ -f "$STATE_DIR/cluster.env" ]; then
+if [ $alive -eq ${#COMPONENTS[@]} ] && [ -f "$STATE_DIR/cluster.env" ] && [ $nodes_match = 1 ]; then
   log "already running in $STATE_DIR"
   echo "$ADMIN_KUBECONFIG"
   exit 0
@@ -218,7 +244,12 @@ cluster_pki
 # --- the node, part 1 -------------------------------------------------------
 # containerd starts now, so it is up by the time the apiserver is; the images
 # are built and imported meanwhile.
-if [ "$NODE" = 1 ]; then
+if [ "$NODES" != 1 ]; then
+  # shellcheck source-path=SCRIPTDIR source=nodes.sh
+  . "$here/nodes.sh"
+  mn_prepare
+  mn_certs
+elif [ "$NODE" = 1 ]; then
   # shellcheck source-path=SCRIPTDIR source=node.sh
   . "$here/node.sh"
   node_prepare
@@ -228,12 +259,17 @@ fi
 # --- the control plane --------------------------------------------------------
 etcd_start
 apiserver_start
-[ "$NODE" = 0 ] || node_images
-apiserver_wait_ready
-
-# The kubelet needs only the apiserver; started now, it registers and gets
-# Ready while the controller manager creates ServiceAccounts (several seconds).
-[ "$NODE" = 0 ] || node_start
+if [ "$NODES" != 1 ]; then
+  apiserver_wait_ready
+  mn_start
+  mn_images
+else
+  [ "$NODE" = 0 ] || node_images
+  apiserver_wait_ready
+  # The kubelet needs only the apiserver; started now, it registers and gets
+  # Ready while the controller manager creates ServiceAccounts (several seconds).
+  [ "$NODE" = 0 ] || node_start
+fi
 
 # Started only once the apiserver is ready: the controller manager gives up and
 # exits if the apiserver is not healthy within 10 s of its start, which can
@@ -242,7 +278,11 @@ controllers_start
 controllers_wait_ready
 
 # --- the node, part 2 ---------------------------------------------------------
-[ "$NODE" = 0 ] || node_wait_ready
+if [ "$NODES" != 1 ]; then
+  mn_wait_ready
+else
+  [ "$NODE" = 0 ] || node_wait_ready
+fi
 
 # For scripts that want the ports without re-deriving the defaults.
 cat >"$STATE_DIR/cluster.env" <<EOF
@@ -258,7 +298,9 @@ EOF
 # The node's paths: a DaemonSet with carve's kubelet plugin mounts
 # KUBELET_PLUGINS_DIR (its DRA socket) and KUBELET_REGISTRY_DIR (plugin
 # registration) and writes CDI specs to CARVE_CDI_DIR.
-if [ "$NODE" = 1 ]; then
+if [ "$NODES" != 1 ]; then
+  mn_env >>"$STATE_DIR/cluster.env"
+elif [ "$NODE" = 1 ]; then
   cat >>"$STATE_DIR/cluster.env" <<EOF
 CARVE_NODE_NAME=$NODE_NAME
 CARVE_NODE_IP=$NODE_IP
@@ -277,7 +319,9 @@ fi
 STOP_ON_EXIT=0
 trap - EXIT HUP INT TERM
 
-if [ "$NODE" = 1 ]; then
+if [ "$NODES" != 1 ]; then
+  log "control plane and $NODES nodes ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
+elif [ "$NODE" = 1 ]; then
   log "control plane and node $NODE_NAME ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
 else
   log "control plane ready in $((SECONDS - started))s (state and logs in $STATE_DIR)"
