@@ -89,7 +89,53 @@ func (s *Shaper) AttachRedirect(parent, ifb int) error {
 	if err := s.objs.IfbOf.Put(uint32(parent), uint32(ifb)); err != nil {
 		return fmt.Errorf("record IFB %d of ifindex %d: %w", ifb, parent, err)
 	}
-	return s.attachAt(parent, s.objs.RedirectIngress, shaperProgRedirectIngress, ebpf.AttachTCXIngress)
+	if !forceLegacy {
+		err := s.attachAt(parent, s.objs.RedirectIngress, shaperProgRedirectIngress, ebpf.AttachTCXIngress)
+		if !errors.Is(err, errNoTCX) {
+			return err
+		}
+	}
+	return attachLegacyRedirect(parent, ifb)
+}
+
+// errNoTCX is attachAt's answer, for AttachRedirect, where the kernel has
+// no TCX.
+var errNoTCX = errors.New("no TCX")
+
+// attachLegacyRedirect sends all of parent's ingress to the IFB with act_mirred
+// (a u32 filter matching every frame), in place of redirect_ingress, on
+// kernels without TCX: before 6.4 an IFB drops every frame a BPF program
+// redirects to it (bpf_redirect did not mark it redirected), so on Debian's
+// 6.1 (make vmtest) no frame towards an ingress share arrived. The kernels
+// that drop them all lack TCX (6.6). The IFB's classifier then passes the
+// node's own frames, which take its HTB's direct queue, unshaped.
+func attachLegacyRedirect(parent, ifb int) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: parent, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add clsact to ifindex %d: %w", parent, err)
+	}
+	if err := detachLegacy(parent, netlink.HANDLE_MIN_INGRESS); err != nil {
+		return err
+	}
+	f := &netlink.U32{
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: parent, Parent: netlink.HANDLE_MIN_INGRESS, Priority: legacyPrio, Protocol: unix.ETH_P_ALL},
+		Sel:         &netlink.TcU32Sel{Flags: netlink.TC_U32_TERMINAL, Nkeys: 1, Keys: []netlink.TcU32Key{{}}},
+		Actions:     []netlink.Action{netlink.NewMirredAction(ifb)},
+	}
+	if err := netlink.FilterAdd(f); err != nil {
+		return fmt.Errorf("redirect the ingress of ifindex %d to IFB %d with mirred: %w", parent, ifb, err)
+	}
+	return nil
+}
+
+// IsLegacyRedirect reports whether f is the filter attachLegacyRedirect
+// puts on a parent's ingress.
+func IsLegacyRedirect(f netlink.Filter) bool {
+	u, ok := f.(*netlink.U32)
+	return ok && u.Priority == legacyPrio && len(u.Actions) == 1 && u.Actions[0].Type() == "mirred"
 }
 
 // DetachRedirect undoes AttachRedirect (in the caller's netns); detaching
@@ -154,6 +200,9 @@ func (s *Shaper) attachAt(ifindex int, prog *ebpf.Program, name string, at ebpf.
 		Anchor:    link.Head(),
 	})
 	if errors.Is(err, ebpf.ErrNotSupported) {
+		if at == ebpf.AttachTCXIngress && name == shaperProgRedirectIngress {
+			return errNoTCX
+		}
 		return attachLegacy(ifindex, prog, name, hookParent(at))
 	}
 	if err != nil {
@@ -345,11 +394,11 @@ func detachLegacy(ifindex int, hook uint32) error {
 	}
 	for _, f := range filters {
 		bf, ok := f.(*netlink.BpfFilter)
-		if !ok || bf.Priority != legacyPrio || !strings.HasPrefix(bf.Name, "carve-") {
+		if (!ok || bf.Priority != legacyPrio || !strings.HasPrefix(bf.Name, "carve-")) && !IsLegacyRedirect(f) {
 			continue
 		}
-		if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("delete cls_bpf on ifindex %d: %w", ifindex, err)
+		if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete carve's filter on ifindex %d: %w", ifindex, err)
 		}
 	}
 	return nil

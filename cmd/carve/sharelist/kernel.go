@@ -144,6 +144,10 @@ func (n *kernelNode) legacyFilter(ifindex int, ingress bool, name string) bool {
 		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == name {
 			return true
 		}
+		// Without TCX the ingress redirect is act_mirred's (bpf.AttachRedirect).
+		if ingress && name == bpf.LegacyFilterName("redirect_ingress") && bpf.IsLegacyRedirect(f) {
+			return true
+		}
 	}
 	return false
 }
