@@ -140,6 +140,13 @@ func run(ctx context.Context, opts Options) error {
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	reg.MustRegister(grpcMetrics)
 
+	// Before anything: a kernel older than carve's minimum cannot load
+	// the classifier, and what the agent made before failing would be
+	// left behind.
+	if err := kernelprobe.CheckRunning(); err != nil {
+		nodeEvent(ctx, opts.KubeClient, opts.NodeName, "KernelTooOld", err.Error())
+		return err
+	}
 	// Before anything writes into it (the hook binary, the checkpoint).
 	if err := prepare.EnsureStateDir(opts.StateDir); err != nil {
 		return err
