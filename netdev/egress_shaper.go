@@ -46,18 +46,20 @@ const in6AddrGenModeNone = 1
 // sends the rest back to where it came from. The pair has no addresses and
 // does no ARP; what the node sends from it anyway is dropped on its way
 // back (return_shaped).
-func (p *NICPreparer) ensureEgressShaper(parent netlink.Link) (netlink.Link, error) {
+//
+// A new shaper's HTB gets a link class of linkRate bits/s (linkclass.go).
+func (p *NICPreparer) ensureEgressShaper(parent netlink.Link, linkRate uint64) (netlink.Link, error) {
 	if shaper, ok := p.setUp.companion(companionEgressShaper, parent.Attrs().Index); ok {
 		return shaper, nil
 	}
-	shaper, err := p.makeEgressShaper(parent)
+	shaper, err := p.makeEgressShaper(parent, linkRate)
 	if err == nil {
 		p.setUp.setCompanion(companionEgressShaper, parent.Attrs().Index, shaper)
 	}
 	return shaper, err
 }
 
-func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error) {
+func (p *NICPreparer) makeEgressShaper(parent netlink.Link, linkRate uint64) (netlink.Link, error) {
 	h := p.h
 	name, back := egressShaperName(parent.Attrs().Index), egressReturnName(parent.Attrs().Index)
 	shaper, err := h.LinkByName(name)
@@ -82,7 +84,7 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link) (netlink.Link, error
 			return nil, err
 		}
 	}
-	if err := ensureHTB(h, shaper); err != nil {
+	if err := ensureHTB(h, shaper, linkRate); err != nil {
 		return nil, err
 	}
 	if made {
@@ -110,8 +112,12 @@ func (p *NICPreparer) adoptParentClasses(parent, shaper netlink.Link) error {
 	if err != nil {
 		return err
 	}
+	under, err := p.shareParent(shaper)
+	if err != nil {
+		return err
+	}
 	for minor, rate := range classes {
-		if err := setClass(p.h, shaper, minor, rate, true); err != nil {
+		if err := setClass(p.h, shaper, under, minor, hardCap(rate), true); err != nil {
 			return err
 		}
 		if err := p.setLeaf(shaper, minor, rate); err != nil {

@@ -45,12 +45,13 @@ func TestOlderCarvesParentClassesAdopted(t *testing.T) {
 	rates := map[uint16]uint64{}
 	classes, _ := node.ClassList(shaper, netlink.MakeHandle(1, 0))
 	for _, c := range classes {
-		// Shares' classes, not the new share's flow children.
-		if pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent); pmajor == 1 && pminor != 0 {
+		// Shares' classes, hanging from the shaper's link class, not
+		// the link class itself or the new share's flow children.
+		_, minor := netlink.MajorMinor(c.Attrs().Handle)
+		if _, pminor := netlink.MajorMinor(c.Attrs().Parent); pminor != 1 || minor == 1 {
 			continue
 		}
 		if h, ok := c.(*netlink.HtbClass); ok {
-			_, minor := netlink.MajorMinor(c.Attrs().Handle)
 			rates[minor] = h.Rate * 8
 		}
 	}

@@ -61,7 +61,13 @@ const childRate = 8000
 // leaf where the kernel has one (flows false), else the flow children, each
 // with a bfifo leaf (flows true: set as soon as a child may exist, so that
 // an undo removes the children before their parent).
-func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64) (flows bool, err error) {
+//
+// The children borrow up to the share's ceiling; where the share borrows
+// past its floor each child's quantum is the share's (proportional to its
+// floor): HTB lends a borrowing parent's excess to its leaves, a quantum at
+// a time.
+func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rates classRates) (flows bool, err error) {
+	rateBits := rates.floor
 	p.mu.Lock()
 	noFQCodel := p.noFQCodel
 	p.mu.Unlock()
@@ -79,7 +85,11 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64
 		p.noFQCodel = true
 		p.mu.Unlock()
 	}
-	buf := htbBuffer(rateBits)
+	buf := htbBuffer(rates.ceil)
+	childQuantum := uint32(1514)
+	if rates.borrows() {
+		childQuantum = rates.quantum()
+	}
 	for i := range flowChildren {
 		child := minor + bpf.FlowSparseChild + uint16(i)
 		prio, rate := uint32(1), uint64(childRate)
@@ -87,7 +97,7 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64
 			prio, rate = 0, sparseRate(rateBits)
 		}
 		class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, minor), Handle: netlink.MakeHandle(1, child)},
-			netlink.HtbClassAttrs{Rate: rate, Ceil: rateBits, Buffer: buf, Cbuffer: buf, Quantum: 1514, Prio: prio})
+			netlink.HtbClassAttrs{Rate: rate, Ceil: rates.ceil, Buffer: buf, Cbuffer: buf, Quantum: childQuantum, Prio: prio})
 		err := p.h.ClassAdd(class)
 		if errors.Is(err, unix.EEXIST) {
 			err = p.h.ClassChange(class)
@@ -96,7 +106,7 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rateBits uint64
 			return true, fmt.Errorf("flow class 1:%x of share class 1:%x on %s: %w", child, minor, link.Attrs().Name, err)
 		}
 		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, child), Handle: leafHandle(child)}
-		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, fifoLimit(rateBits)) }); err != nil {
+		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, fifoLimit(rates.ceil)) }); err != nil {
 			return true, fmt.Errorf("leaf of flow class 1:%x on %s: %w", child, link.Attrs().Name, err)
 		}
 	}

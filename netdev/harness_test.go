@@ -53,9 +53,18 @@ func newBench(t testing.TB) *bench {
 		os.RemoveAll(pinDir)
 	})
 	b := &bench{t: t, tp: tp, shaper: shaper, pinDir: pinDir, state: t.TempDir(),
-		dev: slices.Entry{Kind: "nic", NIC: &discovery.NIC{Name: tp.Parent, MTU: 1500}}}
+		dev: slices.Entry{Kind: "nic", NIC: &discovery.NIC{Name: tp.Parent, MTU: 1500}, Device: linkCapacity("10G")}}
 	b.p = b.newPreparer("test", tp.Subnet, tp.ServerIP)
 	return b
+}
+
+// linkCapacity is a published NIC of rate bits/s each way, as the agent's
+// slices give it: its shaper's and IFB's link classes get the rate. The
+// bench's own parent (a veth) takes far more than the 10G it is given.
+func linkCapacity(rate string) resourceapi.Device {
+	q := resource.MustParse(rate)
+	return resourceapi.Device{Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		"egressBandwidth": {Value: q}, "ingressBandwidth": {Value: q}}}
 }
 
 // newPreparer is a preparer on the bench's node, state and classifier, whose

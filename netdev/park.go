@@ -105,7 +105,11 @@ func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, fl
 	if rate == 0 || !room || (base-minMinor)%classBlock != 0 {
 		return out, deleteShareClass(p.h, link, base, flows)
 	}
-	if err := p.h.ClassChange(shareClass(link, base, rate, true)); err != nil {
+	under, err := p.shareParent(link)
+	if err != nil {
+		return out, err
+	}
+	if err := p.h.ClassChange(shareClass(link, under, base, hardCap(rate), true)); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return out, nil // gone, and its children with it
 		}

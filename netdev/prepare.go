@@ -113,6 +113,11 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 			return prepare.Prepared{}, errors.New(why)
 		}
 	}
+	// Floors and ceilings, checked before anything is made too.
+	egressRates, ingressRates, err := ceilings(cfg, dev, egress, ingress)
+	if err != nil {
+		return prepare.Prepared{}, err
+	}
 	if cfg.MacvlanMode == "bridge" && (egress > 0 || ingress > 0) {
 		// Bridge mode hands frames between children of the parent
 		// straight across, never through the parent's shaper (a 20M
@@ -139,7 +144,8 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	// parent's IFB; by address instead where the share is told apart by
 	// address.
 	if egress > 0 || ingress > 0 {
-		if err := p.enforce(parent, key, egress, ingress, u); err != nil {
+		links := [2]uint64{capacityOf(dev, names.CapEgressBandwidth), capacityOf(dev, names.CapIngressBandwidth)}
+		if err := p.enforce(parent, key, egressRates, ingressRates, links, u); err != nil {
 			return prepare.Prepared{}, err
 		}
 	}
@@ -325,7 +331,7 @@ func (p *NICPreparer) allocateFromPools(pools []string, key string, spec hook.At
 
 // enforce holds the share to its egress and ingress rates (bits/s; 0 for
 // none) under the parent's lock, recording in u what it made.
-func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress uint64, u *undoRecord) (err error) {
+func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress classRates, links [2]uint64, u *undoRecord) (err error) {
 	unlock, err := p.lockParent(parent)
 	if err != nil {
 		return err
@@ -341,19 +347,25 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress u
 	}()
 	mac := ShareMAC(key)
 	var flows bool
-	if egress > 0 {
-		u.EgressMinor, flows, u.EgressDropBase, err = p.shape(parent, key, egress, bpf.Egress, mac)
+	if egress.floor > 0 {
+		if egress.borrows() {
+			u.EgressCeiling = egress.ceil
+		}
+		u.EgressMinor, flows, u.EgressDropBase, err = p.shape(parent, key, egress, links[0], bpf.Egress, mac)
 		u.FlowClasses = u.FlowClasses || flows
 		if err != nil {
 			return fmt.Errorf("egress: %w", err)
 		}
 	}
-	if ingress > 0 {
-		ifb, err := p.ensureIngressIFB(parent)
+	if ingress.floor > 0 {
+		if ingress.borrows() {
+			u.IngressCeiling = ingress.ceil
+		}
+		ifb, err := p.ensureIngressIFB(parent, links[1])
 		if err != nil {
 			return fmt.Errorf("ingress: %w", err)
 		}
-		u.IngressMinor, flows, u.IngressDropBase, err = p.shape(ifb, key, ingress, bpf.Ingress, mac)
+		u.IngressMinor, flows, u.IngressDropBase, err = p.shape(ifb, key, ingress, links[1], bpf.Ingress, mac)
 		u.FlowClasses = u.FlowClasses || flows
 		if err != nil {
 			return fmt.Errorf("ingress: %w", err)

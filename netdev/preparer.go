@@ -137,6 +137,10 @@ type undoRecord struct {
 	IngressDropBase uint64   `json:"ingressDropBase,omitempty"`
 	Addresses       []string `json:"addresses,omitempty"`
 	PoolAddrs       []string `json:"poolAddresses,omitempty"`
+	// EgressCeiling and IngressCeiling are what a share that borrows
+	// (ceiling.go) may reach, bits/s; 0 for a hard cap at its floor.
+	EgressCeiling  uint64 `json:"egressCeiling,omitempty"`
+	IngressCeiling uint64 `json:"ingressCeiling,omitempty"`
 	// VLAN is the share's VLAN on its parent, in which its addresses are
 	// recorded in the classifier (0 for none, and in records of carves
 	// before addresses were kept by VLAN: see migrateVLANAddrs).

@@ -12,28 +12,38 @@ import (
 	"github.com/carve-dra/carve/prepare/hook"
 )
 
-// shape gives the share a class of rate bits/s and points the classifier
-// on dev at it: for egress dev is the parent and the class is on its egress
-// shaper; for ingress dev is the parent's IFB, which holds the class too.
-// dropBase is what HTB had counted on the class's block before the share
-// took it (a parked block, park.go), to be subtracted from its drops.
-func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.Direction, mac net.HardwareAddr) (minor uint16, flows bool, dropBase uint64, err error) {
+// shape gives the share a class assured rates.floor bits/s and held to
+// rates.ceil, and points the classifier on dev at it: for egress dev is the
+// parent and the class is on its egress shaper; for ingress dev is the
+// parent's IFB, which holds the class too. A new shaper or IFB gets a link
+// class of linkRate (the NIC's capacity in dir), which the share classes
+// borrow from. dropBase is what HTB had counted on the class's block before
+// the share took it (a parked block, park.go), to be subtracted from its
+// drops.
+func (p *NICPreparer) shape(dev netlink.Link, key string, rates classRates, linkRate uint64, dir bpf.Direction, mac net.HardwareAddr) (minor uint16, flows bool, dropBase uint64, err error) {
 	classDev := dev
 	if dir == bpf.Egress {
 		// The parent's root qdisc stays the kernel's: the class goes on
 		// its egress shaper.
-		if classDev, err = p.ensureEgressShaper(dev); err != nil {
+		if classDev, err = p.ensureEgressShaper(dev, linkRate); err != nil {
 			return 0, false, 0, err
 		}
 	} else if !p.setUp.has("htb", dev.Attrs().Index) {
 		// The device's HTB is made once and then known (under the
 		// parent's lock): a steady-state prepare makes no qdisc dump.
-		if err := ensureHTB(p.h, dev); err != nil {
+		if err := ensureHTB(p.h, dev, linkRate); err != nil {
 			return 0, false, 0, err
 		}
 		p.setUp.add("htb", dev.Attrs().Index)
 	}
-	pick, err := p.addClass(classDev, key, rate)
+	under, err := p.shareParent(classDev)
+	if err == nil && under != linkHandle && rates.borrows() {
+		err = fmt.Errorf("share of %s, borrowing up to %d bit/s: %s %w", dev.Attrs().Name, rates.ceil, classDev.Attrs().Name, errNoLinkClass)
+	}
+	if err != nil {
+		return 0, false, 0, err
+	}
+	pick, err := p.addClass(classDev, key, under, rates)
 	minor, dropBase = pick.minor, pick.drops
 	if err != nil {
 		if dir == bpf.Egress {
@@ -47,7 +57,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	// error, so that the undo removes the class (and its children, with
 	// flows). The classifier entry, the only other record of it, is
 	// written last and may never be.
-	if flows, err = p.setQueues(classDev, minor, rate); err != nil {
+	if flows, err = p.setQueues(classDev, minor, rates); err != nil {
 		return minor, flows, dropBase, err
 	}
 	// Attached (and checked to be first on the hook) once per device
@@ -61,7 +71,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 	// The queue entry first: from the share entry on, its frames go to
 	// its children.
 	if flows {
-		if err := p.opts.Shaper.SetShareQueue(dir, mac, bpf.ShareQueue{BitsPerSec: rate, ClassIfindex: classDev.Attrs().Index, Minor: minor}); err != nil {
+		if err := p.opts.Shaper.SetShareQueue(dir, mac, bpf.ShareQueue{BitsPerSec: rates.floor, ClassIfindex: classDev.Attrs().Index, Minor: minor}); err != nil {
 			return minor, flows, dropBase, fmt.Errorf("classifier entry: %w", err)
 		}
 	}
@@ -75,12 +85,13 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rate uint64, dir bpf.D
 // not, or no longer.
 var errNotParked = errors.New("the class is no longer parked")
 
-// addClass gives key a class of rate bits/s on dev and returns its block.
+// addClass gives key a class of rates on dev, under parent (shareParent), and
+// returns its block.
 // The minor is picked from this agent's own record of the device's classes:
 // a parked block first (park.go), changed to the share's; only where the
 // kernel says a pick is taken (another agent's, during a rolling update) are
 // the device's classes listed and the pick made again.
-func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (minorPick, error) {
+func (p *NICPreparer) addClass(dev netlink.Link, key string, parent uint32, rates classRates) (minorPick, error) {
 	if err := p.adoptParked(dev); err != nil {
 		return minorPick{}, err
 	}
@@ -97,7 +108,7 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (minor
 			err = errNotParked
 		}
 		if err == nil {
-			err = p.h.ClassChange(shareClass(dev, pick.minor, rate, false))
+			err = p.h.ClassChange(shareClass(dev, parent, pick.minor, rates, false))
 		}
 		if err == nil {
 			if pick.flows {
@@ -121,7 +132,7 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (minor
 			return minorPick{}, err
 		}
 	}
-	err = setClass(p.h, dev, pick.minor, rate, pick.own)
+	err = setClass(p.h, dev, parent, pick.minor, rates, pick.own)
 	if !errors.Is(err, errClassTaken) {
 		return pick, err
 	}
@@ -133,5 +144,5 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, rate uint64) (minor
 	if pick, err = p.pickMinor(dev.Attrs().Name, key, taken); err != nil {
 		return minorPick{}, err
 	}
-	return pick, setClass(p.h, dev, pick.minor, rate, pick.own)
+	return pick, setClass(p.h, dev, parent, pick.minor, rates, pick.own)
 }

@@ -65,7 +65,10 @@ func checkRootReplaceable(h *netlink.Handle, link netlink.Link) (ours bool, err 
 // veth, against 18% with a 100G default class). A root qdisc of another
 // kind is replaced only if it is a kernel default (replaceableRoots): carve
 // never silently removes an operator's shaping.
-func ensureHTB(h *netlink.Handle, link netlink.Link) error {
+//
+// A new HTB gets its link class (linkclass.go) of linkRate bits/s, the NIC's
+// capacity in the device's direction, where that is known (not 0).
+func ensureHTB(h *netlink.Handle, link netlink.Link, linkRate uint64) error {
 	if ours, err := checkRootReplaceable(h, link); err != nil || ours {
 		return err
 	}
@@ -74,6 +77,9 @@ func ensureHTB(h *netlink.Handle, link netlink.Link) error {
 	if err := h.QdiscReplace(q); err != nil {
 		return fmt.Errorf("add HTB root qdisc to %s: %w", link.Attrs().Name, err)
 	}
+	if linkRate > 0 {
+		return addLinkClass(h, link, linkRate)
+	}
 	return nil
 }
 
@@ -81,8 +87,8 @@ func ensureHTB(h *netlink.Handle, link netlink.Link) error {
 // retried prepare of the same share) an existing class is changed instead.
 // A class that exists and is not the share's own is never taken over: with
 // two agents on a node (a rolling update) that would make two shares one.
-func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint64, own bool) error {
-	class := shareClass(link, minor, rateBits, false)
+func setClass(h *netlink.Handle, link netlink.Link, parent uint32, minor uint16, rates classRates, own bool) error {
+	class := shareClass(link, parent, minor, rates, false)
 	err := h.ClassAdd(class)
 	if errors.Is(err, unix.EEXIST) && own {
 		err = h.ClassChange(class)
@@ -91,20 +97,45 @@ func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rateBits uint6
 		return fmt.Errorf("HTB class 1:%x on %s: %w", minor, link.Attrs().Name, errClassTaken)
 	}
 	if err != nil {
-		return fmt.Errorf("set HTB class 1:%x on %s to %d bit/s: %w", minor, link.Attrs().Name, rateBits, err)
+		return fmt.Errorf("set HTB class 1:%x on %s to %d bit/s (ceil %d): %w", minor, link.Attrs().Name, rates.floor, rates.ceil, err)
 	}
 	return nil
 }
 
-// shareClass is the share class 1:minor on link, held to rate bits/s;
-// parked, with the parked mark (park.go).
-func shareClass(link netlink.Link, minor uint16, rateBits uint64, parked bool) *netlink.HtbClass {
-	attrs := netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: rootHandle, Handle: netlink.MakeHandle(1, minor)}
-	buf, cbuf := htbBuffer(rateBits), htbBuffer(rateBits)
+// shareClass is the share class 1:minor on link, under parent (the link
+// class, or the HTB on a device an older carve made), assured its floor and
+// held to its ceiling; parked, with the parked mark (park.go). Its two
+// bursts are equal, about 8 ms at the ceiling: a share's class is told
+// from a parked one by them.
+func shareClass(link netlink.Link, parent uint32, minor uint16, rates classRates, parked bool) *netlink.HtbClass {
+	attrs := netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: netlink.MakeHandle(1, minor)}
+	buf, cbuf := htbBuffer(rates.ceil), htbBuffer(rates.ceil)
 	if parked {
 		cbuf += buf / 2
 	}
-	return netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rateBits, Ceil: rateBits, Buffer: buf, Cbuffer: cbuf, Quantum: quantum(rateBits)})
+	return netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rates.floor, Ceil: rates.ceil, Buffer: buf, Cbuffer: cbuf, Quantum: rates.quantum()})
+}
+
+// quantum is the class's DRR quantum: proportional to its floor where it
+// borrows (HTB lends the excess a quantum at a time, ceiling.go), else
+// quantum(floor).
+func (r classRates) quantum() uint32 {
+	if !r.borrows() {
+		return quantum(r.floor)
+	}
+	return borrowQuantum(r.floor)
+}
+
+// borrowQuantum is 10 ms of the floor, in bytes. HTB lets a class whose turn
+// it is send one packet, then adds its quantum and passes the turn on once
+// its deficit is spent: a quantum smaller than the packets makes every turn
+// one packet, and the split even whatever the quanta. GSO and GRO
+// super-packets run to 64 KiB, so the quanta are proportional to the floors
+// from about 50M up (100M: 125 KB; a 10G floor's 12.5 MB are capped at 16 MiB).
+// HTB takes any quantum it is given; it only clamps, and warns about, one
+// it derives from the rate itself.
+func borrowQuantum(floorBits uint64) uint32 {
+	return uint32(min(max(floorBits/8/100, 1514), 1<<24))
 }
 
 // errClassTaken is a class number that another share holds.
@@ -148,11 +179,11 @@ func shareClasses(h *netlink.Handle, link netlink.Link, withParked bool) (map[ui
 	return out, nil
 }
 
-// topLevel reports whether c hangs from its HTB itself, as a share class
-// does, not from another class, as a flow child does.
+// topLevel reports whether c hangs from its HTB itself or its link class,
+// as a share class does, not from a share class, as a flow child does.
 func topLevel(c netlink.Class) bool {
 	pmajor, pminor := netlink.MajorMinor(c.Attrs().Parent)
-	return pmajor != 1 || pminor == 0
+	return pmajor != 1 || pminor == 0 || pminor == linkMinor
 }
 
 // removeHTBIfIdle removes carve's root qdisc once no share class is left.
@@ -176,19 +207,20 @@ func ifbName(parent netlink.Link) string { return "cvifb" + strconv.Itoa(parent.
 // shaping there (a queue) rather than policing (drops) lets TCP reach its
 // rate without the huge bursts a policer needs. Only share traffic takes the
 // IFB (the classifier's redirect_ingress on the parent picks it by
-// destination MAC); the node's own traffic stays off its single queue.
-func (p *NICPreparer) ensureIngressIFB(parent netlink.Link) (netlink.Link, error) {
+// destination MAC); the node's own traffic stays off its single queue. A new
+// IFB's HTB gets a link class of linkRate bits/s (linkclass.go).
+func (p *NICPreparer) ensureIngressIFB(parent netlink.Link, linkRate uint64) (netlink.Link, error) {
 	if ifb, ok := p.setUp.companion(companionIFB, parent.Attrs().Index); ok {
 		return ifb, nil
 	}
-	ifb, err := p.makeIngressIFB(parent)
+	ifb, err := p.makeIngressIFB(parent, linkRate)
 	if err == nil {
 		p.setUp.setCompanion(companionIFB, parent.Attrs().Index, ifb)
 	}
 	return ifb, err
 }
 
-func (p *NICPreparer) makeIngressIFB(parent netlink.Link) (netlink.Link, error) {
+func (p *NICPreparer) makeIngressIFB(parent netlink.Link, linkRate uint64) (netlink.Link, error) {
 	h := p.h
 	name := ifbName(parent)
 	ifb, err := h.LinkByName(name)
@@ -206,7 +238,7 @@ func (p *NICPreparer) makeIngressIFB(parent netlink.Link) (netlink.Link, error) 
 	if err := h.LinkSetUp(ifb); err != nil {
 		return nil, fmt.Errorf("set %s up: %w", name, err)
 	}
-	if err := ensureHTB(h, ifb); err != nil {
+	if err := ensureHTB(h, ifb, linkRate); err != nil {
 		return nil, err
 	}
 	if err := hook.InNetns(p.opts.HostNS, func() error {

@@ -70,11 +70,12 @@ func decodeConfig(raw []byte, deviceKind string, path *field.Path, into *Effecti
 }
 
 // claimNetworkFields are the NetworkConfig fields a claim may set: how the
-// share looks inside the pod, and which of the node's address pools (the
-// node config's allowlist) it draws from. Everything that touches the
+// share looks inside the pod, which of the node's address pools (the
+// node config's allowlist) it draws from, and how far it borrows (its
+// ceilings, within its class's maxCeiling). Everything that touches the
 // physical network (mode, VLAN, static addresses, routes) is the admin's,
 // set in the DeviceClass.
-var claimNetworkFields = []string{"apiVersion", "kind", "interfaceName", "mtu", "pools"}
+var claimNetworkFields = []string{"apiVersion", "kind", "interfaceName", "mtu", "pools", "egressCeiling", "ingressCeiling"}
 
 // effectiveConfig resolves the configuration of one allocation result. The
 // allocation lists class configs before claim configs; for each config kind
@@ -177,6 +178,15 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 			}
 			if _, ok := claimFields["pools"]; ok {
 				base.Pools = fromClaim.Pools
+			}
+			// The claim's ceilings, checked against the class's
+			// maxCeiling at prepare, where the link's capacity is
+			// known.
+			if _, ok := claimFields["egressCeiling"]; ok {
+				base.EgressCeiling = fromClaim.EgressCeiling
+			}
+			if _, ok := claimFields["ingressCeiling"]; ok {
+				base.IngressCeiling = fromClaim.IngressCeiling
 			}
 		}
 		eff.Network = base

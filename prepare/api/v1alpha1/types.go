@@ -77,7 +77,23 @@ type NetworkConfig struct {
 	// link-local address. A share's own addresses are checked whatever
 	// this says. Set by the DeviceClass (the admin), never by a claim.
 	OpenFamilies []string `json:"openFamilies,omitempty"`
+	// EgressCeiling and IngressCeiling let a share borrow the link's idle
+	// capacity up to them: its consumed egressBandwidth and
+	// ingressBandwidth stay its floor, which it gets whatever the other
+	// shares do. A quantity (bits per second, e.g. 1G) or "link" (the
+	// NIC's published capacity). Only in a DeviceClass that sets
+	// MaxCeiling; a claim may set them, within it. Unset there, a claim
+	// of such a class gets MaxCeiling.
+	EgressCeiling  string `json:"egressCeiling,omitempty"`
+	IngressCeiling string `json:"ingressCeiling,omitempty"`
+	// MaxCeiling, in a DeviceClass only, lets the class's claims borrow,
+	// each direction up to it: a quantity or "link". Unset, the class's
+	// shares are held to their floors (hard caps), as before.
+	MaxCeiling string `json:"maxCeiling,omitempty"`
 }
+
+// CeilingLink is the ceiling that stands for the NIC's whole capacity.
+const CeilingLink = "link"
 
 // Address families OpenFamilies may name.
 const (

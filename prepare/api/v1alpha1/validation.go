@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -160,6 +161,14 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Required(path.Child("pools").Index(i), "a pool name from the node config"))
 		}
 	}
+	for name, v := range map[string]string{"egressCeiling": n.EgressCeiling, "ingressCeiling": n.IngressCeiling, "maxCeiling": n.MaxCeiling} {
+		if v == "" {
+			continue
+		}
+		if _, err := ParseCeiling(v); err != nil {
+			errs = append(errs, field.Invalid(path.Child(name), v, err.Error()))
+		}
+	}
 	for i, f := range n.OpenFamilies {
 		p := path.Child("openFamilies").Index(i)
 		switch {
@@ -205,4 +214,20 @@ func validateRoute(r Route, path *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(path.Child("gateway"), r.Gateway, "not of the destination's address family ("+r.Destination+")"))
 	}
 	return errs
+}
+
+// ParseCeiling reads a ceiling (NetworkConfig's egressCeiling,
+// ingressCeiling, maxCeiling): bits per second, or 0 for CeilingLink.
+func ParseCeiling(v string) (int64, error) {
+	if v == CeilingLink {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return 0, fmt.Errorf("not a quantity of bits per second (e.g. 1G) nor %q", CeilingLink)
+	}
+	if q.Sign() <= 0 {
+		return 0, fmt.Errorf("must be more than 0 bits per second")
+	}
+	return q.Value(), nil
 }

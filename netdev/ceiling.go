@@ -1,0 +1,112 @@
+package netdev
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
+	"github.com/carve-dra/carve/slices"
+	"github.com/carve-dra/carve/slices/names"
+)
+
+// Work-conserving shares (issue 42). A share's consumed egressBandwidth and
+// ingressBandwidth are its floor: the scheduler keeps the floors on a NIC
+// within what it publishes, and each share's HTB class is assured its floor
+// (its rate). A share of a class that allows borrowing (maxCeiling) also has
+// a ceiling per direction (its class's ceil): while the link has idle
+// capacity, the share borrows it, up to the ceiling. The share classes of a
+// device hang from one link class (linkMinor) held to the NIC's capacity, from
+// which they borrow: what one share leaves idle goes to the others that want
+// it, lent round-robin a quantum at a time, and each class's quantum (its
+// flow children's, which HTB lends to) is in proportion to its floor, so
+// borrowers split the excess by their floors (two of 100M and 300M: about
+// 1:3; a share with several busy flow children gets a quantum for each).
+// A share without a ceiling has rate = ceil = floor: a hard cap, as before.
+
+// classRates are a share class's floor (HTB rate) and ceiling (ceil), bits/s.
+type classRates struct{ floor, ceil uint64 }
+
+// hardCap is a class held to rate: no borrowing.
+func hardCap(rate uint64) classRates { return classRates{floor: rate, ceil: rate} }
+
+// borrows reports whether the class may go past its floor.
+func (r classRates) borrows() bool { return r.ceil > r.floor }
+
+// ceilings resolves the share's ceilings for its floors (0: no class in that
+// direction) on dev: each the claim's, else the class's maxCeiling, where
+// the class sets one; the floor (a hard cap) where it does not. A ceiling
+// below the floor, over the class's maxCeiling or over the NIC's capacity,
+// or set where the class allows no borrowing, is refused, naming the field.
+func ceilings(cfg v1alpha1.NetworkConfig, dev slices.Entry, egress, ingress uint64) (eg, in classRates, err error) {
+	resolve := func(field, v string, floor uint64, capName resourceapi.QualifiedName) (classRates, error) {
+		if floor == 0 {
+			return classRates{}, nil
+		}
+		link := capacityOf(dev, capName)
+		if cfg.MaxCeiling == "" {
+			if v != "" {
+				return classRates{}, fmt.Errorf("NetworkConfig %s %s: the DeviceClass lets its claims borrow nothing (its NetworkConfig sets no maxCeiling)", field, v)
+			}
+			return hardCap(floor), nil
+		}
+		max, err := ceilingBits(cfg.MaxCeiling, link)
+		if err != nil {
+			return classRates{}, fmt.Errorf("NetworkConfig maxCeiling %s: %w", cfg.MaxCeiling, err)
+		}
+		ceil := max
+		if v != "" {
+			if ceil, err = ceilingBits(v, link); err != nil {
+				return classRates{}, fmt.Errorf("NetworkConfig %s %s: %w", field, v, err)
+			}
+		}
+		switch {
+		case ceil < floor:
+			return classRates{}, fmt.Errorf("NetworkConfig %s %s (%d bit/s) is below the share's %s of %d bit/s, its floor", field, orDefault(v, cfg.MaxCeiling), ceil, capName, floor)
+		case ceil > max:
+			return classRates{}, fmt.Errorf("NetworkConfig %s %s (%d bit/s) is over the DeviceClass's maxCeiling %s (%d bit/s)", field, v, ceil, cfg.MaxCeiling, max)
+		case link > 0 && ceil > link:
+			return classRates{}, fmt.Errorf("NetworkConfig %s %s (%d bit/s) is over the NIC's %s of %d bit/s", field, orDefault(v, cfg.MaxCeiling), ceil, capName, link)
+		}
+		return classRates{floor: floor, ceil: ceil}, nil
+	}
+	if eg, err = resolve("egressCeiling", cfg.EgressCeiling, egress, names.CapEgressBandwidth); err != nil {
+		return classRates{}, classRates{}, err
+	}
+	if in, err = resolve("ingressCeiling", cfg.IngressCeiling, ingress, names.CapIngressBandwidth); err != nil {
+		return classRates{}, classRates{}, err
+	}
+	return eg, in, nil
+}
+
+// ceilingBits is a ceiling in bits/s; "link" is the NIC's capacity, which
+// must be known.
+func ceilingBits(v string, link uint64) (uint64, error) {
+	bits, err := v1alpha1.ParseCeiling(v)
+	if err != nil {
+		return 0, err
+	}
+	if bits == 0 {
+		if link == 0 {
+			return 0, fmt.Errorf("%q: the NIC's capacity is not known", v1alpha1.CeilingLink)
+		}
+		return link, nil
+	}
+	return uint64(bits), nil
+}
+
+// capacityOf is the NIC's published capacity name in bits/s, 0 where none.
+func capacityOf(dev slices.Entry, name resourceapi.QualifiedName) uint64 {
+	c, ok := dev.Device.Capacity[name]
+	if !ok || c.Value.Sign() <= 0 {
+		return 0
+	}
+	return uint64(c.Value.Value())
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
