@@ -52,6 +52,8 @@ type node interface {
 func (st *state) check(n node, r *Row, u netdev.ShareRecord) {
 	r.Parent, r.Link = u.Parent, u.Link
 	r.EgressRate, r.IngressRate = st.rate(u.MAC, bpf.Egress), st.rate(u.MAC, bpf.Ingress)
+	r.EgressCeiling, r.IngressCeiling = int64(u.EgressCeiling), int64(u.IngressCeiling)
+	r.Borrowing = borrowing(*r)
 	for reason, n := range st.spoofed[u.MAC] {
 		if r.Spoofed == nil {
 			r.Spoofed = map[string]uint64{}
@@ -282,4 +284,21 @@ func (st *state) rate(mac string, d bpf.Direction) int64 {
 		return 0
 	}
 	return int64(float64(after.Bytes-before.Bytes) * 8 / st.elapsed.Seconds())
+}
+
+// borrowing lists the directions in which a share that may borrow is
+// measured over its floor. The classifier's bytes count a GSO
+// super-packet's headers once, so a share held at its floor reads about
+// 0.956 of it: any reading over the floor is borrowed.
+func borrowing(r Row) []string {
+	var out []string
+	for _, d := range []struct {
+		name              string
+		floor, ceil, rate int64
+	}{{"egress", r.EgressBandwidth, r.EgressCeiling, r.EgressRate}, {"ingress", r.IngressBandwidth, r.IngressCeiling, r.IngressRate}} {
+		if d.ceil > d.floor && d.rate > d.floor {
+			out = append(out, d.name)
+		}
+	}
+	return out
 }

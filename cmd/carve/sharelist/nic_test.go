@@ -289,3 +289,28 @@ func TestNICSharesPodGuard(t *testing.T) {
 		}
 	}
 }
+
+// A share that may borrow shows its floor and ceiling each way, and the
+// directions in which it is over its floor now; a hard cap shows its
+// bandwidth alone, and never borrows.
+func TestBorrowingRow(t *testing.T) {
+	r := Row{Claim: "ns/b", EgressBandwidth: 100e6, EgressCeiling: 1e9, EgressRate: 240e6,
+		IngressBandwidth: 300e6, IngressCeiling: 1e9, IngressRate: 287e6, Enforced: true}
+	if got := borrowing(r); len(got) != 1 || got[0] != "egress" {
+		t.Errorf("borrowing %v, want [egress] (ingress is at its floor)", got)
+	}
+	capped := Row{Claim: "ns/c", EgressBandwidth: 100e6, EgressRate: 101e6, Enforced: true}
+	if got := borrowing(capped); len(got) != 0 {
+		t.Errorf("a hard cap borrowing %v", got)
+	}
+	r.Borrowing = borrowing(r)
+	var out strings.Builder
+	if err := Write(&out, []Row{r, capped}, "table"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"BORROWING", "100M..1G", "300M..1G", "240M", "egress"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}

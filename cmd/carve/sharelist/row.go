@@ -30,6 +30,13 @@ type Row struct {
 	// EgressBandwidth and IngressBandwidth are allocated, in bits/s.
 	EgressBandwidth  int64 `json:"egressBandwidth"`
 	IngressBandwidth int64 `json:"ingressBandwidth"`
+	// EgressCeiling and IngressCeiling are what a share that borrows the
+	// NIC's idle capacity may reach, in bits/s (its bandwidth is then its
+	// floor); 0 for a hard cap. Borrowing lists the directions in which
+	// it is measured over its floor now.
+	EgressCeiling  int64    `json:"egressCeiling,omitempty"`
+	IngressCeiling int64    `json:"ingressCeiling,omitempty"`
+	Borrowing      []string `json:"borrowing,omitempty"`
 	// EgressRate and IngressRate are measured over the interval from the
 	// per-share counters, in bits/s.
 	EgressRate  int64 `json:"egressRate"`
@@ -121,10 +128,11 @@ func Write(w io.Writer, rows []Row, format string) error {
 		}
 		tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 		if len(nics) > 0 || len(gpus) == 0 {
-			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tQUEUE\tDROPS\tSPOOFED\tGUARD\tHEALTH\tENFORCED")
+			fmt.Fprintln(tw, "CLAIM\tSHARE ID\tPARENT\tINTERFACE\tEGRESS\tINGRESS\tEGRESS RATE\tINGRESS RATE\tBORROWING\tQUEUE\tDROPS\tSPOOFED\tGUARD\tHEALTH\tENFORCED")
 			for _, r := range nics {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
-					bits(r.EgressBandwidth), bits(r.IngressBandwidth), bits(r.EgressRate), bits(r.IngressRate), queueOf(r), r.Drops, spoofed(r), orDash(r.PodGuard), healthOf(r), enforced(r))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.Claim, orDash(r.ShareID), orDash(r.Parent), orDash(r.Interface),
+					floorCeil(r.EgressBandwidth, r.EgressCeiling), floorCeil(r.IngressBandwidth, r.IngressCeiling), bits(r.EgressRate), bits(r.IngressRate),
+					orDash(strings.Join(r.Borrowing, ",")), queueOf(r), r.Drops, spoofed(r), orDash(r.PodGuard), healthOf(r), enforced(r))
 			}
 		}
 		if len(gpus) > 0 {
@@ -159,6 +167,15 @@ func enforced(r Row) string {
 		return "yes"
 	}
 	return "no: " + strings.Join(r.Problems, "; ")
+}
+
+// floorCeil is an EGRESS or INGRESS column: the bandwidth, and where the
+// share borrows, its ceiling after it (100M..1G).
+func floorCeil(floor, ceil int64) string {
+	if ceil > floor {
+		return bits(floor) + ".." + bits(ceil)
+	}
+	return bits(floor)
 }
 
 // bits formats bits/s as 100M or 95.12M; "-" for none.
