@@ -16,12 +16,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/netdev/addrbook"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 	"github.com/carve-dra/carve/prepare/hook"
@@ -37,6 +39,9 @@ type bench struct {
 	p      *netdev.NICPreparer
 	state  string
 	dev    slices.Entry
+	// book records the bench's cluster-wide pool addresses, in an
+	// in-memory API server (client-go's fake) that outlives preparers.
+	book *addrbook.Book
 }
 
 func newBench(t testing.TB) *bench {
@@ -53,7 +58,8 @@ func newBench(t testing.TB) *bench {
 		os.RemoveAll(pinDir)
 	})
 	b := &bench{t: t, tp: tp, shaper: shaper, pinDir: pinDir, state: t.TempDir(),
-		dev: slices.Entry{Kind: "nic", NIC: &discovery.NIC{Name: tp.Parent, MTU: 1500}, Device: linkCapacity("10G")}}
+		book: addrbook.New(addrbook.Options{Client: fake.NewClientset(), Namespace: "carve-system", Node: "bench-node"}),
+		dev:  slices.Entry{Kind: "nic", NIC: &discovery.NIC{Name: tp.Parent, MTU: 1500}, Device: linkCapacity("10G")}}
 	b.p = b.newPreparer("test", tp.Subnet, tp.ServerIP)
 	return b
 }
@@ -109,7 +115,7 @@ func (b *bench) preparerFrom(config, bootID string) *netdev.NICPreparer {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	p, err := netdev.NewNICPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper, PinDir: b.pinDir, BootID: bootID})
+	p, err := netdev.NewNICPreparer(netdev.Options{HostNS: b.tp.Node, StateDir: b.state, HookPath: "/bin/true", Config: cfg, Shaper: b.shaper, PinDir: b.pinDir, BootID: bootID, Addresses: b.book})
 	if err != nil {
 		b.t.Fatal(err)
 	}

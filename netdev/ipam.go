@@ -20,8 +20,13 @@ type ipam struct {
 func newIPAM() *ipam { return &ipam{inUse: map[netip.Addr]string{}} }
 
 // allocate returns key's address from pool, the same one if key already
-// holds one there.
-func (m *ipam) allocate(pool nodeconfig.AddressPool, key string) (netip.Prefix, error) {
+// holds one there. skip are addresses held elsewhere (other nodes' shares
+// of a cluster-wide pool). hold, where not nil, records a candidate
+// cluster-wide and says false where another share holds it: the candidate
+// is then skipped too. hold is called without the lock, so that an
+// unprepare is not kept waiting on the API server; the candidate is marked
+// key's meanwhile.
+func (m *ipam) allocate(pool nodeconfig.AddressPool, key string, skip map[netip.Addr]bool, hold func(netip.Addr) (bool, error)) (netip.Prefix, error) {
 	prefix, err := netip.ParsePrefix(pool.CIDR)
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("pool %s: %w", pool.Name, err)
@@ -31,24 +36,60 @@ func (m *ipam) allocate(pool nodeconfig.AddressPool, key string) (netip.Prefix, 
 	if pool.Gateway != "" {
 		gw, _ = netip.ParseAddr(pool.Gateway)
 	}
+	tried := map[netip.Addr]bool{}
+	for {
+		a, held, ok := m.candidate(prefix, gw, key, skip, tried)
+		if !ok {
+			return netip.Prefix{}, fmt.Errorf("address pool %s (%s) is exhausted: %d addresses in use on this node, %d held by other nodes' shares, %d taken while trying",
+				pool.Name, pool.CIDR, m.countIn(prefix), len(skip), len(tried))
+		}
+		if hold == nil {
+			return netip.PrefixFrom(a, prefix.Bits()), nil
+		}
+		mine, err := hold(a)
+		if err == nil && mine {
+			return netip.PrefixFrom(a, prefix.Bits()), nil
+		}
+		if !held {
+			m.mu.Lock()
+			if m.inUse[a] == key {
+				delete(m.inUse, a)
+			}
+			m.mu.Unlock()
+		}
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		if held {
+			// Its record is another share's now: the pool's
+			// records are the truth.
+			return netip.Prefix{}, fmt.Errorf("address %s of pool %s, which this share held, is recorded as another share's", a, pool.Name)
+		}
+		tried[a] = true
+	}
+}
+
+// candidate marks and returns the address key holds in prefix (held true),
+// else the first free one that is neither skipped nor tried.
+func (m *ipam) candidate(prefix netip.Prefix, gw netip.Addr, key string, skip, tried map[netip.Addr]bool) (netip.Addr, bool, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for a, k := range m.inUse {
 		if k == key && prefix.Contains(a) {
-			return netip.PrefixFrom(a, prefix.Bits()), nil
+			return a, true, true
 		}
 	}
 	last := lastAddr(prefix)
 	for a := prefix.Addr().Next(); a.IsValid() && prefix.Contains(a); a = a.Next() {
-		if a == gw || (a.Is4() && a == last) {
+		if a == gw || (a.Is4() && a == last) || skip[a] || tried[a] {
 			continue
 		}
 		if _, used := m.inUse[a]; !used {
 			m.inUse[a] = key
-			return netip.PrefixFrom(a, prefix.Bits()), nil
+			return a, false, true
 		}
 	}
-	return netip.Prefix{}, fmt.Errorf("address pool %s (%s) is exhausted: %d addresses in use", pool.Name, pool.CIDR, m.countIn(prefix))
+	return netip.Addr{}, false, false
 }
 
 func (m *ipam) countIn(p netip.Prefix) int {
@@ -80,6 +121,19 @@ func (m *ipam) reserveFree(key string, addrs []netip.Prefix) {
 			m.inUse[a.Addr()] = key
 		}
 	}
+}
+
+// addrsOf lists the addresses key holds.
+func (m *ipam) addrsOf(key string) []netip.Addr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []netip.Addr
+	for a, k := range m.inUse {
+		if k == key {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // release frees every address key holds.

@@ -188,7 +188,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	u.Addresses = append(u.Addresses, cfg.Addresses...)
 	if len(cfg.Pools) > 0 {
-		if err := p.allocateFromPools(cfg.Pools, key, spec, specPath, u); err != nil {
+		if err := p.allocateFromPools(ctx, cfg.Pools, a, spec, specPath, u); err != nil {
 			return prepare.Prepared{}, err
 		}
 	} else {
@@ -298,35 +298,6 @@ func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, ad
 		}
 	}
 	return nil
-}
-
-// allocateFromPools gives the share one address from each pool, under the
-// pools' lock, and records them in its attach spec before the lock is let
-// go: the spec is how another agent on the node sees them taken.
-func (p *NICPreparer) allocateFromPools(pools []string, key string, spec hook.AttachSpec, specPath string, u *undoRecord) error {
-	unlock, err := p.lockPools()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if err := p.reserveAddressesOnDisk(); err != nil {
-		return err
-	}
-	for _, name := range pools {
-		pool, ok := p.opts.Config.Pool(name)
-		if !ok {
-			return fmt.Errorf("address pool %q is not in the node config", name)
-		}
-
-		addr, err := p.ipam.allocate(pool, key)
-		if err != nil {
-			return err
-		}
-		u.PoolAddrs = append(u.PoolAddrs, addr.String())
-		u.Addresses = append(u.Addresses, addr.String())
-	}
-	spec.Addresses = u.Addresses
-	return hook.WriteAttachSpec(specPath, spec)
 }
 
 // enforce holds the share to its egress and ingress rates (bits/s; 0 for

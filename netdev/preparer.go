@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/netdev/addrbook"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
@@ -44,6 +45,9 @@ type Options struct {
 	// BootID is the running kernel's boot id, recorded in each share's
 	// attach spec; specs of another boot are removed at start.
 	BootID string
+	// Addresses records the addresses of cluster-wide pools in the API
+	// server; nil where the agent has none, and such pools refuse shares.
+	Addresses *addrbook.Book
 }
 
 // NICPreparer prepares NIC allocations.
@@ -71,6 +75,9 @@ type NICPreparer struct {
 	// nestedRemoved counts the links each share's pod nested on its
 	// parent that WatchNestedLinks removed, by the share's MAC.
 	nestedRemoved map[string]uint64
+	// borrowed follows borrowing shares' counters between scrapes
+	// (borrowmetrics.go).
+	borrowed map[bpf.Key]*borrowedCounter
 	// addressKeys tells every bandwidth share apart by address, not only
 	// ipvlan's (tests, see KeyByAddress in export_test.go).
 	addressKeys bool

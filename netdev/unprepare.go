@@ -42,6 +42,9 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 		// or file.
 		u.Link, u.MAC = LinkName(key), ShareMAC(key).String()
 	}
+	if err := p.releasePoolAddrs(ctx, key, u.PoolAddrs); err != nil {
+		return fmt.Errorf("free the share's pool addresses: %w", err)
+	}
 	mac, _ := net.ParseMAC(u.MAC)
 	var errs []error
 	if p.opts.Shaper != nil {

@@ -17,7 +17,9 @@
 //	    ingress: 10G               # defaults to egress
 //	  pools:                       # addresses for NetworkConfig.pools
 //	  - {name: v4, cidr: 10.0.0.0/24, gateway: 10.0.0.1,
-//	     parent: ens1f0, vlan: 0}  # the segment: shares of another parent or VLAN are refused
+//	     parent: ens1f0, vlan: 0,  # the segment: shares of another parent or VLAN are refused
+//	     scope: Cluster}           # default: each address once in the cluster (netdev/addrbook);
+//	                               # Node: this node's subnet alone, handed out by the agent by itself
 //	  maxSharesPerNIC: 256         # default; at least 1 (the "shares" capacity, package slices)
 //	requestPolicies:               # how shares may be requested
 //	  nic:
@@ -38,7 +40,9 @@
 // A claim draws addresses from the pools its NetworkConfig names; where the
 // DeviceClass's NetworkConfig names pools, the claim chooses among those
 // only (pools belong to classes, so one tenant's class cannot take another
-// tenant's subnet).
+// tenant's subnet). A pool's scope is Cluster unless the node config says
+// Node: one node config is usually every node's (the chart's), and a
+// subnet on a segment several nodes share must give each address once.
 //
 // Without a policy, a NIC share defaults to 1% of the link in 1 Mbit/s
 // steps, and an LLC share to resctrl's minimum number of ways; a GPU is

@@ -82,7 +82,27 @@ type AddressPool struct {
 	// VLAN 0 is the untagged segment.
 	Parent string `json:"parent,omitempty"`
 	VLAN   int    `json:"vlan,omitempty"`
+	// Scope says who else hands out the pool's addresses: Cluster (the
+	// default) where its subnet is a segment other nodes share, and each
+	// address is recorded in the API server as its share's before the
+	// share gets it (package netdev/addrbook); Node where the subnet is
+	// this node's alone (a segment no other node reaches, or a pool with a
+	// CIDR of its own on each node), and the agent hands its addresses out
+	// by itself.
+	Scope PoolScope `json:"scope,omitempty"`
 }
+
+// PoolScope is an address pool's Scope.
+type PoolScope string
+
+// The scopes: each address once in the cluster, or the node's own.
+const (
+	PoolScopeCluster PoolScope = "Cluster"
+	PoolScopeNode    PoolScope = "Node"
+)
+
+// ClusterWide says whether the pool's addresses are recorded cluster-wide.
+func (p AddressPool) ClusterWide() bool { return p.Scope != PoolScopeNode }
 
 // Admits says why the pool refuses a share on parent and VLAN, "" where it
 // takes it.
@@ -270,6 +290,9 @@ func (c *NodeConfig) Validate() field.ErrorList {
 		}
 		if p.VLAN < 0 || p.VLAN > 4094 {
 			errs = append(errs, field.Invalid(pp.Child("vlan"), p.VLAN, "must be between 0 (untagged) and 4094"))
+		}
+		if p.Scope != "" && p.Scope != PoolScopeCluster && p.Scope != PoolScopeNode {
+			errs = append(errs, field.NotSupported(pp.Child("scope"), p.Scope, []PoolScope{PoolScopeCluster, PoolScopeNode}))
 		}
 	}
 	rp := field.NewPath("requestPolicies")

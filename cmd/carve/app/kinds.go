@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,12 +14,14 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/netdev/addrbook"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/atomicfile"
 	"github.com/carve-dra/carve/prepare/fpga"
 	"github.com/carve-dra/carve/prepare/llc"
 	"github.com/carve-dra/carve/prepare/llc/resctrl"
 	"github.com/carve-dra/carve/slices/names"
+	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
 // kinds is every device kind's preparer, with what the NIC kind needs
@@ -70,7 +73,8 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 		k.close()
 		return nil, err
 	}
-	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hook.path, HookArgs: hook.argv("netns-attach"), Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir, BootID: bootID})
+	book := addressBook(ctx, opts)
+	nics, err := netdev.NewNICPreparer(netdev.Options{HostNS: hostNS, StateDir: opts.StateDir, HookPath: hook.path, HookArgs: hook.argv("netns-attach"), Config: opts.Config, Shaper: shaper, PinDir: opts.BPFPinDir, BootID: bootID, Addresses: book})
 	if err != nil {
 		k.close()
 		return nil, err
@@ -93,6 +97,21 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 		names.KindMIG:  k.gpus.prep,
 	}
 	return k, nil
+}
+
+// addressBook records the addresses of cluster-wide pools in the API
+// server, in the agent's namespace (its DaemonSet's), and sweeps the
+// records of gone holders while the agent runs; nil without an API server
+// or namespace (such pools then refuse shares, saying why).
+func addressBook(ctx context.Context, opts Options) *addrbook.Book {
+	if opts.KubeClient == nil || opts.DaemonSet.Namespace == "" {
+		return nil
+	}
+	b := addrbook.New(addrbook.Options{Client: opts.KubeClient, Namespace: opts.DaemonSet.Namespace, Node: opts.NodeName})
+	if opts.Config != nil && slices.ContainsFunc(opts.Config.Netdev.Pools, nodeconfig.AddressPool.ClusterWide) {
+		go b.Run(ctx)
+	}
+	return b
 }
 
 // llcPreparer prepares LLC shares through resctrl under the root the

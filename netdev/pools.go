@@ -1,0 +1,109 @@
+package netdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/carve-dra/carve/netdev/addrbook"
+	"github.com/carve-dra/carve/prepare"
+	"github.com/carve-dra/carve/prepare/hook"
+	"github.com/carve-dra/carve/slices/nodeconfig"
+)
+
+// allocateFromPools gives the share one address from each pool, under the
+// pools' lock, and records them in its attach spec before the lock is let
+// go: the spec is how another agent on the node sees them taken. An address
+// of a cluster-wide pool (scope Cluster, the default) is the share's only
+// once the API server records it so (package addrbook): other nodes hand
+// out the same subnet.
+func (p *NICPreparer) allocateFromPools(ctx context.Context, pools []string, a prepare.Allocation, spec hook.AttachSpec, specPath string, u *undoRecord) error {
+	key := a.ShareKey()
+	unlock, err := p.lockPools()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := p.reserveAddressesOnDisk(); err != nil {
+		return err
+	}
+	for _, name := range pools {
+		pool, ok := p.opts.Config.Pool(name)
+		if !ok {
+			return fmt.Errorf("address pool %q is not in the node config", name)
+		}
+		var skip map[netip.Addr]bool
+		var hold func(netip.Addr) (bool, error)
+		if pool.ClusterWide() {
+			if p.opts.Addresses == nil {
+				return fmt.Errorf("address pool %q is cluster-wide (its scope is not Node), and this agent has no API server to record its addresses in", name)
+			}
+			if skip, err = p.heldElsewhere(ctx, pool.Name, key); err != nil {
+				return err
+			}
+			h := addrbook.Holder{Node: p.opts.Addresses.Node(), Share: key, ClaimNamespace: a.ClaimNamespace, ClaimName: a.ClaimName, ClaimUID: a.ClaimUID}
+			hold = func(addr netip.Addr) (bool, error) { return p.opts.Addresses.Hold(ctx, pool.Name, addr, h) }
+		}
+		addr, err := p.ipam.allocate(pool, key, skip, hold)
+		if err != nil {
+			return err
+		}
+		u.PoolAddrs = append(u.PoolAddrs, addr.String())
+		u.Addresses = append(u.Addresses, addr.String())
+	}
+	spec.Addresses = u.Addresses
+	return hook.WriteAttachSpec(specPath, spec)
+}
+
+// heldElsewhere lists the pool's addresses recorded as another share's:
+// one List before the candidates are tried, so that the shares of many
+// nodes preparing at once do not all try the first free address.
+func (p *NICPreparer) heldElsewhere(ctx context.Context, pool, key string) (map[netip.Addr]bool, error) {
+	held, err := p.opts.Addresses.Held(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	mine := p.opts.Addresses.Node() + "/" + key
+	skip := make(map[netip.Addr]bool, len(held))
+	for a, holder := range held {
+		if holder != mine {
+			skip[a] = true
+		}
+	}
+	return skip, nil
+}
+
+// releasePoolAddrs deletes the records of the share's addresses of
+// cluster-wide pools: those its undo record names, and those this agent
+// handed it (an unprepare without a record). It runs first in unprepare:
+// where the API server cannot be reached, unprepare fails with nothing
+// undone, and the kubelet tries it again.
+func (p *NICPreparer) releasePoolAddrs(ctx context.Context, key string, recorded []string) error {
+	if p.opts.Addresses == nil || p.opts.Config == nil {
+		return nil
+	}
+	addrs := map[netip.Addr]bool{}
+	for _, a := range p.ipam.addrsOf(key) {
+		addrs[a] = true
+	}
+	for _, s := range recorded {
+		if pfx, err := netip.ParsePrefix(s); err == nil {
+			addrs[pfx.Addr()] = true
+		}
+	}
+	var errs []error
+	for a := range addrs {
+		for _, pool := range p.opts.Config.Netdev.Pools {
+			if pool.ClusterWide() && poolContains(pool, a) {
+				errs = append(errs, p.opts.Addresses.Release(ctx, pool.Name, a, key))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func poolContains(pool nodeconfig.AddressPool, a netip.Addr) bool {
+	prefix, err := netip.ParsePrefix(pool.CIDR)
+	return err == nil && prefix.Masked().Contains(a)
+}
