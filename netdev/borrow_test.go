@@ -3,11 +3,15 @@ package netdev_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/bpf/nettest"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
@@ -56,10 +60,21 @@ func TestBorrowingSharesSplitTheLink(t *testing.T) {
 			t.Errorf("%s: the excess split %.3f, want in proportion to the floors (0.333; at least 0.18, at most 0.37)", dir, r)
 		}
 		for _, s := range []*share{low, high} {
+			before := time.Now()
+			borrowed0 := borrowedBytes(t, b, s, dir)
 			_, l2 := b.measure(dir, []*share{s}, 2*time.Second)
-			t.Logf("%s, %s alone: %.1f Mbit/s at L2 (%.3f of its ceiling, the link)", dir, s.alloc.ClaimName, l2[0]/met/1e6, l2[0]/met/link)
+			borrowed := borrowedBytes(t, b, s, dir) - borrowed0
+			took := time.Since(before)
+			t.Logf("%s, %s alone: %.1f Mbit/s at L2 (%.3f of its ceiling, the link); carve_share_borrowed_bytes_total grew %.0f MB in %v",
+				dir, s.alloc.ClaimName, l2[0]/met/1e6, l2[0]/met/link, borrowed/1e6, took.Round(time.Millisecond))
 			if r := l2[0] / met / link; r < 0.99 || r > 1.01 {
 				t.Errorf("%s, %s alone: %.3f of its ceiling at L2, want within 1%%", dir, s.alloc.ClaimName, r)
+			}
+			// At least the measured window's bytes over the floor,
+			// at most those of the whole run at the link.
+			floor := map[*share]float64{low: 100e6, high: 300e6}[s]
+			if lo, hi := (l2[0]-floor)/8*2*0.95, (link-floor)/8*took.Seconds(); borrowed < lo || borrowed > hi {
+				t.Errorf("%s, %s alone: %.0f bytes counted borrowed, want %.0f–%.0f", dir, s.alloc.ClaimName, borrowed, lo, hi)
 			}
 		}
 	}
@@ -92,4 +107,131 @@ func TestCeilingsAreChecked(t *testing.T) {
 			t.Errorf("%s: classifier entries %v left by a refused share", c.name, shares)
 		}
 	}
+}
+
+// A share whose idle capacity another borrowed is back at its floor within
+// 200 ms of starting to send: the borrower (floor 100M, ceiling the 1G link)
+// runs alone and takes the link, then the 300M share's TCP flow starts. Its
+// classifier bytes are sampled every 10 ms; the timeline is in the log.
+func TestBorrowedCapacityComesBack(t *testing.T) {
+	b := newBench(t)
+	b.dev.Device = linkCapacity("1G")
+	cfg := &v1alpha1.NetworkConfig{Pools: []string{"test"}, MaxCeiling: "link"}
+	borrower := b.add("borrower", "100M", "100M", cfg)
+	returner := b.add("returner", "300M", "300M", cfg)
+	_, ref := b.measure(bpf.Egress, []*share{returner}, time.Second)
+	met := ref[0] / 300e6 // its floor met reads so (about 0.957)
+	flow := func(s *share, port string) []nettest.Flow {
+		return []nettest.Flow{{From: s.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":" + port}}
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := nettest.RunFlows(flow(borrower, "5301"), time.Second, 3*time.Second, nil)
+		done <- err
+	}()
+	time.Sleep(1500 * time.Millisecond) // the borrower has the link
+	key := bpf.Key{MAC: returner.mac, Dir: bpf.Egress}
+	type sample struct {
+		at    time.Duration
+		bytes uint64
+	}
+	var samples []sample
+	start := time.Now()
+	sampling := make(chan struct{})
+	go func() {
+		defer close(sampling)
+		for time.Since(start) < 1500*time.Millisecond {
+			st, _ := b.shaper.Stats()
+			samples = append(samples, sample{time.Since(start), st[key].Bytes})
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if _, err := nettest.RunFlows(flow(returner, "5302"), 0, 1200*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-sampling
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The first 10 ms window from which every window (of at least 5 ms) is
+	// at the floor within 1% of L2: the floor is back from then on.
+	back := time.Duration(-1)
+	var timeline strings.Builder
+	for i := 1; i < len(samples); i++ {
+		dt := samples[i].at - samples[i-1].at
+		rate := float64(samples[i].bytes-samples[i-1].bytes) * 8 / dt.Seconds() / met
+		fmt.Fprintf(&timeline, "%4d ms %6.1f Mbit/s\n", samples[i].at.Milliseconds(), rate/1e6)
+		switch {
+		case dt < 5*time.Millisecond:
+		case rate >= 0.99*300e6 && back < 0:
+			back = samples[i-1].at
+		case rate < 0.99*300e6 && samples[i].at < time.Second:
+			back = -1
+		}
+	}
+	t.Logf("the 300M share's rate at L2 after it started, every 10 ms, beside a borrower of the link:\n%s", timeline.String())
+	if back < 0 || back > 200*time.Millisecond {
+		t.Errorf("the 300M share was back at its floor after %v, want within 200 ms", back)
+	}
+}
+
+// A borrower flooding UDP at twice the link does not dent a TCP neighbour's
+// floor: the neighbour gets its floor within 1% of L2, the borrower the rest.
+func TestUDPFloodingBorrowerLeavesTheFloor(t *testing.T) {
+	b := newBench(t)
+	b.dev.Device = linkCapacity("1G")
+	cfg := &v1alpha1.NetworkConfig{Pools: []string{"test"}, MaxCeiling: "link"}
+	flooder := b.add("flooder", "100M", "100M", cfg)
+	tcp := b.add("tcp300", "300M", "300M", cfg)
+	_, ref := b.measure(bpf.Egress, []*share{tcp}, time.Second)
+	met := ref[0] / 300e6
+	var marks []map[bpf.Key]bpf.Counters
+	floodDone := make(chan error, 1)
+	go func() {
+		_, err := nettest.RunIperfUDP([]nettest.Flow{{From: flooder.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5311"}}, 1400, []float64{2e9}, time.Second, 4*time.Second, nil)
+		floodDone <- err
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	res, err := nettest.RunFlows([]nettest.Flow{{From: tcp.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5312"}}, time.Second, 2*time.Second, b.marker(&marks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-floodDone; err != nil {
+		t.Fatal(err)
+	}
+	k := bpf.Key{MAC: tcp.mac, Dir: bpf.Egress}
+	l2 := float64(marks[1][k].Bytes-marks[0][k].Bytes) * 8 / res[0].Duration.Seconds() / met
+	fk := bpf.Key{MAC: flooder.mac, Dir: bpf.Egress}
+	flood := float64(marks[1][fk].Bytes-marks[0][fk].Bytes) * 8 / res[0].Duration.Seconds()
+	t.Logf("beside a UDP flood of 2G from a borrower (it passed %.1f Mbit/s), the 300M TCP share got %.1f Mbit/s at L2", flood/1e6, l2/1e6)
+	if l2 < 0.99*300e6 {
+		t.Errorf("the TCP share's floor beside a flooding borrower: %.1f Mbit/s at L2, want 300M within 1%%", l2/1e6)
+	}
+}
+
+// borrowedBytes is carve_share_borrowed_bytes_total of s in dir, scraped now.
+func borrowedBytes(t *testing.T, b *bench, s *share, dir bpf.Direction) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(b.p)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "carve_share_borrowed_bytes_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["claim"] == "default/"+s.alloc.ClaimName && labels["direction"] == dir.String() {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no carve_share_borrowed_bytes_total for %s %s", s.alloc.ClaimName, dir)
+	return 0
 }

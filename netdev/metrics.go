@@ -3,6 +3,7 @@ package netdev
 import (
 	"maps"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
@@ -36,13 +37,18 @@ type shareLabels struct {
 	// link is the share's interface's name on the node (LinkName).
 	link                    string
 	egressBits, ingressBits int64
+	// egressCeil and ingressCeil are a borrowing share's ceilings, bits
+	// per second (0: a hard cap).
+	egressCeil, ingressCeil int64
 	// dropBase is what the share's classes had counted before it took
 	// them over, by direction (park.go).
 	dropBase map[bpf.Direction]uint64
 }
 
-// withDropBase is l with the drop bases of the share's record.
+// withDropBase is l with what the share's record adds: its drop bases and
+// its ceilings.
 func (l shareLabels) withDropBase(u undoRecord) shareLabels {
+	l.egressCeil, l.ingressCeil = int64(u.EgressCeiling), int64(u.IngressCeiling)
 	if u.EgressDropBase > 0 || u.IngressDropBase > 0 {
 		l.dropBase = map[bpf.Direction]uint64{bpf.Egress: u.EgressDropBase, bpf.Ingress: u.IngressDropBase}
 	}
@@ -73,6 +79,8 @@ func (p *NICPreparer) Describe(ch chan<- *prometheus.Desc) {
 	ch <- shareSpoofDrops
 	ch <- shareAllocated
 	ch <- shareNestedLinks
+	ch <- shareCeiling
+	ch <- shareBorrowed
 }
 
 // Collect reports every prepared share's counters, read from the BPF maps
@@ -101,6 +109,7 @@ func (p *NICPreparer) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	p.collectBorrowed(ch, stats, labels, time.Now())
 	for key, c := range stats {
 		l, ok := labels[key.MAC]
 		if !ok {
