@@ -37,6 +37,9 @@
 //	routes:
 //	- {destination: 10.1.0.0/16, gateway: 10.0.0.1}
 //	- {destination: default, gateway: 10.0.0.1}
+//	maxCeiling: link           # class only: its claims may borrow idle capacity, up to this
+//	egressCeiling: 1G          # how far this share borrows (default: maxCeiling); ingressCeiling too
+//	openFamilies: [IPv6]       # class only: a family carve gives no address in is open (SLAAC, DHCP)
 //
 // Address pools are in the node config (netdev.pools: [{name, cidr,
 // gateway}]); an address is recorded in the claim's checkpoint record and
@@ -53,7 +56,9 @@
 //
 // Each share's egressBandwidth and ingressBandwidth (its consumed capacity)
 // get an HTB class of that rate, with a burst of about 8 ms of traffic
-// (netlink's default burst loses ~10% at 1G):
+// (netlink's default burst loses ~10% at 1G). The rate is a hard cap, or,
+// where the share's DeviceClass sets maxCeiling, the share's floor: it
+// borrows the link's idle capacity up to its ceiling (ceiling.go).
 //
 //   - Egress: the classifier (package bpf) at the head of the parent's TCX
 //     egress finds each frame's share and redirects the frames of limited
@@ -118,9 +123,10 @@
 //     prepare. ipvlan children are made in vepa (ipvlan keeps one mode and
 //     one set of flags per parent, set by the child made last), so that a
 //     share's frames to another child of the parent go through the parent's
-//     shaper. The project's kernel has no ipvlan (TestIPVlanShare skips,
-//     saying so); the address path is exercised on macvlan children keyed the
-//     same way (TestAddressKeyedShareHoldsItsRate).
+//     shaper. The project's kernel has no ipvlan: TestIPVlanShare runs
+//     in make vmtest's 6.12 and 6.1 guests (deploy/vmtest), and here the
+//     address path is exercised on macvlan children keyed the same way
+//     (TestAddressKeyedShareHoldsItsRate).
 //   - Unprepare removes the share's classifier entries (address entries
 //     included, found by the share's MAC, so also without a record),
 //     classes, interface, addresses and hook spec, and the parent's egress
@@ -268,9 +274,9 @@
 //     apart).
 //
 // A claim author (whoever can create a ResourceClaim or template) chooses, in
-// a NetworkConfig, only the interface's name in the pod, its MTU and which of
-// the address pools its DeviceClass names (pools and allowedPools) it draws
-// from: pools belong to classes, and a class that names none leaves its
+// a NetworkConfig, only the interface's name in the pod, its MTU, its
+// ceilings (within its class's maxCeiling) and which of the address pools
+// its DeviceClass names (pools and allowedPools) it draws from: pools belong to classes, and a class that names none leaves its
 // claims none. The chart's nic class names every pool of the chart's node
 // config (nicClassAllowedPools); tenants kept apart by subnet each get a
 // class naming their pools, with a ResourceQuota keeping other namespaces
