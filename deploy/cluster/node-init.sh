@@ -26,6 +26,10 @@ mount --move "$dir/cgroup-aside" /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 mount -t tmpfs -o mode=755 tmpfs /run
 mount --bind "$dir/var" /var
+# Every mount shared within the node, as systemd leaves a host: the chart's
+# Bidirectional mounts (bpffs, the state dir) need it. The node's mount
+# namespace was made private, so nothing propagates to the host.
+mount --make-rshared /
 hostname "$name"
 ip link set lo up
 

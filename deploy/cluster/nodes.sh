@@ -129,6 +129,10 @@ mn_prepare_node() {
   for j in $(seq "$NODES"); do
     [ "$j" = "$i" ] || ip -n "$ns" route add "10.88.$j.0/24" via "$(node_ip_of "$j")"
   done
+  # Pods reach the API server on the node network (an agent without
+  # hostNetwork): through their node, and back from the host through it.
+  # The route goes with the bridge.
+  ip route add "10.88.$i.0/24" via "$ip" dev "$MN_BRIDGE"
   mkdir -p "$dir/var/lib/kubelet" "$dir/var/log" "$dir/logs" "$dir/cni/net.d" \
     "$dir/cni/ipam" "$dir/containerd" "$dir/pod-logs" "$dir/volume-plugins"
   # /var/run is /run, the node's tmpfs, as on the host.
@@ -143,7 +147,7 @@ mn_prepare_node() {
       "ipam": {
         "type": "host-local",
         "ranges": [[{"subnet": "10.88.$i.0/24", "gateway": "10.88.$i.1"}]],
-        "routes": [{"dst": "$ip/32"}],
+        "routes": [{"dst": "$ip/32"}, {"dst": "$MN_NET.1/32"}],
         "dataDir": "$dir/cni/ipam"
       }
     },

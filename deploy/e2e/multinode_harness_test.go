@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // multiNodeRequiredEnv, set to 1, makes the multi-node tests fail, not
@@ -89,4 +91,98 @@ func readEnvFile(path string) (map[string]string, error) {
 		}
 	}
 	return env, nil
+}
+
+// mnPoolConfig is the node config every node of the multi-node tests has
+// (the chart's one nodeConfig): the node's seg0 shared, 10G each way, and
+// one cluster-wide pool on the segment, the server's address its gateway.
+func (c *mnCluster) poolConfig() string {
+	return fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: [%q]
+  includeVirtual: true
+  bandwidth:
+  - {interface: %q, egress: 10G}
+  pools:
+  - {name: seg, cidr: %s, gateway: %s}
+`, c.env["CARVE_SEGMENT_PARENT"], c.env["CARVE_SEGMENT_PARENT"], c.env["CARVE_SEGMENT_CIDR"], c.env["CARVE_SEGMENT_SERVER_IP"])
+}
+
+// importImages builds the agent's image (tag carve:mn) and the pods'
+// (carve-net-test:e2e), and imports both into every node's containerd.
+func (c *mnCluster) importImages(t testing.TB) {
+	t.Helper()
+	root := repoRoot()
+	dir := t.TempDir()
+	agent := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"),
+		append(append(agentImageArgs("carve:mn", carveBinary(t)), "--out", filepath.Join(dir, "carve.tar")), nvmlDeps()...)...)))
+	netArgs := []string{"--name", "carve-net-test:e2e", "--file", "/bin/busybox:/bin/busybox", "--file", "/usr/bin/iperf3:/usr/bin/iperf3", "--out", filepath.Join(dir, "net.tar")}
+	for _, applet := range []string{"sh", "ip", "env", "sleep", "cat", "ls", "ping"} {
+		netArgs = append(netArgs, "--symlink", "/bin/"+applet+"=busybox")
+	}
+	net := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), netArgs...)))
+	for i := 1; i <= c.nodes; i++ {
+		cmd := exec.Command(filepath.Join(root, "deploy/images/import.sh"), agent, net)
+		cmd.Env = append(os.Environ(), "CARVE_CLUSTER_DIR="+c.env["CARVE_CLUSTER_DIR"],
+			"CARVE_CONTAINERD_ADDRESS="+c.env[fmt.Sprintf("CARVE_NODE_%d_CONTAINERD_ADDRESS", i)])
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("import into node %d: %v\n%s", i, err, out)
+		}
+	}
+}
+
+// installChart installs the chart with its default paths (each node's
+// own), the agent on the node's network (hostNetwork, unless values say
+// otherwise) reaching the API server on the node network's bridge. It is
+// uninstalled when the test ends, and the pool's records with it.
+func (c *mnCluster) installChart(t testing.TB, nodeConfig string, values ...string) {
+	t.Helper()
+	helm := os.Getenv("CARVE_HELM")
+	if helm == "" {
+		t.Fatal("CARVE_HELM is not set")
+	}
+	cfg := filepath.Join(t.TempDir(), "node.yaml")
+	if err := os.WriteFile(cfg, []byte(nodeConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kc := os.Getenv("CARVE_KUBECONFIG")
+	t.Cleanup(func() {
+		if err := runQuiet(helm, "uninstall", "carve", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "90s"); err != nil {
+			_ = runQuiet(helm, "uninstall", "carve", "--kubeconfig", kc, "--namespace", chartNamespace, "--wait", "--timeout", "60s", "--no-hooks")
+		}
+		kubectl := filepath.Join(filepath.Dir(kc), "bin", "kubectl")
+		_ = runQuiet(kubectl, "--kubeconfig", kc, "delete", "leases", "-n", chartNamespace, "-l", "carve.dev/address-pool", "--wait=false")
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent logs:\n%s", agentLogs())
+		}
+	})
+	args := []string{"install", "carve", chartDir(), "--kubeconfig", kc,
+		"--namespace", chartNamespace, "--create-namespace", "--wait", "--timeout", "180s",
+		"--set", "image.repository=carve,image.tag=mn,image.pullPolicy=Never",
+		"--set", "hostNetwork=true",
+		"--set-string", "extraEnv[0].name=KUBERNETES_SERVICE_HOST,extraEnv[0].value=" + c.env["CARVE_APISERVER_HOST"],
+		"--set-string", "extraEnv[1].name=KUBERNETES_SERVICE_PORT,extraEnv[1].value=" + c.env["CARVE_APISERVER_PORT"],
+		"--set-file", "nodeConfig=" + cfg}
+	run(t, helm, append(args, values...)...)
+}
+
+// iperfServers runs an iperf3 server on each port in the segment's server
+// namespace, until the test ends.
+func (c *mnCluster) iperfServers(t testing.TB, ports ...string) {
+	t.Helper()
+	for _, port := range ports {
+		srv := exec.Command("ip", "netns", "exec", c.env["CARVE_SEGMENT_SERVER_NS"], "iperf3", "-s", "-J", "-p", port)
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	}
+}
+
+// onNode places a pod on node i.
+func (c *mnCluster) onNode(i int) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": c.name(i)} }
 }

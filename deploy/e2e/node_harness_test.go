@@ -79,15 +79,22 @@ func buildAgentImage(t testing.TB, tag string) {
 func buildAgentImageFrom(t testing.TB, tag, bin string) {
 	t.Helper()
 	root := repoRoot()
-	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve"}
-	if hook := filepath.Join(filepath.Dir(bin), "carve-hook"); fileExists(hook) {
-		args = append(args, "--file", hook+":/carve-hook")
-	}
+	args := agentImageArgs(tag, bin)
 	importOnce(t, strings.Join(args, "\x00"), func() {
 		args := append(append(args, "--out", filepath.Join(t.TempDir(), "carve.tar")), nvmlDeps()...)
 		archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
 		run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
 	})
+}
+
+// agentImageArgs are build.sh's arguments for the agent's image of the
+// carve binary bin, with the carve-hook beside it where there is one.
+func agentImageArgs(tag, bin string) []string {
+	args := []string{"--name", tag, "--file", bin + ":/carve", "--file", "/usr/share/misc/pci.ids:/usr/share/misc/pci.ids", "--entrypoint", "/carve"}
+	if hook := filepath.Join(filepath.Dir(bin), "carve-hook"); fileExists(hook) {
+		args = append(args, "--file", hook+":/carve-hook")
+	}
+	return args
 }
 
 // imported are the images this test process has built and imported into
