@@ -189,6 +189,7 @@ func (p *NICPreparer) classDrops() map[bpf.Key]uint64 {
 		if err != nil {
 			return
 		}
+		leaves := leafDrops(h, link)
 		for _, c := range classes {
 			k, ok := byClass[dir][c.Attrs().Handle]
 			if !ok {
@@ -199,7 +200,7 @@ func (p *NICPreparer) classDrops() map[bpf.Key]uint64 {
 			if !ok || c.Attrs().Statistics == nil || c.Attrs().Statistics.Queue == nil {
 				continue
 			}
-			out[k] += uint64(c.Attrs().Statistics.Queue.Drops)
+			out[k] += uint64(c.Attrs().Statistics.Queue.Drops) + leaves[c.Attrs().Handle]
 		}
 	}
 	for _, dev := range devices {

@@ -126,6 +126,11 @@ func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, fl
 		drops += st.drops
 		flows = flows || (i > 0 && st.exists)
 	}
+	// And what an fq_codel leaf dropped, which HTB's counts miss.
+	leaves := leafDrops(p.h, link)
+	for _, h := range blockHandles(base, flows) {
+		drops += leaves[h]
+	}
 	out.parked, out.block = true, parkedBlock{base: base, flows: flows, drops: drops}
 	return out, nil
 }
@@ -238,6 +243,7 @@ func (p *NICPreparer) adoptParked(link netlink.Link) error {
 			found[minor] = &parkedBlock{base: minor}
 		}
 	}
+	leaves := leafDrops(p.h, link)
 	for _, c := range classes {
 		_, minor := netlink.MajorMinor(c.Attrs().Handle)
 		pb := found[minor]
@@ -248,7 +254,7 @@ func (p *NICPreparer) adoptParked(link netlink.Link) error {
 			}
 		}
 		if pb != nil && c.Attrs().Statistics != nil && c.Attrs().Statistics.Queue != nil {
-			pb.drops += uint64(c.Attrs().Statistics.Queue.Drops)
+			pb.drops += uint64(c.Attrs().Statistics.Queue.Drops) + leaves[c.Attrs().Handle]
 		}
 	}
 	p.mu.Lock()
