@@ -148,7 +148,9 @@ func TestAddressKeyedShareHoldsItsRate(t *testing.T) {
 			ifbBytes := ifbTx[1] - ifbTx[0]
 			t.Logf("ingress: the node's own IPv4 %.0f + IPv6 %.0f Mbit/s; IFB sent %d bytes, the share was charged %.0f",
 				res[4].Goodput()/1e6, res[5].Goodput()/1e6, ifbBytes, shareL2)
-			if float64(ifbBytes) > 1.1*shareL2+100_000 {
+			// Without TCX all of the parent's ingress takes the
+			// IFB (act_mirred), the node's own included.
+			if float64(ifbBytes) > 1.1*shareL2+100_000 && !nettest.LacksTCX(t) {
 				t.Errorf("the IFB carried %d bytes, more than the share's %.0f: other traffic (the node's %.0f Mbit/s, the neighbour's) took it",
 					ifbBytes, shareL2, nodeBits)
 			}

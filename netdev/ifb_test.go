@@ -66,6 +66,9 @@ func TestOnlyShareTrafficTakesTheIFB(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	if nettest.LacksTCX(t) {
+		t.Skip("kernel lacks TCX: before 6.6 act_mirred takes all of the parent's ingress to the IFB (an IFB drops BPF-redirected frames before 6.4)")
+	}
 	before := ifbPackets()
 	send("10.77.0.250")
 	if n := ifbPackets() - before; n > 10 { // ARP and the like may pass

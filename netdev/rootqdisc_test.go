@@ -2,6 +2,7 @@ package netdev_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -29,6 +30,7 @@ func TestKeepsOperatorsRootQdisc(t *testing.T) {
 		"tbf":   &netlink.Tbf{QdiscAttrs: root, Rate: 1e9, Limit: 1e6, Buffer: 1e5},
 	}
 	tried := 0
+	noTCX := nettest.LacksTCX(t)
 	for kind, q := range operators {
 		if err := node.QdiscReplace(q); err != nil {
 			if !nettest.KernelLacks(err, nettest.Qdisc(kind)) {
@@ -46,6 +48,9 @@ func TestKeepsOperatorsRootQdisc(t *testing.T) {
 			continue
 		}
 		qs, _ := node.QdiscList(parent)
+		if noTCX { // before 6.6 carve's programs hang on a clsact beside the root
+			qs = slices.DeleteFunc(qs, func(q netlink.Qdisc) bool { return q.Type() == "clsact" })
+		}
 		if len(qs) != 1 || qs[0].Type() != kind || qs[0].Attrs().Handle != root.Handle {
 			t.Errorf("operator's %s root changed: %v", kind, qs)
 		}

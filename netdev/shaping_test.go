@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,7 +97,11 @@ func TestParentRootUntouchedWhileShaped(t *testing.T) {
 	}
 	before := roots()
 	s := b.add("held", "200M", "", nil)
-	if after := roots(); !slices.Equal(after, before) {
+	after := roots()
+	if nettest.LacksTCX(t) { // before 6.6 the classifier hangs on a clsact beside the root
+		after = slices.DeleteFunc(after, func(q string) bool { return strings.HasPrefix(q, "clsact ") })
+	}
+	if !slices.Equal(after, before) {
 		t.Errorf("parent's qdiscs %v while a share is shaped, were %v", after, before)
 	}
 	shaper, err := node.LinkByName(fmt.Sprintf("cveg%d", parent.Attrs().Index))
@@ -117,8 +122,9 @@ func TestParentRootUntouchedWhileShaped(t *testing.T) {
 	}
 	sent := shaped()
 	goodput, l2 := b.measure(bpf.Egress, []*share{s}, 3*time.Second)
-	if ratio := goodput[0] / rate("200M"); ratio < 0.956*0.9 || ratio > 0.956*1.1 {
-		t.Errorf("share of 200M: goodput ratio %.3f, want 0.956 ± 10%%", ratio)
+	lo, hi := nettest.GoodputBand(0.956*0.9, 0.956*1.1)
+	if ratio := goodput[0] / rate("200M"); ratio < lo || ratio > hi {
+		t.Errorf("share of 200M: goodput ratio %.3f, want %.3f–%.3f", ratio, lo, hi)
 	}
 	// The classifier counted l2 over the 3 s window; the shaper saw the
 	// warm-up too.
@@ -129,6 +135,17 @@ func TestParentRootUntouchedWhileShaped(t *testing.T) {
 	addr, _ := netlink.ParseAddr("10.77.0.250/24") // the node's own address
 	if err := node.AddrAdd(parent, addr); err != nil {
 		t.Fatal(err)
+	}
+	// The share's flow has drained from the shaper before the node's
+	// own flow starts: in an emulated guest its tail took the first
+	// 100 ms of that flow (2.1 MB of 83 MB, make vmtest).
+	for last, deadline := shaped(), time.Now().Add(5*time.Second); time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		now := shaped()
+		if now == last {
+			break
+		}
+		last = now
 	}
 	sent = shaped()
 	hostFlow := []nettest.Flow{{From: b.tp.Node, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":5301"}}
