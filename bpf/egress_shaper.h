@@ -64,8 +64,14 @@ int classify_egress(struct __sk_buff *skb)
 	if (classify(skb, DIR_EGRESS) == TC_ACT_SHOT)
 		return TC_ACT_SHOT; // a pod's forged frame
 	if (!skb->priority) {
-		skb->priority = own;
-		return CARVE_TCX_NEXT;
+		// No limited share's: the parent's unshared class, where its
+		// node config gives it one, else the parent's own qdisc.
+		__u32 unshared = unshared_classid(parent, DIR_EGRESS);
+		if (!unshared) {
+			skb->priority = own;
+			return CARVE_TCX_NEXT;
+		}
+		skb->priority = unshared;
 	}
 	return bpf_redirect(sh->shaper_ifindex, 0); // to its egress, the HTB
 }

@@ -191,6 +191,43 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ifb_of SEC(".maps");
 
+// The class of the traffic of no limited share on each parent whose node
+// config reserves it a floor (netdev's unshared class, beside the borrowing
+// shares under the parent's link class): parent ifindex * 2 + direction ->
+// its class id on the parent's egress shaper (DIR_EGRESS) or IFB. On such
+// a parent the node's own frames and unlimited shares' go through the
+// shaper and the IFB too, so that the shares' floors hold against them.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} unshared_class SEC(".maps");
+
+// Nonzero once a parent has had an unshared class in this pin directory,
+// never cleared (as addrs_used): other nodes skip the lookup.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} unshared_used SEC(".maps");
+
+// unshared_classid is parent's unshared class in direction dir, 0 where
+// it has none.
+static __always_inline __u32 unshared_classid(__u32 parent, __u8 dir)
+{
+	__u32 zero = 0;
+	__u32 *used = bpf_map_lookup_elem(&unshared_used, &zero);
+	if (!used || !*used)
+		return 0;
+	__u32 k = parent * 2 + dir;
+	__u32 *c = bpf_map_lookup_elem(&unshared_class, &k);
+	return c ? *c : 0;
+}
+
 // Shares told apart by address (ipvlan children, which all carry their
 // parent's MAC): each address a share was given (its claim's static
 // addresses and pool addresses, written by the agent only) on its parent,
@@ -733,7 +770,9 @@ int redirect_ingress(struct __sk_buff *skb)
 	// a pod forged that MAC as a source and it was learned.
 	if (skb->pkt_type != PACKET_OTHERHOST && skb->pkt_type != PACKET_HOST)
 		return CARVE_TCX_NEXT;
-	if (!ingress_share(skb, &key, ifindex, skb->pkt_type == PACKET_OTHERHOST))
+	// Where the parent's unshared traffic has a class of its own, it
+	// goes to the IFB too, whose HTB gives what no share claims to it.
+	if (!ingress_share(skb, &key, ifindex, skb->pkt_type == PACKET_OTHERHOST) && !unshared_classid(ifindex, DIR_INGRESS))
 		return CARVE_TCX_NEXT;
 	__u32 *ifb = bpf_map_lookup_elem(&ifb_of, &ifindex);
 	if (!ifb)

@@ -180,6 +180,8 @@ const (
 	shaperMapShareStats       = "share_stats"
 	shaperMapShares           = "shares"
 	shaperMapSpoofDrops       = "spoof_drops"
+	shaperMapUnsharedClass    = "unshared_class"
+	shaperMapUnsharedUsed     = "unshared_used"
 	shaperProgClassifyEgress  = "classify_egress"
 	shaperProgClassifyIngress = "classify_ingress"
 	shaperProgEdtEgress       = "edt_egress"
@@ -268,6 +270,8 @@ type shaperMapSpecs struct {
 	ShareStats      *ebpf.MapSpec `ebpf:"share_stats"`
 	Shares          *ebpf.MapSpec `ebpf:"shares"`
 	SpoofDrops      *ebpf.MapSpec `ebpf:"spoof_drops"`
+	UnsharedClass   *ebpf.MapSpec `ebpf:"unshared_class"`
+	UnsharedUsed    *ebpf.MapSpec `ebpf:"unshared_used"`
 }
 
 // shaperVariableSpecs contains global variables before they are loaded into the kernel.
@@ -320,6 +324,8 @@ type shaperMaps struct {
 	ShareStats      *ebpf.Map `ebpf:"share_stats"`
 	Shares          *ebpf.Map `ebpf:"shares"`
 	SpoofDrops      *ebpf.Map `ebpf:"spoof_drops"`
+	UnsharedClass   *ebpf.Map `ebpf:"unshared_class"`
+	UnsharedUsed    *ebpf.Map `ebpf:"unshared_used"`
 }
 
 func (m *shaperMaps) Close() error {
@@ -344,6 +350,8 @@ func (m *shaperMaps) Close() error {
 		m.ShareStats,
 		m.Shares,
 		m.SpoofDrops,
+		m.UnsharedClass,
+		m.UnsharedUsed,
 	)
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare/hook"
 )
 
@@ -84,7 +85,7 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link, linkRate uint64) (ne
 			return nil, err
 		}
 	}
-	if err := ensureHTB(h, shaper, linkRate); err != nil {
+	if err := ensureHTB(h, shaper, linkRate, 0); err != nil {
 		return nil, err
 	}
 	if made {
@@ -96,6 +97,11 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link, linkRate uint64) (ne
 		return p.opts.Shaper.AttachEgressShaper(parent.Attrs().Index, shaper.Attrs().Index, peer.Attrs().Index, shaper.Attrs().HardwareAddr)
 	}); err != nil {
 		return nil, fmt.Errorf("send %s's limited shares through %s: %w", parent.Attrs().Name, name, err)
+	}
+	if made {
+		if err := p.addUnsharedClass(parent, shaper, linkRate, bpf.Egress); err != nil {
+			return nil, err
+		}
 	}
 	return shaper, nil
 }
@@ -174,6 +180,9 @@ func (p *NICPreparer) removeEgressShaperIfIdle(parent netlink.Link) error {
 	}
 	p.setUp.forgetCompanion(companionEgressShaper, parent.Attrs().Index)
 	defer p.forgetParked(shaper.Attrs().Name)
+	if err := p.forgetUnsharedClass(parent, bpf.Egress); err != nil {
+		return err
+	}
 	if err := p.forgetEgressShaper(parent.Attrs().Index); err != nil {
 		return err
 	}

@@ -6,6 +6,9 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-dra/carve/bpf"
+	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // linkMinor is the link class of a device's HTB (ceiling.go): held to the
@@ -59,3 +62,74 @@ func (p *NICPreparer) shareParent(dev netlink.Link) (uint32, error) {
 // errNoLinkClass refuses a borrowing share on a device an older carve made.
 var errNoLinkClass = errors.New("its classes were made by an older carve, with no link class to borrow from: " +
 	"a share may borrow there once the NIC's shares are all gone and carve makes its classes again")
+
+// unsharedMinor is the class of a device's traffic of no limited share
+// (the node's own, unshaped pods', unlimited shares'), where the node
+// config reserves it a floor (netdev.unsharedFloorPercent): beside the
+// share classes under the link class, assured its part of the link and
+// borrowing up to all of it. It is HTB's default class on the IFB; the
+// classifier sends the parent's unshared frames to it on both devices
+// (bpf.Shaper.SetUnsharedClass).
+const unsharedMinor = 2
+
+var unsharedHandle = netlink.MakeHandle(1, unsharedMinor)
+
+// unsharedPercent is the node config's netdev.unsharedFloorPercent.
+func (p *NICPreparer) unsharedPercent() uint64 {
+	if p.opts.Config == nil || p.opts.Config.Netdev.UnsharedFloorPercent <= 0 {
+		return 0
+	}
+	return uint64(p.opts.Config.Netdev.UnsharedFloorPercent)
+}
+
+// addUnsharedClass gives link (parent's egress shaper, or its IFB), whose
+// new HTB has a link class of linkRate, the unshared class and its leaf,
+// and has the classifier send parent's unshared traffic in dir to it. On
+// the IFB it is also HTB's default class (ifbDefault, set as the HTB is
+// made): what the classifier leaves unclassified there, the node's own
+// frames, goes to it.
+func (p *NICPreparer) addUnsharedClass(parent, link netlink.Link, linkRate uint64, dir bpf.Direction) error {
+	pct := p.unsharedPercent()
+	if pct == 0 || linkRate == 0 || p.opts.Shaper == nil {
+		return nil
+	}
+	if under, err := p.shareParent(link); err != nil || under != linkHandle {
+		return err // an older carve's HTB: no link class to hang it from
+	}
+	rates := classRates{floor: linkRate * pct / 100, ceil: linkRate}
+	buf := htbBuffer(rates.ceil)
+	class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: linkHandle, Handle: unsharedHandle},
+		netlink.HtbClassAttrs{Rate: rates.floor, Ceil: rates.ceil, Buffer: buf, Cbuffer: buf, Quantum: rates.quantum()})
+	err := p.h.ClassAdd(class)
+	if errors.Is(err, unix.EEXIST) {
+		err = p.h.ClassChange(class)
+	}
+	if err != nil {
+		return fmt.Errorf("unshared class 1:%x on %s: %w", unsharedMinor, link.Attrs().Name, err)
+	}
+	if err := p.setLeaf(link, unsharedMinor, rates.ceil); err != nil {
+		return err
+	}
+	return hook.InNetns(p.opts.HostNS, func() error {
+		return p.opts.Shaper.SetUnsharedClass(parent.Attrs().Index, dir, unsharedHandle)
+	})
+}
+
+// forgetUnsharedClass stops the classifier sending parent's unshared
+// traffic in dir to a shaper or IFB that is going.
+func (p *NICPreparer) forgetUnsharedClass(parent netlink.Link, dir bpf.Direction) error {
+	if p.opts.Shaper == nil {
+		return nil
+	}
+	return hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.ForgetUnsharedClass(parent.Attrs().Index, dir) })
+}
+
+// ifbDefault is the default class of a new IFB's HTB: the unshared class
+// where the node config gives one (and the link's capacity is known), else
+// none.
+func (p *NICPreparer) ifbDefault(linkRate uint64) uint32 {
+	if p.unsharedPercent() == 0 || linkRate == 0 {
+		return 0
+	}
+	return unsharedMinor
+}

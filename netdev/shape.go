@@ -31,7 +31,7 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rates classRates, link
 	} else if !p.setUp.has("htb", dev.Attrs().Index) {
 		// The device's HTB is made once and then known (under the
 		// parent's lock): a steady-state prepare makes no qdisc dump.
-		if err := ensureHTB(p.h, dev, linkRate); err != nil {
+		if err := ensureHTB(p.h, dev, linkRate, p.ifbDefault(linkRate)); err != nil {
 			return 0, false, 0, err
 		}
 		p.setUp.add("htb", dev.Attrs().Index)

@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/prepare/hook"
 )
 
@@ -67,13 +68,14 @@ func checkRootReplaceable(h *netlink.Handle, link netlink.Link) (ours bool, err 
 // never silently removes an operator's shaping.
 //
 // A new HTB gets its link class (linkclass.go) of linkRate bits/s, the NIC's
-// capacity in the device's direction, where that is known (not 0).
-func ensureHTB(h *netlink.Handle, link netlink.Link, linkRate uint64) error {
+// capacity in the device's direction, where that is known (not 0), and
+// defcls as its default class (0: none; HTB cannot change it later).
+func ensureHTB(h *netlink.Handle, link netlink.Link, linkRate uint64, defcls uint32) error {
 	if ours, err := checkRootReplaceable(h, link); err != nil || ours {
 		return err
 	}
 	q := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: rootHandle, Parent: netlink.HANDLE_ROOT})
-	q.Defcls = 0 // unclassified traffic takes the direct queue, unshaped
+	q.Defcls = defcls // 0: unclassified traffic takes the direct queue, unshaped
 	if err := h.QdiscReplace(q); err != nil {
 		return fmt.Errorf("add HTB root qdisc to %s: %w", link.Attrs().Name, err)
 	}
@@ -238,13 +240,16 @@ func (p *NICPreparer) makeIngressIFB(parent netlink.Link, linkRate uint64) (netl
 	if err := h.LinkSetUp(ifb); err != nil {
 		return nil, fmt.Errorf("set %s up: %w", name, err)
 	}
-	if err := ensureHTB(h, ifb, linkRate); err != nil {
+	if err := ensureHTB(h, ifb, linkRate, p.ifbDefault(linkRate)); err != nil {
 		return nil, err
 	}
 	if err := hook.InNetns(p.opts.HostNS, func() error {
 		return p.opts.Shaper.AttachRedirect(parent.Attrs().Index, ifb.Attrs().Index)
 	}); err != nil {
 		return nil, fmt.Errorf("redirect %s's share traffic to %s: %w", parent.Attrs().Name, name, err)
+	}
+	if err := p.addUnsharedClass(parent, ifb, linkRate, bpf.Ingress); err != nil {
+		return nil, err
 	}
 	// An older carve redirected all of the parent's ingress with u32.
 	if err := removeMirred(h, parent); err != nil {
@@ -292,6 +297,9 @@ func (p *NICPreparer) removeIngressIFBIfIdle(parent netlink.Link) error {
 	}
 	p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
 	defer p.forgetParked(ifb.Attrs().Name)
+	if err := p.forgetUnsharedClass(parent, bpf.Ingress); err != nil {
+		return err
+	}
 	if p.opts.Shaper != nil {
 		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.DetachRedirect(parent.Attrs().Index) }); err != nil {
 			return fmt.Errorf("remove the ingress redirect of %s: %w", parent.Attrs().Name, err)

@@ -42,7 +42,7 @@ func TestMQRootReplaceableOnlyWithDefaultChildren(t *testing.T) {
 	if _, err := checkRootReplaceable(h, link); err == nil || !strings.Contains(err.Error(), "bfifo child") {
 		t.Errorf("mq with an operator's bfifo child: %v, want refused", err)
 	}
-	if err := ensureHTB(h, link, 0); err == nil {
+	if err := ensureHTB(h, link, 0, 0); err == nil {
 		t.Errorf("ensureHTB replaced an mq holding an operator's bfifo")
 	}
 }

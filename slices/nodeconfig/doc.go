@@ -21,6 +21,7 @@
 //	     scope: Cluster}           # default: each address once in the cluster (netdev/addrbook);
 //	                               # Node: this node's subnet alone, handed out by the agent by itself
 //	  maxSharesPerNIC: 256         # default; at least 1 (the "shares" capacity, package slices)
+//	  unsharedFloorPercent: 5      # default 0 (off): the node's own traffic on a NIC gets a class assured 5%
 //	requestPolicies:               # how shares may be requested
 //	  nic:
 //	    egressBandwidth: {default: 100M, min: 10M, step: 10M}

@@ -60,6 +60,17 @@ type Netdev struct {
 	// (DefaultMaxSharesPerNIC when unset): its "shares" capacity is at
 	// most this, and prepare refuses a share past it.
 	MaxSharesPerNIC *int64 `json:"maxSharesPerNIC,omitempty"`
+	// UnsharedFloorPercent, 1 to 50, gives the traffic of no limited
+	// share on a NIC (the node's own, unshaped pods', unlimited shares')
+	// a class of its own beside the shares, assured this part of the
+	// link and borrowing up to all of it: shares that borrow then never
+	// eat into it, nor it into their floors. It costs that traffic a trip
+	// through the NIC's egress shaper and IFB, and holds it to the NIC's
+	// published capacity (netdev's TestUnsharedTrafficHasItsClass). 0 (the
+	// default): that traffic bypasses them, as ever, and a link it fills
+	// may leave the shares less than their floors. Applies to a NIC's
+	// shaper and IFB as carve makes them.
+	UnsharedFloorPercent int `json:"unsharedFloorPercent,omitempty"`
 }
 
 // DefaultMaxSharesPerNIC is netdev.maxSharesPerNIC when the file does not
@@ -268,6 +279,9 @@ func (c *NodeConfig) Validate() field.ErrorList {
 	}
 	if m := c.Netdev.MaxSharesPerNIC; m != nil && *m < 1 {
 		errs = append(errs, field.Invalid(nd.Child("maxSharesPerNIC"), *m, "must be at least 1"))
+	}
+	if u := c.Netdev.UnsharedFloorPercent; u < 0 || u > 50 {
+		errs = append(errs, field.Invalid(nd.Child("unsharedFloorPercent"), u, "must be between 0 (off) and 50"))
 	}
 	poolNames := map[string]bool{}
 	for i, p := range c.Netdev.Pools {
