@@ -9,7 +9,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -84,7 +83,7 @@ func (s *Shaper) PinPodGuard(name string, g PodShare) error {
 // interface). Removing what is not there is no error.
 func UnpinPodGuard(pinDir, name string) error {
 	var errs []error
-	for _, p := range []string{PodGuardLinkPath(pinDir, name), PodGuardProgramPath(pinDir, name), PodGuardProgramPath(pinDir, name) + "_new"} {
+	for _, p := range []string{PodGuardLinkPath(pinDir, name), podGuardFilterPath(pinDir, name), PodGuardProgramPath(pinDir, name), PodGuardProgramPath(pinDir, name) + "_new"} {
 		if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
 		}
@@ -131,15 +130,14 @@ func AttachPodGuard(pinDir, name string, ifindex int) error {
 	defer prog.Close()
 	// Before 6.6 (Debian's 6.1: make vmtest) a cls_bpf filter on the
 	// interface holds the guard, and goes with it; the hook failed there
-	// for every share. There is no link to pin: PodGuardState says
-	// pending, and the nested-link watch, which finds the share's own
-	// interface by its link, leaves the pod's links alone.
+	// for every share. There is no link to pin: the ifindex is recorded
+	// instead (podguard_legacy.go).
 	if forceLegacy {
-		return attachLegacy(ifindex, prog, podGuardProg, netlink.HANDLE_MIN_EGRESS)
+		return attachPodGuardLegacy(pinDir, name, ifindex, prog)
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress, Anchor: link.Head()})
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		return attachLegacy(ifindex, prog, podGuardProg, netlink.HANDLE_MIN_EGRESS)
+		return attachPodGuardLegacy(pinDir, name, ifindex, prog)
 	}
 	if err != nil {
 		return fmt.Errorf("attach the pod guard of %s to ifindex %d: %w", name, ifindex, err)
@@ -185,6 +183,12 @@ func PodGuardState(pinDir, name string) (string, error) {
 // attached it yet.
 func PodGuardIfindex(pinDir, name string) (int, error) {
 	l, err := link.LoadPinnedLink(PodGuardLinkPath(pinDir, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		// No TCX: the hook recorded its cls_bpf filter's interface.
+		if ifindex, lerr := legacyPodGuardIfindex(pinDir, name); lerr == nil || !errors.Is(lerr, os.ErrNotExist) {
+			return ifindex, lerr
+		}
+	}
 	if err != nil {
 		return 0, fmt.Errorf("the pod guard link of %s: %w", name, err)
 	}

@@ -1,6 +1,8 @@
 package bpf
 
 import (
+	"errors"
+	"os"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -10,7 +12,8 @@ import (
 // Where the kernel has no TCX (before 6.6; make vmtest's 6.1, where the hook
 // failed for every share), the pod guard is a cls_bpf filter on the share's
 // interface: attached once however many times the hook runs, with no link
-// pinned, and gone with the interface.
+// pinned but its interface recorded in the link's stead, and gone with the
+// interface.
 func TestPodGuardWithoutTCX(t *testing.T) {
 	needRoot(t)
 	dir := testPinDir(t)
@@ -42,7 +45,18 @@ func TestPodGuardWithoutTCX(t *testing.T) {
 	if len(names) != 1 || names[0] != LegacyFilterName(podGuardProg) {
 		t.Errorf("egress filters of the share's interface: %v, want one %s", names, LegacyFilterName(podGuardProg))
 	}
-	if state, err := PodGuardState(dir, "cvlegacy"); err != nil || state != PodGuardPending {
-		t.Errorf("state %q, %v; want %q (no link to pin)", state, err, PodGuardPending)
+	// No link to pin: the interface is recorded, for the nested-link
+	// watch and carve shares.
+	if ifindex, err := PodGuardIfindex(dir, "cvlegacy"); err != nil || ifindex != dev.Attrs().Index {
+		t.Errorf("PodGuardIfindex = %d, %v; want %d", ifindex, err, dev.Attrs().Index)
+	}
+	if state, err := PodGuardState(dir, "cvlegacy"); err != nil || state != PodGuardAttached {
+		t.Errorf("state %q, %v; want %q", state, err, PodGuardAttached)
+	}
+	if err := UnpinPodGuard(dir, "cvlegacy"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PodGuardIfindex(dir, "cvlegacy"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after UnpinPodGuard: %v, want not exist", err)
 	}
 }
