@@ -19,7 +19,7 @@ VMTEST_PKGS=${VMTEST_PKGS:-./bpf ./netdev ./netdev/kernelprobe ./prepare/hook}
 # IFB, the shaper), spoofing, crash and restart, ipvlan, VLANs, the
 # fq_codel leaf, and what unprepare leaves.
 NETDEV_RUN='^(TestSharesHoldTheirRates|TestOnlyShareTrafficTakesTheIFB|TestShareToShareCannotBypassShaping|TestParentRootUntouchedWhileShaped'\
-'|TestSpoofedFramesNeverLeave|TestAllowedMACChangeStaysInItsShare|TestKernelARPRepliesForAStolenAddressNeverLeave|TestSocketlessFramesOfAChangedMACNeverLeave|TestClosedFamilies'\
+'|TestSpoofedFramesNeverLeave|TestAllowedMACChangeStaysInItsShare|TestKernelARPRepliesForAStolenAddressNeverLeave|TestSocketlessFramesOfAChangedMACNeverLeave|TestClosedFamilies|TestNestedLinksAreRemoved'\
 '|TestQueuedRemovalResumesAfterACrash|TestUnprepareAfterRestart|TestLostCheckpointNeitherUnshapesNorLeaks'\
 '|TestIPVlanShare|TestVLANShareStaysOnItsVLAN|TestSameAddressInTwoVLANs'\
 '|TestShareClassesHaveBoundedLeaves|TestShareInterfaceQueueSettings|TestSparseFlowsGetTheirOwnClass|TestShareMetricsFromShapersAndIFBs'\
