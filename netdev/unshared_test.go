@@ -25,7 +25,7 @@ func TestUnsharedTrafficHasItsClass(t *testing.T) {
 	b := newBench(t)
 	b.dev.Device = linkCapacity("1G")
 	b.p = b.preparerConfig("test", b.tp.Subnet, b.tp.ServerIP, "boot-test", "  unsharedFloorPercent: 5\n")
-	met := limitMetReading(t, b)
+	const met = limitMet
 	borrower := b.add("borrower", "300M", "300M", &v1alpha1.NetworkConfig{Pools: []string{"test"}, MaxCeiling: "link"})
 	// The node's own address on the parent.
 	node, err := netlink.NewHandleAt(b.tp.Node)
@@ -55,8 +55,7 @@ func TestUnsharedTrafficHasItsClass(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Goodput, 0.956 of L2 at the limit: judged by the hard cap's
-		// reading of its limit, as the classifier's bytes are.
+		// Goodput: 0.956 of L2 at the limit (limitMet).
 		host, share := res[0].Goodput()/met, res[1].Goodput()/met
 		t.Logf("%s: the node's TCP alone %.1f Mbit/s at L2; beside a borrowing share (floor 300M, ceiling the 1G link): node %.1f, share %.1f, together %.3f of the link",
 			dir, alone[0].Goodput()/met/1e6, host/1e6, share/1e6, (host+share)/link)
