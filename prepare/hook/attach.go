@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -179,6 +180,9 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 			return fmt.Errorf("add %s to %s: %w", a, spec.PodName, err)
 		}
 	}
+	if err := announceOnUp(podNS, spec.PodName); err != nil {
+		return err
+	}
 	if err := setUpWhenFree(pod, link); err != nil {
 		return fmt.Errorf("set %s up: %w", spec.PodName, err)
 	}
@@ -205,6 +209,21 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 		if err != nil && !errors.Is(err, bpf.ErrNoDequeuedProgram) {
 			return fmt.Errorf("the ingress AQM of %s: %w", spec.PodName, err)
 		}
+	}
+	return nil
+}
+
+// announceOnUp has the kernel send a gratuitous ARP for the interface's
+// addresses when it comes up (arp_notify): a pool address is often one
+// another share, maybe on another node, had a moment ago, and its
+// neighbours' ARP entries would point at that share's MAC for seconds.
+// Where the pod's namespace has no IPv4 (no such sysctl), nothing is sent.
+func announceOnUp(podNS netns.NsHandle, ifName string) error {
+	err := InNetns(podNS, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/conf/"+ifName+"/arp_notify", []byte("1"), 0o600) // the mode is unused: a sysctl exists
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("announce the addresses of %s when it comes up: %w", ifName, err)
 	}
 	return nil
 }
