@@ -25,7 +25,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # cgo packages, so it runs with the CGO settings above.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: help build release test unit fuzz e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf vmtest clean
+.PHONY: help build release test unit fuzz e2e multinode-e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf vmtest clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -126,6 +126,23 @@ e2e: ## tests against a real kube-apiserver (starts and stops the local cluster)
 	  echo "guard: the real-node e2e again, with the agent blind to this host's L3 (an LLC from a fixture)"; \
 	  CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_LLC=fixture CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1 $(GO) test -count=1 -v -timeout 10m -run '^TestNodeEndToEnd$$' ./deploy/e2e/; \
 	fi
+
+# The cross-node tests (deploy/e2e/multinode_*) on a cluster of 3 nodes made
+# of namespaces (deploy/cluster/nodes.sh), in a state dir and on ports of
+# their own, so they run beside the single-node cluster: shares on every
+# node, 100 pods with pool addresses at once, the agent's rolling upgrade,
+# then, last, a node killed. About 6 minutes here, warm (not in make test:
+# CI's budget, see deploy/README.md).
+MULTINODE_DIR ?= /tmp/carve-mn
+multinode-e2e: build ## the cross-node tests on a local cluster of 3 nodes (started and stopped here)
+	@export CARVE_HELM=$$(deploy/cluster/build-tools.sh | tail -n1)/helm CARVE_CLUSTER_DIR=$(MULTINODE_DIR) \
+	  CARVE_ETCD_PORT=24790 CARVE_ETCD_PEER_PORT=24800 CARVE_APISERVER_PORT=27443 \
+	  CARVE_CONTROLLER_MANAGER_PORT=21257 CARVE_SCHEDULER_PORT=21259; \
+	trap 'deploy/cluster/down.sh' EXIT; \
+	kubeconfig=$$(CARVE_CLUSTER_NODES=3 deploy/cluster/up.sh | tail -n1); \
+	export CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_MULTINODE_REQUIRED=1; \
+	$(GO) test -count=1 -v -timeout 20m -run '^TestMultiNode(Cluster|Shares|PoolAddresses|Rollout)$$' ./deploy/e2e/; \
+	CARVE_E2E_MULTINODE_KILL=1 $(GO) test -count=1 -v -timeout 10m -run '^TestMultiNodeKilledNode$$' ./deploy/e2e/
 
 # The soak runs on the local cluster's real node: the agent SIGKILLed
 # SOAK_KILLS times (and the kubelet restarted) while share pods come and go,
