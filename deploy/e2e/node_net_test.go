@@ -189,17 +189,21 @@ func ifindex(t testing.TB, dev string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// countClasses counts the shares' classes on dev: HTB classes at its root,
+// countClasses counts the shares' classes on dev: HTB classes under its link class
 // not the flow children under a share's class (netdev/flows.go), nor the
 // parked ones (netdev/park.go), whose ceil burst is past their burst.
 func countClasses(dev string) int {
 	out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
 	n := 0
 	for _, l := range strings.Split(string(out), "\n") {
-		if !strings.HasPrefix(l, "class htb") || !strings.Contains(l, " root ") {
+		// Share classes hang from the link class 1:1 (or, on a
+		// device an older carve made, from the HTB itself); 1:1 and
+		// the unshared class 1:2 are not shares'.
+		f := strings.Fields(l)
+		if !strings.HasPrefix(l, "class htb") || len(f) < 4 || f[2] == "1:1" || f[2] == "1:2" ||
+			!(strings.Contains(l, " root ") || strings.Contains(l, " parent 1:1 ")) {
 			continue
 		}
-		f := strings.Fields(l)
 		var burst, cburst string
 		for i := 0; i+1 < len(f); i++ {
 			switch f[i] {
