@@ -189,8 +189,8 @@ func ifindex(t testing.TB, dev string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// countClasses counts the shares' classes on dev: HTB classes under its link class
-// not the flow children under a share's class (netdev/flows.go), nor the
+// countClasses counts the shares' classes on dev: HTB classes under its link
+// class (or its root, where an older carve made it), not the flow children under a share's class (netdev/flows.go), nor the
 // parked ones (netdev/park.go), whose ceil burst is past their burst.
 func countClasses(dev string) int {
 	out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
