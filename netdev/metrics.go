@@ -40,6 +40,9 @@ type shareLabels struct {
 	// egressCeil and ingressCeil are a borrowing share's ceilings, bits
 	// per second (0: a hard cap).
 	egressCeil, ingressCeil int64
+	// netAdmin: the share's class lets its pods have CAP_NET_ADMIN, and
+	// so nest links on it (nested.go).
+	netAdmin bool
 	// dropBase is what the share's classes had counted before it took
 	// them over, by direction (park.go).
 	dropBase map[bpf.Direction]uint64
@@ -57,6 +60,9 @@ func (l shareLabels) withDropBase(u undoRecord) shareLabels {
 
 func labelsOf(a prepare.Allocation) shareLabels {
 	l := shareLabels{claim: a.ClaimNamespace + "/" + a.ClaimName, link: LinkName(a.ShareKey())}
+	if eff, err := prepare.DecodeEffectiveConfig(a.Config); err == nil && eff.Network != nil {
+		l.netAdmin = eff.Network.AllowNetAdmin
+	}
 	if a.ShareID != nil {
 		l.shareID = string(*a.ShareID)
 	}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -29,17 +28,15 @@ import (
 // that is no licence to tap the segment: the agent removes every such link
 // in a share's pod but the share's own interface.
 //
-// What is watched is the pods that hold shares on this node, and nothing
-// else: the node's own namespace (the host's own children of a parent, a
-// bond's or a bridge's) and other pods (another CNI's macvlans) are never
-// touched. A share's pod is found through the classifier's pod map, whose
-// netns cookies the hook recorded, matched against the namespaces of the
-// node's processes (<root>/proc/*/ns/net) and the pinned ones
-// (<root>/run/netns, where the container runtime keeps its sandboxes').
-// Each is then watched through a netlink subscription of its own, which
-// lists what is already there: a nested link lives at most until the next
-// scan finds its pod (NestedLinkOptions.Interval) or, after that, for as long
-// as the agent takes to read the event.
+// What is watched is the pods that hold shares of such classes on this
+// node, and nothing else: the node's own namespace (the host's own children
+// of a parent, a bond's or a bridge's) and other pods (another CNI's
+// macvlans) are never touched. A share's pod is found through the
+// classifier's pod map, whose netns cookies the hook recorded, matched
+// against the namespaces of the node's processes (<root>/proc/*/ns/net) and
+// the pinned ones (<root>/run/netns, where the container runtime keeps its
+// sandboxes'). Its links are then listed every NestedLinkOptions.Interval:
+// a nested link lives at most that long, once its pod is found.
 
 // nestedKinds are the link kinds whose lower device can be the node's NIC
 // from inside a pod.
@@ -64,9 +61,18 @@ func (p *NICPreparer) NestedLinksRemoved() map[string]uint64 {
 	return maps.Clone(p.nestedRemoved)
 }
 
-// WatchNestedLinks removes, until ctx ends, the links share pods nest on the
-// node's NICs. It needs the classifier (a shaped node); without it, it
-// returns at once.
+// WatchNestedLinks removes, until ctx ends, the links the pods of shares
+// whose class allows NET_ADMIN nest on the node's NICs (only a container
+// with it can make one). It needs the classifier (a shaped node); without
+// it, it returns at once.
+//
+// It polls: every Interval it lists each such pod's links, through a
+// handle on the pod's namespace that it closes again. A netlink
+// subscription would keep the namespace alive for as long as it lasts:
+// measured, a pod whose sandbox was made again could not bring its share's
+// interface up in the new one (EADDRINUSE: the old one, with the same MAC,
+// still on the parent in the old namespace), and its hook failed for ever,
+// since the pod's new entry, which ended the watch, comes only after it.
 func (p *NICPreparer) WatchNestedLinks(ctx context.Context, opts NestedLinkOptions) {
 	if p.opts.Shaper == nil {
 		return
@@ -74,14 +80,13 @@ func (p *NICPreparer) WatchNestedLinks(ctx context.Context, opts NestedLinkOptio
 	if opts.Interval <= 0 {
 		opts.Interval = 500 * time.Millisecond
 	}
-	w := &nestedWatch{p: p, opts: opts, watched: map[uint64]context.CancelFunc{}}
+	w := &nestedWatch{p: p, opts: opts, paths: map[uint64]nsPath{}}
 	t := time.NewTicker(opts.Interval)
 	defer t.Stop()
 	for {
 		w.scan(ctx)
 		select {
 		case <-ctx.Done():
-			w.stopAll()
 			return
 		case <-t.C:
 		}
@@ -91,119 +96,94 @@ func (p *NICPreparer) WatchNestedLinks(ctx context.Context, opts NestedLinkOptio
 type nestedWatch struct {
 	p    *NICPreparer
 	opts NestedLinkOptions
-	// watched holds a subscription's cancel by the pod namespace's
+	// paths are where each watched pod's namespace was found, by its
 	// cookie.
-	watched map[uint64]context.CancelFunc
+	paths map[uint64]nsPath
 	// cookies caches the cookies of the namespaces seen, by inode, so
-	// that a scan enters only namespaces it has not seen; it is emptied
-	// every cookieCacheScans scans, as a dead namespace's inode number
-	// may be given to a new one.
-	cookies map[uint64]uint64
-	scans   int
-	wg      sync.WaitGroup
+	// that finding a pod's namespace enters only namespaces not seen; it
+	// is emptied every cookieCacheScans searches, as a dead namespace's
+	// inode number may be given to a new one.
+	cookies  map[uint64]uint64
+	searches int
+}
+
+// nsPath is a path to a namespace, and the namespace's inode.
+type nsPath struct {
+	path string
+	ino  uint64
 }
 
 const cookieCacheScans = 20
 
-// scan starts watching the share pods not yet watched, and stops watching
-// those whose shares are gone.
+// current reports whether the path still names the namespace found there.
+func (p nsPath) current() bool {
+	var st unix.Stat_t
+	return unix.Stat(p.path, &st) == nil && st.Ino == p.ino
+}
+
+// scan checks the links of every watched pod, finding the namespaces of
+// the pods not found before, or moved.
 func (w *nestedWatch) scan(ctx context.Context) {
-	logger := klog.FromContext(ctx)
 	shares, err := w.p.opts.Shaper.PodShares()
 	if err != nil {
-		logger.Error(err, "Reading the classifier's pod map; nested links are not watched")
+		klog.FromContext(ctx).Error(err, "Reading the classifier's pod map; nested links are not watched")
 		return
 	}
 	want := map[uint64]bpf.PodShare{}
 	for _, s := range shares {
-		want[s.NetnsCookie] = s
-	}
-	for cookie, cancel := range w.watched {
-		if _, ok := want[cookie]; !ok {
-			cancel()
-			delete(w.watched, cookie)
+		if w.p.allowsNetAdmin(s.MAC) {
+			want[s.NetnsCookie] = s
 		}
 	}
-	var missing bool
+	missing := false
+	for cookie, path := range w.paths {
+		if _, ok := want[cookie]; !ok || !path.current() {
+			delete(w.paths, cookie)
+		}
+	}
 	for cookie := range want {
-		if _, ok := w.watched[cookie]; !ok {
+		if _, ok := w.paths[cookie]; !ok {
 			missing = true
 		}
 	}
-	if !missing {
-		return
+	if missing {
+		if w.searches++; w.cookies == nil || w.searches%cookieCacheScans == 0 {
+			w.cookies = map[uint64]uint64{}
+		}
+		for cookie, path := range namespacesByCookie(w.opts.Root, w.cookies, func(c uint64) bool {
+			_, ok := want[c]
+			_, found := w.paths[c]
+			return ok && !found
+		}) {
+			w.paths[cookie] = path
+		}
 	}
-	if w.scans++; w.scans%cookieCacheScans == 0 {
-		w.cookies = nil
-	}
-	if w.cookies == nil {
-		w.cookies = map[uint64]uint64{}
-	}
-	for cookie, ns := range namespacesByCookie(w.opts.Root, w.cookies, func(c uint64) bool {
-		_, ok := want[c]
-		return ok && w.watched[c] == nil
-	}) {
-		wctx, cancel := context.WithCancel(ctx)
-		w.watched[cookie] = cancel
-		share := want[cookie]
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			w.watch(wctx, ns, share)
-		}()
+	for cookie, path := range w.paths {
+		w.checkPod(ctx, path, want[cookie])
 	}
 }
 
-func (w *nestedWatch) stopAll() {
-	for _, cancel := range w.watched {
-		cancel()
+// checkPod removes the links share's pod, in the namespace at path, nested
+// on the node's NIC.
+func (w *nestedWatch) checkPod(ctx context.Context, path nsPath, share bpf.PodShare) {
+	ns, err := netns.GetFromPath(path.path)
+	if err != nil {
+		return // gone since: found again, or dropped, at the next scan
 	}
-	w.wg.Wait()
-}
-
-// watch removes nested links in the pod namespace ns of share until ctx
-// ends; it owns ns. A subscription that fails is made again, listing the
-// namespace's links anew.
-func (w *nestedWatch) watch(ctx context.Context, ns netns.NsHandle, share bpf.PodShare) {
 	defer ns.Close()
-	logger := klog.FromContext(ctx).WithValues("share", share.MAC)
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		logger.Error(err, "Netlink in a share's pod; its nested links are not watched")
+		klog.FromContext(ctx).V(2).Info("Netlink in a share's pod", "share", share.MAC, "err", err)
 		return
 	}
 	defer h.Close()
-	for ctx.Err() == nil {
-		updates := make(chan netlink.LinkUpdate, 64)
-		done := make(chan struct{})
-		err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{Namespace: &ns, ListExisting: true,
-			ErrorCallback: func(err error) { logger.V(2).Info("Link subscription in a share's pod", "err", err) }})
-		if err != nil {
-			logger.Error(err, "Subscribing to a share's pod's links; retrying")
-			close(done)
-		} else {
-		read:
-			for {
-				select {
-				case <-ctx.Done():
-					close(done)
-					return
-				case u, ok := <-updates:
-					if !ok {
-						close(done)
-						break read
-					}
-					if u.Header.Type == unix.RTM_NEWLINK {
-						w.check(ctx, h, share, u.Link)
-					}
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(w.opts.Interval):
-		}
+	links, err := h.LinkList()
+	if err != nil {
+		klog.FromContext(ctx).V(2).Info("Listing a share's pod's links", "share", share.MAC, "err", err)
+		return
+	}
+	for _, l := range links {
+		w.check(ctx, h, share, l)
 	}
 }
 
@@ -254,12 +234,20 @@ func (p *NICPreparer) shareOf(mac string) (name, claim string) {
 	return l.link, l.claim
 }
 
-// namespacesByCookie opens the network namespaces of the node's processes
+// allowsNetAdmin reports whether the share with mac is of a class that lets
+// its pods' containers have CAP_NET_ADMIN.
+func (p *NICPreparer) allowsNetAdmin(mac string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.labels[mac].netAdmin
+}
+
+// namespacesByCookie finds the network namespaces of the node's processes
 // and its pinned ones (<root>/run/netns) whose cookie wanted accepts, each
-// once. cookies caches what namespaces were found to be, by inode: those
-// are not entered again. The caller owns the handles.
-func namespacesByCookie(root string, cookies map[uint64]uint64, wanted func(uint64) bool) map[uint64]netns.NsHandle {
-	out := map[uint64]netns.NsHandle{}
+// once, by a path to each. cookies caches what namespaces were found to be,
+// by inode: those are not entered again.
+func namespacesByCookie(root string, cookies map[uint64]uint64, wanted func(uint64) bool) map[uint64]nsPath {
+	out := map[uint64]nsPath{}
 	seen := map[uint64]bool{}
 	try := func(path string) {
 		var st unix.Stat_t
@@ -267,24 +255,22 @@ func namespacesByCookie(root string, cookies map[uint64]uint64, wanted func(uint
 			return
 		}
 		seen[st.Ino] = true
-		if c, ok := cookies[st.Ino]; ok && !wanted(c) {
-			return
-		}
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			return
-		}
-		var cookie uint64
-		if err := hook.InNetns(ns, func() (err error) { cookie, err = bpf.NetnsCookie(); return err }); err != nil {
+		cookie, ok := cookies[st.Ino]
+		if !ok {
+			ns, err := netns.GetFromPath(path)
+			if err != nil {
+				return
+			}
+			err = hook.InNetns(ns, func() (err error) { cookie, err = bpf.NetnsCookie(); return err })
 			ns.Close()
-			return
+			if err != nil {
+				return
+			}
+			cookies[st.Ino] = cookie
 		}
-		cookies[st.Ino] = cookie
-		if !wanted(cookie) || out[cookie] != 0 {
-			ns.Close()
-			return
+		if _, dup := out[cookie]; wanted(cookie) && !dup {
+			out[cookie] = nsPath{path: path, ino: st.Ino}
 		}
-		out[cookie] = ns
 	}
 	if pinned, err := os.ReadDir(filepath.Join(root, "run", "netns")); err == nil {
 		for _, e := range pinned {

@@ -9,10 +9,11 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-dra/carve/netdev"
+	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 )
 
-// A pod with CAP_NET_ADMIN (root in a test namespace) nests links on its
-// share's interface: the kernel puts each on the share's parent, the node's
+// A pod with CAP_NET_ADMIN (root in a test namespace), in a class that
+// allows it, nests links on its share's interface: the kernel puts each on the share's parent, the node's
 // NIC, where a macvlan in source mode would receive frames meant for
 // others. The agent's watch removes every such link within a second, made
 // before it started or after, and counts it under the share's claim. The
@@ -21,7 +22,22 @@ import (
 // node's NIC.
 func TestNestedLinksAreRemoved(t *testing.T) {
 	b := newBench(t)
-	a := b.add("nester", "20M", "20M", nil)
+	a := b.add("nester", "20M", "20M", &v1alpha1.NetworkConfig{Pools: []string{"test"}, AllowNetAdmin: true})
+	// A share of a class that allows no NET_ADMIN is not watched: its
+	// containers cannot nest a link (the hook refuses them).
+	plain := b.add("plain", "20M", "20M", nil)
+	plainPod, err := netlink.NewHandleAt(plain.pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plainPod.Close()
+	plainNet1, err := plainPod.LinkByName("net1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plainPod.LinkAdd(&netlink.Macvlan{LinkAttrs: netlink.LinkAttrs{Name: "unwatched", ParentIndex: plainNet1.Attrs().Index}, Mode: netlink.MACVLAN_MODE_VEPA}); err != nil {
+		t.Fatal(err)
+	}
 	pod, err := netlink.NewHandleAt(a.pod)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +106,9 @@ func TestNestedLinksAreRemoved(t *testing.T) {
 		if _, err := pod.LinkByName(name); err != nil {
 			t.Errorf("%s, not nested on the node's NIC, was removed: %v", name, err)
 		}
+	}
+	if _, err := plainPod.LinkByName("unwatched"); err != nil {
+		t.Errorf("a link in the pod of a class without allowNetAdmin was removed: %v", err)
 	}
 	// A link is counted and reported just after it is gone.
 	var got []string
