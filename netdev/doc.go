@@ -244,7 +244,8 @@
 //     is refused. ipvlan children are always made in ipvlan's vepa for the
 //     same reason. The cost: two pods sharing a parent reach each other only
 //     through a switch that hairpins (reflective relay); private cuts them off
-//     entirely.
+//     entirely. Across nodes on one segment both reach each other: who
+//     reaches whom by mode and segment is in ISOLATION.md.
 //   - Move traffic between ipvlan shares by addresses. Its egress stays in its
 //     own class whatever source address it sends from, another share's
 //     included: the pod's namespace names its share first. The addresses that
