@@ -8,7 +8,7 @@
 # iperf3 and bash). Its console streams to stdout.
 #
 # KVM cannot be used on this project's machines (the host's KVM runs only
-# PVM guests: ../deploy/vmtest/README.md), so the guest is emulated (TCG):
+# PVM guests: README.md beside this file), so the guest is emulated (TCG):
 # CPU work is about 7x slower, and rates are judged in a band that fits
 # emulation (bpf/nettest.RateBand, keyed by CARVE_VMTEST, which the guest
 # sets to LABEL).
