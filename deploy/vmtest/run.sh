@@ -10,7 +10,7 @@
 # KVM cannot be used on this project's machines (the host's KVM runs only
 # PVM guests: README.md beside this file), so the guest is emulated (TCG):
 # CPU work is about 7x slower, and rates are judged in a band that fits
-# emulation (bpf/nettest.RateBand, keyed by CARVE_VMTEST, which the guest
+# emulation (bpf/nettest.GoodputBand, keyed by CARVE_VMTEST, which the guest
 # sets to LABEL).
 set -euo pipefail
 kdir=${1:?usage: run.sh KERNEL_DIR INITRAMFS LABEL DIR -- CMD [ARG...]}
