@@ -220,8 +220,8 @@ bench: build ## benchmarks, printed as a table
 	fi; \
 	$(GO) test -tags '$(CARVE_TAGS)' -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./... | tee /dev/stderr | deploy/bench-table.sh
 
-demo: build ## bring up the local cluster, install carve with its chart, run a pod with a claim
-	@deploy/demo.sh
+demo: build ## bring up the local cluster (NODES nodes), install carve with its chart, run pods with claims
+	@CARVE_CLUSTER_NODES=$(NODES) deploy/demo.sh
 
 demo-down: ## tear the demo down: its pods (unprepared), the cluster, its node, the demo's veth, the agent's links and BPF pins
 	@deploy/demo-down.sh

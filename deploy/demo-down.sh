@@ -22,6 +22,13 @@ if [ -x "$cluster/bin/kubectl" ] && [ -f "$cluster/admin.kubeconfig" ]; then
     "$helm" uninstall carve --kubeconfig "$cluster/admin.kubeconfig" --namespace carve-system --wait --timeout 60s >/dev/null 2>&1 || true
   fi
 fi
+# The iperf3 servers of make demo NODES=N in the segment's server namespace,
+# before down.sh removes it. Not `ip netns pids` (see below).
+if ns=$(stat -L -c %i /run/netns/carve-mn-srv 2>/dev/null); then
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/ns/net" 2>/dev/null)" = "net:[$ns]" ] && kill "${p#/proc/}" 2>/dev/null
+  done
+fi
 "$here/cluster/down.sh"
 
 for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1); do
