@@ -91,6 +91,21 @@ func TestDefault(t *testing.T) {
 }
 
 // Every bad input is an error that says where it is.
+// TestPoolScope: a pool is cluster-wide unless its node config says Node.
+func TestPoolScope(t *testing.T) {
+	cfg, err := nodeconfig.Decode([]byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\nnetdev:\n  pools:\n" +
+		"  - {name: shared, cidr: 10.0.0.0/24}\n  - {name: cluster, cidr: 10.0.1.0/24, scope: Cluster}\n  - {name: mine, cidr: 10.0.2.0/24, scope: Node}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"shared": true, "cluster": true, "mine": false} {
+		p, ok := cfg.Pool(name)
+		if !ok || p.ClusterWide() != want {
+			t.Errorf("pool %s: found %v, cluster-wide %v, want %v", name, ok, p.ClusterWide(), want)
+		}
+	}
+}
+
 func TestDecodeErrorsNameTheField(t *testing.T) {
 	head := "apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\n"
 	for _, tc := range []struct{ doc, want string }{
@@ -110,6 +125,7 @@ func TestDecodeErrorsNameTheField(t *testing.T) {
 		{head + "requestPolicies:\n  nic:\n    ways: {default: 1}\n", `requestPolicies[nic][ways]`},
 		{head + "requestPolicies:\n  nic:\n    egressBandwidth: {default: 1M, min: 2M}\n", `requestPolicies[nic][egressBandwidth].default`},
 		{head + "requestPolicies:\n  nic:\n    egressBandwidth: {min: 2M}\n", `requestPolicies[nic][egressBandwidth].default`},
+		{head + "netdev:\n  pools:\n  - {name: p, cidr: 10.0.0.0/24, scope: Global}\n", `netdev.pools[0].scope: Unsupported value: "Global"`},
 		{head + "driverName: Not_A_Name\n", `driverName`},
 		{"apiVersion: v1\nkind: NodeConfig\n", `apiVersion`},
 		{head + "kind: NodeConfig\n", `already set`},
