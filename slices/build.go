@@ -220,12 +220,20 @@ func sharesCapacity(limit int64) resourceapi.DeviceCapacity {
 
 // bandwidth is the NIC's capacity in bits per second: the link speed where
 // the kernel knows it, else the node config's entry for the interface.
+//
+// The node config's entry for the link wins over the speed the kernel
+// reports: the operator's figure for a link whose real capacity is
+// elsewhere (a port shaped upstream, a veth's nominal 10G), which borrowing
+// shares' link class and the scheduler both take as the link's.
 func (b *builder) bandwidth(n discovery.NIC) (egress, ingress resource.Quantity, known bool) {
+	if eg, in, ok := b.cfg.BandwidthFor(n.Name); ok {
+		return eg, in, true
+	}
 	if n.SpeedMbps > 0 {
 		q := *resource.NewQuantity(n.SpeedMbps*1_000_000, resource.DecimalSI)
 		return q, q, true
 	}
-	return b.cfg.BandwidthFor(n.Name)
+	return resource.Quantity{}, resource.Quantity{}, false
 }
 
 // nicShareable reports whether this node can hold bandwidth shares of the NIC

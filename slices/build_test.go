@@ -263,3 +263,25 @@ func TestLLCSharingNeedsRoom(t *testing.T) {
 		}
 	}
 }
+
+// The node config's bandwidth for a link wins over the speed the kernel
+// reports: the PF's 25G port, configured at 10G, is published at 10G (its
+// borrowing shares' link class and the scheduler take that).
+func TestConfiguredBandwidthWinsOverTheKernelsSpeed(t *testing.T) {
+	cfg, err := nodeconfig.Decode([]byte(`
+apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  bandwidth:
+  - interface: ens1f0np0
+    egress: 10G
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf := devices(build(t, sysfstest.Typical(t.TempDir()), cfg))["nic-0000-17-00-0"]
+	eg, in := pf.Capacity[names.CapEgressBandwidth], pf.Capacity[names.CapIngressBandwidth]
+	if eg.Value.String() != "10G" || in.Value.String() != "10G" {
+		t.Errorf("a 25G port configured at 10G published %s/%s", eg.Value.String(), in.Value.String())
+	}
+}

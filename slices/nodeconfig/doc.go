@@ -11,7 +11,7 @@
 //	  include: ["ens*"]            # globs; empty means every PCI-backed netdev
 //	  exclude: ["ens9*"]
 //	  includeVirtual: false        # veth, bridges, lo
-//	  bandwidth:                   # for links whose speed the kernel does not know
+//	  bandwidth:                   # a link's capacity: needed where the kernel knows no speed; wins over it
 //	  - interface: eth0
 //	    egress: 10G                # bits per second
 //	    ingress: 10G               # defaults to egress

@@ -50,8 +50,10 @@ type Netdev struct {
 	Exclude []string `json:"exclude,omitempty"`
 	// IncludeVirtual publishes veth, bridges and other virtual netdevs.
 	IncludeVirtual bool `json:"includeVirtual,omitempty"`
-	// Bandwidth gives the capacity of links whose speed the kernel does
-	// not report (virtio, veth). The first entry whose glob matches wins.
+	// Bandwidth gives the capacity of links: needed where the kernel
+	// reports no speed (virtio), and where set it wins over the speed the
+	// kernel reports (a port shaped upstream, a veth's nominal 10G). The
+	// first entry whose glob matches wins.
 	Bandwidth []InterfaceBandwidth `json:"bandwidth,omitempty"`
 	// Pools are the node's address pools that network claims take
 	// addresses from (NetworkConfig.pools).
