@@ -42,6 +42,7 @@ type bench struct {
 	// book records the bench's cluster-wide pool addresses, in an
 	// in-memory API server (client-go's fake) that outlives preparers.
 	book *addrbook.Book
+	kube *fake.Clientset
 }
 
 func newBench(t testing.TB) *bench {
@@ -58,8 +59,9 @@ func newBench(t testing.TB) *bench {
 		os.RemoveAll(pinDir)
 	})
 	b := &bench{t: t, tp: tp, shaper: shaper, pinDir: pinDir, state: t.TempDir(),
-		book: addrbook.New(addrbook.Options{Client: fake.NewClientset(), Namespace: "carve-system", Node: "bench-node"}),
+		kube: fake.NewClientset(),
 		dev:  slices.Entry{Kind: "nic", NIC: &discovery.NIC{Name: tp.Parent, MTU: 1500}, Device: linkCapacity("10G")}}
+	b.book = addrbook.New(addrbook.Options{Client: b.kube, Namespace: "carve-system", Node: "bench-node"})
 	b.p = b.newPreparer("test", tp.Subnet, tp.ServerIP)
 	return b
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	"k8s.io/klog/v2"
+
 	"github.com/carve-dra/carve/netdev/addrbook"
 	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/hook"
@@ -101,6 +103,34 @@ func (p *NICPreparer) releasePoolAddrs(ctx context.Context, key string, recorded
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// recordRestored records, at the agent's start, the addresses of
+// cluster-wide pools that a share prepared before holds: an older carve
+// kept its pools to the node and recorded none, and a record may have been
+// swept while this node was down. An address another share now holds is
+// logged: two pods have it, and the admin must move one.
+func (p *NICPreparer) recordRestored(ctx context.Context, a prepare.Allocation, addrs []netip.Prefix) {
+	if p.opts.Addresses == nil || p.opts.Config == nil {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	h := addrbook.Holder{Node: p.opts.Addresses.Node(), Share: a.ShareKey(), ClaimNamespace: a.ClaimNamespace, ClaimName: a.ClaimName, ClaimUID: a.ClaimUID}
+	for _, pfx := range addrs {
+		for _, pool := range p.opts.Config.Netdev.Pools {
+			if !pool.ClusterWide() || !poolContains(pool, pfx.Addr()) {
+				continue
+			}
+			mine, err := p.opts.Addresses.Hold(ctx, pool.Name, pfx.Addr(), h)
+			switch {
+			case err != nil:
+				logger.Error(err, "Recording a restored share's pool address", "pool", pool.Name, "address", pfx.Addr(), "claim", a.ClaimNamespace+"/"+a.ClaimName)
+			case !mine:
+				logger.Error(nil, "A restored share's pool address is recorded as another share's: two pods have it", "pool", pool.Name,
+					"address", pfx.Addr(), "claim", a.ClaimNamespace+"/"+a.ClaimName)
+			}
+		}
+	}
 }
 
 func poolContains(pool nodeconfig.AddressPool, a netip.Addr) bool {

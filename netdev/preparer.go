@@ -184,6 +184,7 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 			}
 		}
 		p.ipam.reserve(key, addrs)
+		p.recordRestored(ctx, a, addrs)
 		p.migrateVLANAddrs(ctx, a, u)
 		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor, u.FlowClasses)
 		p.mu.Lock()
