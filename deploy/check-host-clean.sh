@@ -86,6 +86,11 @@ while read -r pid name; do
   [ -n "$pid" ] && left+=("process $name ($pid)")
 done < <(pgrep -l -x -- "$names" 2>/dev/null || true)
 
+# A multi-node cluster's cgroup root (cluster/nodes.sh), in any hierarchy.
+for hier in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+  [ ! -d "$hier/carve-mn" ] || left+=("cgroup ${hier%/}/carve-mn (a multi-node cluster's)")
+done
+
 cluster=${CARVE_CLUSTER_DIR:-/tmp/carve-cluster}
 mounts=$(findmnt -rn -o TARGET | awk -v d="$cluster" '$0 == d || index($0, d "/") == 1' | tr '\n' ' ')
 [ -z "$mounts" ] || left+=("mounts under $cluster: $mounts")
