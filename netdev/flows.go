@@ -73,7 +73,7 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rates classRate
 	p.mu.Unlock()
 	if !noFQCodel {
 		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, minor), Handle: leafHandle(minor)}
-		err := p.h.QdiscReplace(netlink.NewFqCodel(attrs))
+		err := p.h.QdiscReplace(shareFQCodel(attrs))
 		if err == nil {
 			return false, nil
 		}

@@ -44,6 +44,13 @@ func TestShareClassesHaveBoundedLeaves(t *testing.T) {
 			if len(leaves) == 0 || len(leaves) != classes {
 				t.Fatalf("%s: want a bounded leaf under every class:\n%s", dev, out)
 			}
+			// An fq_codel leaf's quantum is a frame, not its device's
+			// MTU (the egress shaper's is 65535: leaf.go).
+			for _, m := range regexp.MustCompile(`(?m)^qdisc fq_codel \S+ parent 1:\S+ .*quantum (\d+)b?`).FindAllSubmatch(out, -1) {
+				if q, _ := strconv.Atoi(string(m[1])); q != 1514 {
+					t.Errorf("%s: an fq_codel leaf with a quantum of %d bytes, want 1514:\n%s", dev, q, out)
+				}
+			}
 			found := false
 			for _, l := range leaves {
 				if string(l[1]) == "fq_codel" {
