@@ -61,6 +61,10 @@ for suite in $VMTEST_KERNELS; do
     [ "$VMTEST_V" = 1 ] && args+=(-test.v)
     run=$(runOf "$pkg")
     [ -n "$run" ] && args+=(-test.run "$run")
+    # VMTEST_ARGS: more flags for the test binaries, say
+    # '-test.bench=BenchmarkLatencyUnderLoad/tcp8 -test.benchtime=1x'.
+    read -r -a extra <<<"${VMTEST_ARGS:-}"
+    args+=("${extra[@]}")
     stamp "$pkg on $label"
     t0=$(date +%s)
     if "$here/run.sh" "$kdir" "$work/initramfs-$suite.cpio" "$label" "$repo/${pkg#./}" -- "$work/$name.test" "${args[@]}"; then
