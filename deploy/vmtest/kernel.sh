@@ -3,8 +3,9 @@
 # metapackage depends on today, fetched once into the cache and unpacked to
 # what a guest needs: vmlinuz and the modules of MODULES (below) with their
 # dependencies, xz-decompressed (busybox's modprobe does not read .ko.xz)
-# and depmod'ed here on the host by busybox (kmod need not be installed). Prints the kernel's directory on its last
-# line: vmlinuz, release (uname -r), version (the package's) and
+# and depmod'ed here on the host by busybox (kmod need not be installed).
+# Prints the kernel's directory on its last line: vmlinuz, release (uname
+# -r), version (the package's), load (the modules to load) and
 # lib/modules/<release>/.
 #
 # The package is resolved at run time through a private sources list and
@@ -44,8 +45,11 @@ pkg=$(apt-cache "${apt_opts[@]}" show linux-image-amd64 2>/dev/null |
 version=$(apt-cache "${apt_opts[@]}" show "$pkg" 2>/dev/null | sed -n 's/^Version: //p' | head -n1)
 [ -n "$version" ] || die "no version of $pkg in $suite"
 
-# Keyed by the package's version and by this script (what it unpacks).
-dir=$CACHE/kernels/$suite/${pkg}_${version//[^A-Za-z0-9.+~_-]/_}_$(sha256sum "$0" | cut -c1-8)
+# Keyed by the package's version and by what is unpacked from it: bump
+# UNPACK when the unpacking below changes.
+UNPACK=1
+unpacked=$(echo "$UNPACK ${MODULES[*]}" | sha256sum | cut -c1-8)
+dir=$CACHE/kernels/$suite/${pkg}_${version//[^A-Za-z0-9.+~_-]/_}_$unpacked
 if [ -f "$dir/complete" ]; then
   log "cached: $pkg $version"
   echo "$dir"
