@@ -131,7 +131,8 @@ e2e: ## tests against a real kube-apiserver (starts and stops the local cluster)
 # of namespaces (deploy/cluster/nodes.sh), in a state dir and on ports of
 # their own, so they run beside the single-node cluster: shares on every
 # node, 100 pods with pool addresses at once, who reaches whom by macvlan
-# mode and segment (netdev/ISOLATION.md), the agent's rolling upgrade,
+# mode and segment (netdev/ISOLATION.md), a tenant attacking another node's
+# over the segment, the agent's rolling upgrade,
 # then, last, a node killed. About 6 minutes here, warm (not in make test:
 # CI's budget, see deploy/README.md).
 MULTINODE_DIR ?= /tmp/carve-mn
@@ -142,7 +143,7 @@ multinode-e2e: build ## the cross-node tests on a local cluster of 3 nodes (star
 	trap 'deploy/cluster/down.sh' EXIT; \
 	kubeconfig=$$(CARVE_CLUSTER_NODES=3 deploy/cluster/up.sh | tail -n1); \
 	export CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_MULTINODE_REQUIRED=1; \
-	$(GO) test -count=1 -v -timeout 20m -run '^TestMultiNode(Cluster|Shares|PoolAddresses|Isolation|Rollout)$$' ./deploy/e2e/; \
+	$(GO) test -count=1 -v -timeout 20m -run '^TestMultiNode(Cluster|Shares|PoolAddresses|Isolation|CrossNodeAttacks|Rollout)$$' ./deploy/e2e/; \
 	CARVE_E2E_MULTINODE_KILL=1 $(GO) test -count=1 -v -timeout 10m -run '^TestMultiNodeKilledNode$$' ./deploy/e2e/
 
 # The soak runs on the local cluster's real node: the agent SIGKILLed
