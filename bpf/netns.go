@@ -33,6 +33,9 @@ type PodShare struct {
 	// targets. Each is set where the share has addresses of the family,
 	// or none and its class leaves the family closed (openFamilies).
 	CheckIPv4, CheckIPv6 bool
+	// AllowRouterAdvertisements lets the pod send IPv6 router
+	// advertisements and redirects (a pod that routes for its segment).
+	AllowRouterAdvertisements bool
 }
 
 // vlanFlags packs VLAN and the flags as netns_val.vlan_flags has them.
@@ -50,6 +53,9 @@ func (p PodShare) vlanFlags() (uint16, error) {
 	if p.CheckIPv6 {
 		v |= netnsCheckIPv6 << netnsFlagsShift
 	}
+	if p.AllowRouterAdvertisements {
+		v |= netnsAllowRouter << netnsFlagsShift
+	}
 	return v, nil
 }
 
@@ -58,6 +64,7 @@ const (
 	netnsAllowMACChange = 1
 	netnsCheckIPv4      = 2
 	netnsCheckIPv6      = 4
+	netnsAllowRouter    = 8
 	netnsFlagsShift     = 12
 )
 
@@ -162,7 +169,8 @@ func (s *Shaper) PodShares() ([]PodShare, error) {
 	for it.Next(&k, &v) {
 		flags := v.VlanFlags >> netnsFlagsShift
 		out = append(out, PodShare{NetnsCookie: k.Cookie, Parent: int(k.Ifindex), MAC: net.HardwareAddr(v.Mac[:]).String(), ClassID: v.Classid,
-			VLAN: int(v.VlanFlags & 0x0fff), AllowMACChange: flags&netnsAllowMACChange != 0, CheckIPv4: flags&netnsCheckIPv4 != 0, CheckIPv6: flags&netnsCheckIPv6 != 0})
+			VLAN: int(v.VlanFlags & 0x0fff), AllowMACChange: flags&netnsAllowMACChange != 0, CheckIPv4: flags&netnsCheckIPv4 != 0, CheckIPv6: flags&netnsCheckIPv6 != 0,
+			AllowRouterAdvertisements: flags&netnsAllowRouter != 0})
 	}
 	return out, it.Err()
 }
@@ -187,9 +195,9 @@ func (s *Shaper) DeletePodShares(mac net.HardwareAddr) error {
 			return fmt.Errorf("delete the pod entry of share %s: %w", mac, err)
 		}
 	}
-	// What the pod side of the share holds besides: the addresses it may
-	// send from and its drop counts.
-	return errors.Join(deleteAddrsOf(s.objs.AllowedAddrs, mac), s.forgetSpoofDrops(mac))
+	// What the pod side of the share holds besides: the addresses and
+	// ethertypes it may send and its drop counts.
+	return errors.Join(deleteAddrsOf(s.objs.AllowedAddrs, mac), s.deleteEthertypes(mac), s.forgetSpoofDrops(mac))
 }
 
 // NetnsCookie returns the cookie of the network namespace the calling

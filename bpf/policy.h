@@ -14,9 +14,11 @@
 //     the parent's own for an ipvlan child);
 //   - with no VLAN tag but the share's own VLAN's, which its VLAN device on
 //     the host adds (in the pod: none at all);
-//   - IPv4, ARP and IPv6 only;
+//   - IPv4, ARP and IPv6, and the ethertypes the share's class lists
+//     (share_ethertypes: frames of those are not looked into);
 //   - IPv6 whose extension headers end within a few, with no router
-//     advertisement or redirect, and no fragmented or malformed neighbour
+//     advertisement or redirect (unless the class lets its pods route:
+//     NETNS_ALLOW_ROUTER), and no fragmented or malformed neighbour
 //     discovery, whose link-layer address options are the frame's own MAC;
 //   - IPv6 from, and neighbour advertisements for, no link-local address
 //     but the one the frame's MAC makes (EUI-64);
@@ -79,20 +81,23 @@ static __always_inline int ip6_may_use(const __u8 *a, const __u8 *src, int check
 
 // icmp6_reason checks an ICMPv6 message at off (its type first) that a
 // share sent from src (the frame's MAC): no router advertisement (134) or
-// redirect (137), and in neighbour discovery (133 to 136) a target (136)
-// that is the share's and link-layer options (1, 2) that are src.
-// end is where the IPv6 payload ends: what follows is the frame's padding.
+// redirect (137) unless router, and in neighbour discovery (133 to 136) a
+// target (136) that is the share's and link-layer options (1, 2) that are
+// src. end is where the IPv6 payload ends: what follows is the frame's
+// padding.
 static __always_inline int icmp6_reason(struct __sk_buff *skb, __u32 off, __u32 end, __u32 parent, __u16 vlan, const __u8 *share, const __u8 *src,
-					int check)
+					int check, int router)
 {
 	__u8 icmp[24]; // type, code, checksum, flags or reserved, target
 	if (bpf_skb_load_bytes(skb, off, icmp, 4) < 0)
 		return SPOOF_ND;
-	if (icmp[0] == 134 || icmp[0] == 137)
+	if ((icmp[0] == 134 || icmp[0] == 137) && !router)
 		return SPOOF_ROUTER;
 	if (icmp[0] < 133 || icmp[0] > 136)
 		return SPOOF_OK;
 	__u32 opts = off + 8; // router solicitation: options after 8 bytes
+	if (icmp[0] == 134)
+		opts = off + 16; // an advertisement a router's pod may send: after 16
 	if (icmp[0] == 135 || icmp[0] == 136) {
 		if (bpf_skb_load_bytes(skb, off, icmp, sizeof(icmp)) < 0)
 			return SPOOF_ND;
@@ -123,8 +128,10 @@ static __always_inline int icmp6_reason(struct __sk_buff *skb, __u32 off, __u32 
 // ip6_reason checks an IPv6 packet at off: where check (the share has
 // addresses of the family) its source, then past its extension headers (a few; a
 // fragment header ahead of ICMPv6 is refused, as RFC 6980 forbids
-// fragmented neighbour discovery) its ICMPv6 message.
-static __always_inline int ip6_reason(struct __sk_buff *skb, __u32 off, __u32 parent, __u16 vlan, const __u8 *share, const __u8 *src, int check)
+// fragmented neighbour discovery) its ICMPv6 message; router: router
+// advertisements and redirects may pass.
+static __always_inline int ip6_reason(struct __sk_buff *skb, __u32 off, __u32 parent, __u16 vlan, const __u8 *share, const __u8 *src, int check,
+				      int router)
 {
 	__u8 ip6[40];
 	if (bpf_skb_load_bytes(skb, off, ip6, sizeof(ip6)) < 0)
@@ -156,7 +163,7 @@ static __always_inline int ip6_reason(struct __sk_buff *skb, __u32 off, __u32 pa
 	if (fragmented)
 		return SPOOF_ND;
 	__u32 end = off + 40 + (((__u32)ip6[4] << 8) | ip6[5]);
-	return icmp6_reason(skb, at, end, parent, vlan, share, src, check);
+	return icmp6_reason(skb, at, end, parent, vlan, share, src, check, router);
 }
 
 // dhcp_request reports whether the IPv4 packet at off is UDP from port 68
@@ -215,8 +222,11 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, con
 	}
 	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
 		return SPOOF_VLAN;
-	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_ARP) && proto != bpf_htons(ETH_P_IPV6))
-		return SPOOF_ETHERTYPE;
+	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_ARP) && proto != bpf_htons(ETH_P_IPV6)) {
+		struct ethertype_key ek = { .parent = parent, .proto = proto };
+		__builtin_memcpy(ek.mac, share, ETH_ALEN);
+		return bpf_map_lookup_elem(&share_ethertypes, &ek) ? SPOOF_OK : SPOOF_ETHERTYPE;
+	}
 	if (proto == bpf_htons(ETH_P_IP) && (flags & NETNS_CHECK_IPV4)) {
 		__u8 src[4];
 		if (bpf_skb_load_bytes(skb, off + 12, src, 4) < 0)
@@ -239,6 +249,6 @@ static __always_inline int spoof_reason(struct __sk_buff *skb, __u32 parent, con
 		return allowed(parent, share_vlan, 4, arp + 14, share) ? SPOOF_OK : SPOOF_ARP;
 	}
 	if (proto == bpf_htons(ETH_P_IPV6))
-		return ip6_reason(skb, off, parent, share_vlan, share, eth + ETH_ALEN, flags & NETNS_CHECK_IPV6);
+		return ip6_reason(skb, off, parent, share_vlan, share, eth + ETH_ALEN, flags & NETNS_CHECK_IPV6, flags & NETNS_ALLOW_ROUTER);
 	return SPOOF_OK;
 }

@@ -110,6 +110,9 @@ struct netns_val {
 // targets outside them (and link-local) are dropped. A share given only
 // IPv4 addresses keeps the IPv6 addresses its pod makes (SLAAC).
 #define NETNS_CHECK_IPV6 4
+// The pod may send IPv6 router advertisements and redirects (the class's
+// allowRouterAdvertisements): it routes for its segment.
+#define NETNS_ALLOW_ROUTER 8
 #define NETNS_VLAN_MASK 0x0fff
 #define NETNS_FLAGS_SHIFT 12
 
@@ -281,6 +284,24 @@ struct {
 	__type(value, struct addr_owner);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } allowed_addrs SEC(".maps");
+
+// The ethertypes besides IPv4, ARP and IPv6 a share's pod may send (its
+// class's ethertypes, written by the agent with the share's guard): a key
+// present is allowed. Looked up only for a frame of another ethertype, so
+// that the IP path pays nothing for it.
+struct ethertype_key {
+	__u32 parent;       // the parent's ifindex
+	__u8 mac[ETH_ALEN]; // the share's
+	__u16 proto;        // network byte order, as in the frame
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct ethertype_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} share_ethertypes SEC(".maps");
 
 // Why a pod's frame was dropped (spoof_drops' reason).
 enum {

@@ -77,6 +77,13 @@ type shaperEgressShaper struct {
 	ReturnIfindex uint32
 }
 
+type shaperEthertypeKey struct {
+	_      structs.HostLayout
+	Parent uint32
+	Mac    [6]uint8
+	Proto  uint16
+}
+
 type shaperFlowKey struct {
 	_    structs.HostLayout
 	Mac  [6]uint8
@@ -173,6 +180,7 @@ const (
 	shaperMapShareAddrs       = "share_addrs"
 	shaperMapShareAqmStats    = "share_aqm_stats"
 	shaperMapShareChildren    = "share_children"
+	shaperMapShareEthertypes  = "share_ethertypes"
 	shaperMapShareFlows       = "share_flows"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareQueues      = "share_queues"
@@ -263,6 +271,7 @@ type shaperMapSpecs struct {
 	ShareAddrs      *ebpf.MapSpec `ebpf:"share_addrs"`
 	ShareAqmStats   *ebpf.MapSpec `ebpf:"share_aqm_stats"`
 	ShareChildren   *ebpf.MapSpec `ebpf:"share_children"`
+	ShareEthertypes *ebpf.MapSpec `ebpf:"share_ethertypes"`
 	ShareFlows      *ebpf.MapSpec `ebpf:"share_flows"`
 	ShareNetns      *ebpf.MapSpec `ebpf:"share_netns"`
 	ShareQueues     *ebpf.MapSpec `ebpf:"share_queues"`
@@ -317,6 +326,7 @@ type shaperMaps struct {
 	ShareAddrs      *ebpf.Map `ebpf:"share_addrs"`
 	ShareAqmStats   *ebpf.Map `ebpf:"share_aqm_stats"`
 	ShareChildren   *ebpf.Map `ebpf:"share_children"`
+	ShareEthertypes *ebpf.Map `ebpf:"share_ethertypes"`
 	ShareFlows      *ebpf.Map `ebpf:"share_flows"`
 	ShareNetns      *ebpf.Map `ebpf:"share_netns"`
 	ShareQueues     *ebpf.Map `ebpf:"share_queues"`
@@ -343,6 +353,7 @@ func (m *shaperMaps) Close() error {
 		m.ShareAddrs,
 		m.ShareAqmStats,
 		m.ShareChildren,
+		m.ShareEthertypes,
 		m.ShareFlows,
 		m.ShareNetns,
 		m.ShareQueues,

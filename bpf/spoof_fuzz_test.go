@@ -19,15 +19,26 @@ import (
 // vlan_present is never set by BPF_PROG_RUN, so an accelerated tag is not
 // modelled. unchecked is a frame of no share's (it passes as it is).
 type spoofModel struct {
-	share     net.HardwareAddr
-	pod       PodShare
-	allowed   map[netip.Addr]bool // the share's addresses in its VLAN
-	unchecked bool
+	share   net.HardwareAddr
+	pod     PodShare
+	allowed map[netip.Addr]bool // the share's addresses in its VLAN
+	// ethertypes are those its class allows besides modelEthertypes.
+	ethertypes map[uint16]bool
+	unchecked  bool
 	// learned maps each MAC learned on the parent to its share, before the
 	// frame; others are MACs that name shares or the node.
 	learned map[string]string
 	others  map[string]bool
 }
+
+// The fuzzed policy's bits: the class allows router advertisements, or
+// modelClassEthertypes (PTP, and 0x88b5, the IEEE's local experimental).
+const (
+	policyRouter     = 1
+	policyEthertypes = 2
+)
+
+var modelClassEthertypes = []uint16{0x88b5, 0x88f7}
 
 // learnCap is LEARN_CAP: the MACs an allowMACChange share may send from
 // besides its own.
@@ -90,6 +101,9 @@ func (m spoofModel) reason(f []byte) SpoofReason {
 	}
 	if proto == 0x8100 || proto == 0x88a8 {
 		return SpoofVLAN
+	}
+	if m.ethertypes[proto] {
+		return 0 // its class's: not looked into
 	}
 	if !modelEthertypes[proto] {
 		return SpoofEthertype
@@ -174,13 +188,16 @@ func (m spoofModel) reason6(f []byte, off int, src []byte) SpoofReason {
 		return SpoofND
 	}
 	typ := f[at]
-	if modelRouterTypes[typ] {
+	if modelRouterTypes[typ] && !m.pod.AllowRouterAdvertisements {
 		return SpoofRouter
 	}
 	if typ < 133 || typ > 136 {
 		return 0
 	}
 	opts := at + 8
+	if typ == 134 {
+		opts = at + 16 // a router advertisement's options
+	}
 	if typ == 135 || typ == 136 {
 		if len(f) < at+24 {
 			return SpoofND
@@ -256,14 +273,20 @@ func FuzzClassifyEgress(f *testing.F) {
 		ndOpt(ndFrame(share, 135, eui64LinkLocal(share).String(), "fd09::1"), 1, gw),
 		behindHopByHop(ndFrame(share, 136, "fd09::5", "fe80::1")),
 		icmp6Frame(share, 134, eui64LinkLocal(share).String()),
+		ndOpt(icmp6Frame(share, 134, eui64LinkLocal(share).String()), 1, gw),
+		icmp6Frame(share, 137, eui64LinkLocal(share).String()),
 		icmp6Frame(share, 133, eui64LinkLocal(share).String()),
 		udpFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, share, "0.0.0.0", "255.255.255.255", 68, 67),
 		udpFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, share, "0.0.0.0", "255.255.255.255", 5353, 53),
 		append(append([]byte{0x01, 0x80, 0xc2, 0, 0, 0x0e}, share...), append([]byte{0x88, 0xcc}, make([]byte, 46)...)...),
 		append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, share...), append([]byte{0x88, 0xb5}, make([]byte, 46)...)...),
+		append(append([]byte{0x01, 0x1b, 0x19, 0, 0, 0}, share...), append([]byte{0x88, 0xf7}, make([]byte, 46)...)...),
+		append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, share...), append([]byte{0x81, 0x00, 0, 100, 0x88, 0xb5}, make([]byte, 46)...)...),
 	} {
 		for _, flags := range []uint16{0, 1 << 12, 2 << 12, 4 << 12, 6 << 12, 7<<12 | 100} {
-			f.Add(seed, flags)
+			for _, policy := range []uint8{0, policyRouter, policyEthertypes} {
+				f.Add(seed, flags, policy)
+			}
 		}
 	}
 	// Bit 15 of the fuzzed flags (unused by netns_val) sends the frame
@@ -279,16 +302,27 @@ func FuzzClassifyEgress(f *testing.F) {
 		ipFrame(gw, mac2, "10.9.0.5", "10.9.0.1", false),
 	} {
 		for _, flags := range []uint16{socketless, socketless | 2<<12, socketless | 3<<12 | 7} {
-			f.Add(seed, flags)
+			f.Add(seed, flags, uint8(0))
 		}
 	}
-	f.Fuzz(func(t *testing.T, frame []byte, vlanFlags uint16) {
+	f.Fuzz(func(t *testing.T, frame []byte, vlanFlags uint16, policy uint8) {
 		if len(frame) < 14 || len(frame) > 2048 {
 			return // BPF_PROG_RUN wants an Ethernet header; a frame is no larger
 		}
 		pod := PodShare{NetnsCookie: cookie, Parent: parent, MAC: share.String(), ClassID: class,
-			VLAN: int(vlanFlags&0x0fff) % 4095, AllowMACChange: vlanFlags&(1<<12) != 0, CheckIPv4: vlanFlags&(2<<12) != 0, CheckIPv6: vlanFlags&(4<<12) != 0}
-		model := spoofModel{share: share, pod: pod, allowed: allowed[pod.VLAN]}
+			VLAN: int(vlanFlags&0x0fff) % 4095, AllowMACChange: vlanFlags&(1<<12) != 0, CheckIPv4: vlanFlags&(2<<12) != 0, CheckIPv6: vlanFlags&(4<<12) != 0,
+			AllowRouterAdvertisements: policy&policyRouter != 0}
+		model := spoofModel{share: share, pod: pod, allowed: allowed[pod.VLAN], ethertypes: map[uint16]bool{}}
+		var types []uint16
+		if policy&policyEthertypes != 0 {
+			types = modelClassEthertypes
+			for _, et := range types {
+				model.ethertypes[et] = true
+			}
+		}
+		if err := s.AllowEthertypes(parent, share, types); err != nil {
+			t.Fatal(err)
+		}
 		wantClass := uint32(class)
 		if vlanFlags&socketless == 0 {
 			// The same share again: its entry's flags are replaced.

@@ -40,6 +40,8 @@
 //	maxCeiling: link           # class only: its claims may borrow idle capacity, up to this
 //	egressCeiling: 1G          # how far this share borrows (default: maxCeiling); ingressCeiling too
 //	openFamilies: [IPv6]       # class only: a family carve gives no address in is open (SLAAC, DHCP)
+//	ethertypes: ["0x88F7"]     # class only: more than IPv4, ARP and IPv6 its pods may send (PTP here)
+//	allowRouterAdvertisements: true # class only: its pods may send IPv6 RAs and redirects
 //
 // Address pools are in the node config (netdev.pools: [{name, cidr,
 // gateway}]); an address is recorded in the claim's checkpoint record and
@@ -215,9 +217,12 @@
 //     address and the link-local one its MAC makes excepted). A family the
 //     share was given no address in is closed so, unless its DeviceClass
 //     lists it in openFamilies (addresses from DHCP or SLAAC), where its
-//     sources go unchecked (TestClosedFamilies). The full allow-list, checked also on the pod's own
-//     interface for every frame it sends, its kernel's own included, is
-//     bpf/policy.h. Measured on the real
+//     sources go unchecked (TestClosedFamilies). Other ethertypes than
+//     IPv4, ARP and IPv6, and IPv6 router advertisements and redirects,
+//     are dropped unless the DeviceClass lists them in ethertypes or sets
+//     allowRouterAdvertisements (TestClassPolicyOnTheWire). The full
+//     allow-list, checked also on the pod's own interface for every frame
+//     it sends, its kernel's own included, is bpf/policy.h. Measured on the real
 //     node (TestNodeShareEscapes): 92k–379k forged frames per 2 s flood
 //     dropped, at most 340 bytes (the pods' own ARP/ND) reaching the
 //     server's end, none charged to the neighbour, the server's ARP cache

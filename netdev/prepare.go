@@ -113,10 +113,15 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 			return prepare.Prepared{}, errors.New(why)
 		}
 	}
-	// Floors and ceilings, checked before anything is made too.
+	// Floors and ceilings, and the class's ethertypes, checked before
+	// anything is made too.
 	egressRates, ingressRates, err := ceilings(cfg, dev, egress, ingress)
 	if err != nil {
 		return prepare.Prepared{}, err
+	}
+	ethertypes, err := cfg.EthertypeValues()
+	if err != nil {
+		return prepare.Prepared{}, fmt.Errorf("NetworkConfig %w", err)
 	}
 	if cfg.MacvlanMode == "bridge" && (egress > 0 || ingress > 0) {
 		// Bridge mode hands frames between children of the parent
@@ -171,7 +176,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		// share's MAC (unless the class allows changes), its VLAN only,
 		// and its addresses where it has some.
 		spec.PodShare = &hook.PodShareSpec{PinDir: p.opts.PinDir, ParentIndex: parent.Attrs().Index,
-			VLAN: cfg.VLAN, AllowMACChange: cfg.AllowMACChange}
+			VLAN: cfg.VLAN, AllowMACChange: cfg.AllowMACChange, AllowRouterAdvertisements: cfg.AllowRouterAdvertisements}
 		spec.PodShare.CheckIPv4, spec.PodShare.CheckIPv6 = p.checkedFamilies(cfg)
 		if u.EgressMinor != 0 {
 			spec.PodShare.ClassID = uint32(netlink.MakeHandle(1, u.EgressMinor))
@@ -179,8 +184,8 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		spec.PodShare.IngressAQM = u.IngressMinor != 0 && u.FlowClasses
 		// The same checks on the pod's own interface, for every frame
 		// it sends (bpf/podguard.go); the hook attaches it.
-		ps := spec.PodShare
-		guard := bpf.PodShare{Parent: ps.ParentIndex, MAC: mac.String(), VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6}
+		guard := spec.PodShare.Checks()
+		guard.Parent, guard.MAC = spec.PodShare.ParentIndex, mac.String()
 		if err := p.opts.Shaper.PinPodGuard(u.Link, guard); err != nil {
 			return prepare.Prepared{}, err
 		}
@@ -199,8 +204,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	spec.Addresses = u.Addresses
 	if ps := spec.PodShare; ps != nil {
-		guard := bpf.PodShare{VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6}
-		if err := p.guardSources(parent, mac, u.Addresses, guard); err != nil {
+		if err := p.guardSources(parent, mac, u.Addresses, ps.Checks(), ethertypes); err != nil {
 			return prepare.Prepared{}, err
 		}
 	}
@@ -272,16 +276,20 @@ func (p *NICPreparer) addressFamilies(cfg v1alpha1.NetworkConfig) (v4, v6 bool) 
 	return v4, v6
 }
 
-// guardSources records what the share's pod may send from: its addresses,
-// and the parent's MAC as the node's own (never learned for a pod; the
-// MAC an ipvlan child's frames carry). The entries go with the share's pod
+// guardSources records what the share's pod may send: its addresses, the
+// ethertypes its class lists besides IP and ARP, and the parent's MAC as
+// the node's own (never learned for a pod; the MAC an ipvlan child's
+// frames carry). The entries go with the share's pod
 // entries at unprepare (bpf.Shaper.DeletePodShares). The share's egress
 // entry gets guard, the checks the hook gives its pod's entry, for frames
 // the pod sends with no socket of its own (the kernel's ARP replies,
 // forwarded frames); it goes with the share's egress entry.
-func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, addresses []string, guard bpf.PodShare) error {
+func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, addresses []string, guard bpf.PodShare, ethertypes []uint16) error {
 	if err := p.opts.Shaper.GuardShare(mac, guard); err != nil {
 		return err
+	}
+	if err := p.opts.Shaper.AllowEthertypes(parent.Attrs().Index, mac, ethertypes); err != nil {
+		return fmt.Errorf("the share's ethertypes on %s: %w", parent.Attrs().Name, err)
 	}
 	if hw := parent.Attrs().HardwareAddr; len(hw) == 6 {
 		if err := p.opts.Shaper.SetLocalMAC(parent.Attrs().Index, hw); err != nil {

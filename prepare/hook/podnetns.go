@@ -27,6 +27,9 @@ type PodShareSpec struct {
 	AllowMACChange bool `json:"allowMACChange,omitempty"`
 	CheckIPv4      bool `json:"checkIPv4,omitempty"`
 	CheckIPv6      bool `json:"checkIPv6,omitempty"`
+	// AllowRouterAdvertisements lets the pod send IPv6 router
+	// advertisements and redirects (the class's).
+	AllowRouterAdvertisements bool `json:"allowRouterAdvertisements,omitempty"`
 	// IngressAQM says the share's ingress class has bulk children whose
 	// AQM runs on the interface's ingress, in the pod: the hook attaches
 	// the program the agent pinned (bpf.AttachDequeued).
@@ -35,6 +38,13 @@ type PodShareSpec struct {
 	// (bpf.PinPodGuard): the hook attaches it to the interface's egress
 	// in the pod and pins its link, and fails if it cannot.
 	Guard bool `json:"guard,omitempty"`
+}
+
+// Checks is what the share's frames are checked against: a bpf.PodShare
+// with the VLAN and the flags only.
+func (ps *PodShareSpec) Checks() bpf.PodShare {
+	return bpf.PodShare{VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6,
+		AllowRouterAdvertisements: ps.AllowRouterAdvertisements}
 }
 
 // RecordPodNetns records, in the classifier's pinned map, that frames sent
@@ -64,9 +74,9 @@ func RecordPodNetns(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 		return err
 	}
 	defer m.Close()
-	err = m.Set(bpf.PodShare{NetnsCookie: pod, Parent: ps.ParentIndex, MAC: spec.MAC, ClassID: ps.ClassID,
-		VLAN: ps.VLAN, AllowMACChange: ps.AllowMACChange, CheckIPv4: ps.CheckIPv4, CheckIPv6: ps.CheckIPv6})
-	if err != nil {
+	share := ps.Checks()
+	share.NetnsCookie, share.Parent, share.MAC, share.ClassID = pod, ps.ParentIndex, spec.MAC, ps.ClassID
+	if err := m.Set(share); err != nil {
 		return fmt.Errorf("share %s of %s: %w", spec.HostName, spec.Parent, err)
 	}
 	return nil

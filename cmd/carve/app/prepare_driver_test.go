@@ -168,6 +168,10 @@ func TestBadClaimsFailCleanly(t *testing.T) {
 			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","addresses":["10.0.0.1/24"]}`)), "parameters.addresses: Forbidden"},
 		{claim("u10", "claim-route", []result{{request: "net", device: "nic-0000-17-00-0"}},
 			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","routes":[{"destination":"default","gateway":"10.0.0.1"}]}`)), "parameters.routes: Forbidden"},
+		{claim("u11a", "claim-ethertypes", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","ethertypes":["0x88F7"]}`)), "parameters.ethertypes: Forbidden: set by the DeviceClass"},
+		{claim("u11b", "claim-router", []result{{request: "net", device: "nic-0000-17-00-0"}},
+			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","allowRouterAdvertisements":true}`)), "parameters.allowRouterAdvertisements: Forbidden: set by the DeviceClass"},
 		{claim("u11", "claim-mode", []result{{request: "net", device: "nic-0000-17-00-0"}},
 			opaque(resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","macvlanMode":"private"}`)), "parameters.macvlanMode: Forbidden"},
 		// Passthru gives one pod the whole NIC: never a share, not even

@@ -1,7 +1,9 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"slices"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -77,6 +79,20 @@ type NetworkConfig struct {
 	// link-local address. A share's own addresses are checked whatever
 	// this says. Set by the DeviceClass (the admin), never by a claim.
 	OpenFamilies []string `json:"openFamilies,omitempty"`
+	// Ethertypes lists more ethertypes the share's pod may send, besides
+	// IPv4, ARP and IPv6 (every share's), as 0x-prefixed hex (0x88F7:
+	// PTP), at most MaxEthertypes. Frames of these are checked for the
+	// share's MAC and VLAN and never sent to an IEEE 802.1 link-local
+	// group, but not looked into. Never an 802.1Q or 802.1ad tag (the
+	// share's VLAN is its vlan). Set by the DeviceClass (the admin),
+	// never by a claim.
+	Ethertypes []string `json:"ethertypes,omitempty"`
+	// AllowRouterAdvertisements lets the share's pod send IPv6 router
+	// advertisements and redirects: a pod that routes for the segment.
+	// Off by default: one would make itself every neighbour's router.
+	// Their link-layer address options must still be the share's MAC.
+	// Set by the DeviceClass (the admin), never by a claim.
+	AllowRouterAdvertisements bool `json:"allowRouterAdvertisements,omitempty"`
 	// EgressCeiling and IngressCeiling let a share borrow the link's idle
 	// capacity up to them: its consumed egressBandwidth and
 	// ingressBandwidth stay its floor, which it gets whatever the other
@@ -100,6 +116,44 @@ const (
 	FamilyIPv4 = "IPv4"
 	FamilyIPv6 = "IPv6"
 )
+
+// MaxEthertypes is how many Ethertypes a class may list.
+const MaxEthertypes = 8
+
+// ParseEthertype reads one of Ethertypes: 0x-prefixed hex, 0x0600 or more
+// (below is an 802.3 length), not one every share may send already, and no
+// VLAN tag.
+func ParseEthertype(s string) (uint16, error) {
+	if len(s) < 3 || (s[:2] != "0x" && s[:2] != "0X") {
+		return 0, fmt.Errorf("%q: not 0x-prefixed hex, e.g. 0x88F7", s)
+	}
+	v, err := strconv.ParseUint(s[2:], 16, 16)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%q: not a 16-bit hex number, e.g. 0x88F7", s)
+	case v < 0x0600:
+		return 0, fmt.Errorf("%q: under 0x0600, an 802.3 length, not an ethertype", s)
+	case v == 0x0800 || v == 0x0806 || v == 0x86dd:
+		return 0, fmt.Errorf("%q: IPv4, ARP and IPv6 are every share's already, checked against its addresses", s)
+	case v == 0x8100 || v == 0x88a8 || v == 0x9100 || v == 0x9200 || v == 0x9300:
+		return 0, fmt.Errorf("%q: a VLAN tag; a share's VLAN is its vlan, tagged on the node", s)
+	}
+	return uint16(v), nil
+}
+
+// EthertypeValues is Ethertypes as numbers; the first that does not parse
+// is the error.
+func (n *NetworkConfig) EthertypeValues() ([]uint16, error) {
+	var out []uint16
+	for _, s := range n.Ethertypes {
+		v, err := ParseEthertype(s)
+		if err != nil {
+			return nil, fmt.Errorf("ethertypes: %w", err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
 
 // Opens reports whether the config opens family (OpenFamilies).
 func (n *NetworkConfig) Opens(family string) bool {

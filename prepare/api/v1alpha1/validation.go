@@ -178,6 +178,23 @@ func ValidateNetworkConfig(n *NetworkConfig, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Duplicate(p, f))
 		}
 	}
+	if len(n.Ethertypes) > MaxEthertypes {
+		errs = append(errs, field.TooMany(path.Child("ethertypes"), len(n.Ethertypes), MaxEthertypes))
+	}
+	seenTypes := map[uint16]int{}
+	for i, s := range n.Ethertypes {
+		p := path.Child("ethertypes").Index(i)
+		v, err := ParseEthertype(s)
+		if err != nil {
+			errs = append(errs, field.Invalid(p, s, err.Error()))
+			continue
+		}
+		if j, dup := seenTypes[v]; dup {
+			errs = append(errs, field.Duplicate(p, fmt.Sprintf("%s (also ethertypes[%d])", s, j)))
+			continue
+		}
+		seenTypes[v] = i
+	}
 	for i, p := range n.AllowedPools {
 		if p == "" {
 			errs = append(errs, field.Required(path.Child("allowedPools").Index(i), "a pool name from the node config"))

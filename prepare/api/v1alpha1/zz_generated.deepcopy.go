@@ -105,6 +105,11 @@ func (in *NetworkConfig) DeepCopyInto(out *NetworkConfig) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.Ethertypes != nil {
+		in, out := &in.Ethertypes, &out.Ethertypes
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	return
 }
 
