@@ -50,11 +50,11 @@ func ceilings(cfg v1alpha1.NetworkConfig, dev slices.Entry, egress, ingress uint
 			}
 			return hardCap(floor), nil
 		}
-		max, err := ceilingBits(cfg.MaxCeiling, link)
+		maxBits, err := ceilingBits(cfg.MaxCeiling, link)
 		if err != nil {
 			return classRates{}, fmt.Errorf("NetworkConfig maxCeiling %s: %w", cfg.MaxCeiling, err)
 		}
-		ceil := max
+		ceil := maxBits
 		if v != "" {
 			if ceil, err = ceilingBits(v, link); err != nil {
 				return classRates{}, fmt.Errorf("NetworkConfig %s %s: %w", field, v, err)
@@ -63,8 +63,8 @@ func ceilings(cfg v1alpha1.NetworkConfig, dev slices.Entry, egress, ingress uint
 		switch {
 		case ceil < floor:
 			return classRates{}, fmt.Errorf("NetworkConfig %s %s (%d bit/s) is below the share's %s of %d bit/s, its floor", field, orDefault(v, cfg.MaxCeiling), ceil, capName, floor)
-		case ceil > max:
-			return classRates{}, fmt.Errorf("NetworkConfig %s %s (%d bit/s) is over the DeviceClass's maxCeiling %s (%d bit/s)", field, v, ceil, cfg.MaxCeiling, max)
+		case ceil > maxBits:
+			return classRates{}, fmt.Errorf("NetworkConfig %s %s (%d bit/s) is over the DeviceClass's maxCeiling %s (%d bit/s)", field, v, ceil, cfg.MaxCeiling, maxBits)
 		case link > 0 && ceil > link:
 			return classRates{}, fmt.Errorf("NetworkConfig %s %s (%d bit/s) is over the NIC's %s of %d bit/s", field, orDefault(v, cfg.MaxCeiling), ceil, capName, link)
 		}

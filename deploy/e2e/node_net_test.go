@@ -201,7 +201,7 @@ func countClasses(dev string) int {
 		// the unshared class 1:2 are not shares'.
 		f := strings.Fields(l)
 		if !strings.HasPrefix(l, "class htb") || len(f) < 4 || f[2] == "1:1" || f[2] == "1:2" ||
-			!(strings.Contains(l, " root ") || strings.Contains(l, " parent 1:1 ")) {
+			(!strings.Contains(l, " root ") && !strings.Contains(l, " parent 1:1 ")) {
 			continue
 		}
 		var burst, cburst string
