@@ -188,9 +188,11 @@ node_down() {
   # Network namespaces are under the state dir (netns_mounts_under_state_dir);
   # these are for a containerd that put them in the default place anyway: only
   # files that appeared after up.sh started (cni-* names from containerd).
+  # Without up.sh's list (a multi-node cluster's nodes each have a /run of
+  # their own) none is provably ours: the host's containers' are left be.
   for f in /run/netns/cni-*; do
-    [ -e "$f" ] || continue
-    grep -qxF "$f" "$NODE_DIR/netns-before" 2>/dev/null && continue
+    [ -e "$f" ] && [ -f "$NODE_DIR/netns-before" ] || continue
+    grep -qxF "$f" "$NODE_DIR/netns-before" && continue
     umount "$f" 2>/dev/null || umount -l "$f" 2>/dev/null || true
     rm -f "$f"
   done
