@@ -172,47 +172,48 @@ func deleteAddrsOf(m *ebpf.Map, mac net.HardwareAddr) error {
 	return nil
 }
 
-// MoveAddrsToVLAN moves the address entries of the share named by mac that
-// carry no VLAN (both maps: its classifier addresses and its allowed
-// sources) into VLAN vlan, and reports how many moved. Agents before
+// CopyAddrsToVLAN copies the address entries of the share named by mac
+// that carry no VLAN (both maps: its classifier addresses and its allowed
+// sources) into VLAN vlan, and reports how many it copied. Agents before
 // addresses were kept by VLAN recorded a VLAN share's addresses with none;
-// the agent moves them at its start (netdev's Restore). An entry the VLAN
-// already holds for another share is left, and reported in the error.
-func (s *Shaper) MoveAddrsToVLAN(mac net.HardwareAddr, vlan int) (int, error) {
+// the agent copies them at its start (netdev's Restore). The untagged
+// entries stay while the share lives: programs an older agent loaded look
+// there (a running pod's guard, a parent's classifier until the next
+// prepare replaces it), as does an older agent after a rollback. Both go
+// at unprepare (DeletePodShares, DeleteShareAddrs: by MAC). An entry the
+// VLAN already holds for another share is left, and reported in the error.
+func (s *Shaper) CopyAddrsToVLAN(mac net.HardwareAddr, vlan int) (int, error) {
 	if vlan <= 0 || vlan > 4094 {
 		return 0, fmt.Errorf("bad VLAN %d", vlan)
 	}
-	moved := 0
+	copied := 0
 	var errs []error
 	for _, m := range []*ebpf.Map{s.objs.ShareAddrs, s.objs.AllowedAddrs} {
 		all, err := readAddrs(m)
 		if err != nil {
-			return moved, err
+			return copied, err
 		}
 		for _, a := range all {
 			if a.MAC != mac.String() || a.VLAN != 0 {
 				continue
 			}
-			old, _ := addrKey(a.Parent, 0, a.Addr)
 			k, _ := addrKey(a.Parent, vlan, a.Addr)
 			var v shaperAddrOwner
 			copy(v.Mac[:], mac)
-			// The new entry first: the address is never unowned.
-			if err := m.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			err := m.Update(&k, &v, ebpf.UpdateNoExist)
+			if err == nil {
+				copied++
+				continue
+			}
+			if !errors.Is(err, ebpf.ErrKeyExist) {
 				errs = append(errs, fmt.Errorf("address %s of share %s into VLAN %d: %w", a.Addr, mac, vlan, err))
 				continue
 			}
 			var owner shaperAddrOwner
 			if err := m.Lookup(&k, &owner); err == nil && owner.Mac != v.Mac {
 				errs = append(errs, fmt.Errorf("%w: %s in VLAN %d is share %s's", ErrAddrTaken, a.Addr, vlan, net.HardwareAddr(owner.Mac[:])))
-				continue
 			}
-			if err := m.Delete(&old); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("address %s of share %s without a VLAN: %w", a.Addr, mac, err))
-				continue
-			}
-			moved++
 		}
 	}
-	return moved, errors.Join(errs...)
+	return copied, errors.Join(errs...)
 }

@@ -247,10 +247,11 @@ func benchClassifyByAddress(b *testing.B, src string, want uint32) {
 }
 
 // An older agent recorded a VLAN share's addresses with no VLAN; the agent
-// moves them into the share's VLAN at its start, in both address maps,
-// once. An address the VLAN already gives another share stays where it
-// was, and the move says so.
-func TestMoveAddrsToVLAN(t *testing.T) {
+// copies them into the share's VLAN at its start, in both address maps,
+// once, keeping the untagged ones for programs an older agent loaded (and
+// an older agent after a rollback); unprepare removes both. An address the
+// VLAN already gives another share is not copied, and the copy says so.
+func TestCopyAddrsToVLAN(t *testing.T) {
 	needRoot(t)
 	s := openShaper(t, testPinDir(t))
 	defer s.Close()
@@ -264,33 +265,45 @@ func TestMoveAddrsToVLAN(t *testing.T) {
 		}
 	}
 	for i, want := range []int{3, 0} {
-		if moved, err := s.MoveAddrsToVLAN(mac1, 100); err != nil || moved != want {
-			t.Errorf("move %d: %d moved, %v; want %d", i+1, moved, err, want)
+		if copied, err := s.CopyAddrsToVLAN(mac1, 100); err != nil || copied != want {
+			t.Errorf("copy %d: %d copied, %v; want %d", i+1, copied, err, want)
 		}
 	}
 	shareAddrs, _ := s.ShareAddrs()
 	allowed, _ := s.AllowedAddrs()
+	vlans := map[int]int{}
 	for _, a := range append(shareAddrs, allowed...) {
-		if a.VLAN != 100 || a.MAC != mac1.String() {
-			t.Errorf("after the move: %+v, want every entry in VLAN 100", a)
+		if a.MAC != mac1.String() {
+			t.Errorf("after the copy: %+v, want only the share's entries", a)
 		}
+		vlans[a.VLAN]++
 	}
-	if len(shareAddrs) != 1 || len(allowed) != 2 {
-		t.Errorf("after the move: %v and %v, want 1 and 2 entries", shareAddrs, allowed)
+	if len(shareAddrs) != 2 || len(allowed) != 4 || vlans[0] != 3 || vlans[100] != 3 {
+		t.Errorf("after the copy: %v and %v, want each entry untagged and in VLAN 100", shareAddrs, allowed)
 	}
-	// mac2's 10.9.0.5 cannot go to VLAN 100: it is mac1's there.
-	if err := s.AllowAddr(parent, 0, netip.MustParseAddr("10.9.0.5"), mac2); err != nil {
+	// mac2's 10.9.0.5 (of another parent, untagged) cannot go to VLAN 100
+	// of this one: it is mac1's there.
+	if err := s.AllowAddr(parent+1, 0, netip.MustParseAddr("10.9.0.5"), mac2); err != nil {
 		t.Fatal(err)
 	}
-	if moved, err := s.MoveAddrsToVLAN(mac2, 100); moved != 0 || !errors.Is(err, ErrAddrTaken) {
-		t.Errorf("moving onto another share's address: %d moved, %v; want 0, ErrAddrTaken", moved, err)
+	if err := s.AllowAddr(parent+1, 100, netip.MustParseAddr("10.9.0.5"), mac1); err != nil {
+		t.Fatal(err)
 	}
+	if copied, err := s.CopyAddrsToVLAN(mac2, 100); copied != 0 || !errors.Is(err, ErrAddrTaken) {
+		t.Errorf("copying onto another share's address: %d copied, %v; want 0, ErrAddrTaken", copied, err)
+	}
+	// Unprepare removes every entry of the share, tagged or not.
+	if err := s.DeletePodShares(mac1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteShareAddrs(mac1); err != nil {
+		t.Fatal(err)
+	}
+	shareAddrs, _ = s.ShareAddrs()
 	allowed, _ = s.AllowedAddrs()
-	kept := false
-	for _, a := range allowed {
-		kept = kept || (a.MAC == mac2.String() && a.VLAN == 0)
-	}
-	if !kept {
-		t.Errorf("the refused move took the share's own entry: %v", allowed)
+	for _, a := range append(shareAddrs, allowed...) {
+		if a.MAC == mac1.String() {
+			t.Errorf("left after the share went: %+v", a)
+		}
 	}
 }

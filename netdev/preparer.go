@@ -214,11 +214,12 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 	}
 }
 
-// migrateVLANAddrs moves the classifier's address entries of a VLAN share
+// migrateVLANAddrs copies the classifier's address entries of a VLAN share
 // that an agent before addresses were kept by VLAN prepared (its record
 // names no VLAN; its allocation's config does) into its VLAN, where the
-// classifier now looks them up. Idempotent: a moved share has none left to
-// move.
+// classifier now looks them up; the untagged ones stay for the programs an
+// older agent loaded (bpf.Shaper.CopyAddrsToVLAN). Idempotent: a copied
+// share has nothing left to copy.
 func (p *NICPreparer) migrateVLANAddrs(ctx context.Context, a prepare.Allocation, u undoRecord) {
 	if p.opts.Shaper == nil || u.VLAN != 0 || len(u.Addresses) == 0 {
 		return
@@ -231,12 +232,12 @@ func (p *NICPreparer) migrateVLANAddrs(ctx context.Context, a prepare.Allocation
 	if err != nil {
 		return
 	}
-	moved, err := p.opts.Shaper.MoveAddrsToVLAN(mac, eff.Network.VLAN)
+	copied, err := p.opts.Shaper.CopyAddrsToVLAN(mac, eff.Network.VLAN)
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Moving a VLAN share's addresses into its VLAN; its pod's frames from them may be dropped", "share", u.Link, "vlan", eff.Network.VLAN)
+		klog.FromContext(ctx).Error(err, "Copying a VLAN share's addresses into its VLAN; its pod's frames from them may be dropped", "share", u.Link, "vlan", eff.Network.VLAN)
 	}
-	if moved > 0 {
-		klog.FromContext(ctx).Info("Moved a VLAN share's addresses into its VLAN (recorded by an older agent)", "share", u.Link, "vlan", eff.Network.VLAN, "entries", moved)
+	if copied > 0 {
+		klog.FromContext(ctx).Info("Copied a VLAN share's addresses into its VLAN (recorded by an older agent)", "share", u.Link, "vlan", eff.Network.VLAN, "entries", copied)
 	}
 }
 

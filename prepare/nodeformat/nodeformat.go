@@ -66,10 +66,12 @@ var migrations = map[int]Migration{
 	// share_flow_stats map is unpinned by the classifier as it opens
 	// (bpf.OpenShaper).
 	1: func(string, string) error { return nil },
-	// 2 to 3: a VLAN share's address entries move into its VLAN. Only
-	// the shares' configs say which VLAN, so the NIC preparer moves them
-	// as it restores its shares (netdev's migrateVLANAddrs), before
-	// the agent serves; entries without a VLAN stay untagged shares'.
+	// 2 to 3: a VLAN share's address entries are copied into its VLAN
+	// (the untagged ones stay while it lives, for the programs the older
+	// agent loaded). Only the shares' configs say which VLAN, so the NIC
+	// preparer copies them as it restores its shares (netdev's
+	// migrateVLANAddrs), before the agent serves; entries of untagged
+	// shares stay as they are.
 	2: func(string, string) error { return nil },
 }
 
