@@ -26,7 +26,10 @@ import (
 // frames meant for others (a gateway's, say). Only a pod with CAP_NET_ADMIN
 // can make one, and only in a class that allows it (allowNetAdmin), but
 // that is no licence to tap the segment: the agent removes every such link
-// in a share's pod but the share's own interface.
+// in a share's pod whose lower device is one of the pod's shares' (the
+// parent, or the share's VLAN device on it), but the shares' own
+// interfaces. Links on other lower devices (another CNI's macvlan on
+// another NIC) are left.
 //
 // What is watched is the pods that hold shares of such classes on this
 // node, and nothing else: the node's own namespace (the host's own children
@@ -129,11 +132,19 @@ func (w *nestedWatch) scan(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Reading the classifier's pod map; nested links are not watched")
 		return
 	}
-	want := map[uint64]bpf.PodShare{}
+	// Every share of a pod that holds one of such a class: a pod may hold
+	// shares of several parents, whose own interfaces all stay.
+	byPod := map[uint64][]bpf.PodShare{}
+	watched := map[uint64]bool{}
 	for _, s := range shares {
+		byPod[s.NetnsCookie] = append(byPod[s.NetnsCookie], s)
 		if w.p.allowsNetAdmin(s.MAC) {
-			want[s.NetnsCookie] = s
+			watched[s.NetnsCookie] = true
 		}
+	}
+	want := map[uint64][]bpf.PodShare{}
+	for cookie := range watched {
+		want[cookie] = byPod[cookie]
 	}
 	missing := false
 	for cookie, path := range w.paths {
@@ -159,53 +170,93 @@ func (w *nestedWatch) scan(ctx context.Context) {
 		}
 	}
 	for cookie, path := range w.paths {
-		w.checkPod(ctx, path, want[cookie])
+		if !w.checkPod(ctx, path, cookie, want[cookie]) {
+			delete(w.paths, cookie)
+		}
 	}
 }
 
-// checkPod removes the links share's pod, in the namespace at path, nested
-// on the node's NIC.
-func (w *nestedWatch) checkPod(ctx context.Context, path nsPath, share bpf.PodShare) {
+// lowerDevice is where a link's lower device is: the namespace (its id as
+// the pod sees it) and the ifindex there.
+type lowerDevice struct {
+	netnsID int
+	index   int
+}
+
+// ownInterface is a share's own interface in its pod.
+type ownInterface struct {
+	share       bpf.PodShare
+	name, claim string // the share's link name and claim
+}
+
+// checkPod removes the links in the pod (the namespace at path, whose
+// cookie must still be cookie) nested on its shares' lower devices. It
+// reports false where the namespace at path is no longer the pod's (a
+// dead namespace's inode given to another): nothing is removed there.
+func (w *nestedWatch) checkPod(ctx context.Context, path nsPath, cookie uint64, shares []bpf.PodShare) bool {
 	ns, err := netns.GetFromPath(path.path)
 	if err != nil {
-		return // gone since: found again, or dropped, at the next scan
+		return false // gone since: found again, or dropped, at the next scan
 	}
 	defer ns.Close()
+	var got uint64
+	if err := hook.InNetns(ns, func() (err error) { got, err = bpf.NetnsCookie(); return err }); err != nil || got != cookie {
+		return false
+	}
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		klog.FromContext(ctx).V(2).Info("Netlink in a share's pod", "share", share.MAC, "err", err)
-		return
+		klog.FromContext(ctx).V(2).Info("Netlink in a share's pod", "err", err)
+		return true
 	}
 	defer h.Close()
+	// Each share's own interface, by the ifindex its pod guard is
+	// attached to; while one is not attached yet, or unprepared, the pod
+	// waits for the next scan: its links cannot be told apart.
+	own := map[int]ownInterface{}
+	for _, s := range shares {
+		name, claim := w.p.shareOf(s.MAC)
+		if name == "" {
+			return true
+		}
+		idx, err := bpf.PodGuardIfindex(w.p.opts.PinDir, name)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				klog.FromContext(ctx).Error(err, "Reading a share's pod guard; links nested in its pod are left", "share", name)
+			}
+			return true
+		}
+		own[idx] = ownInterface{share: s, name: name, claim: claim}
+	}
 	links, err := h.LinkList()
 	if err != nil {
-		klog.FromContext(ctx).V(2).Info("Listing a share's pod's links", "share", share.MAC, "err", err)
-		return
+		klog.FromContext(ctx).V(2).Info("Listing a share's pod's links", "err", err)
+		return true
+	}
+	// The lower devices of the shares' own interfaces, and whose each is.
+	lowers := map[lowerDevice]ownInterface{}
+	for _, l := range links {
+		if o, ok := own[l.Attrs().Index]; ok && l.Attrs().NetNsID >= 0 {
+			lowers[lowerDevice{l.Attrs().NetNsID, l.Attrs().ParentIndex}] = o
+		}
 	}
 	for _, l := range links {
-		w.check(ctx, h, share, l)
+		a := l.Attrs()
+		if a == nil || !nestedKinds[l.Type()] || a.NetNsID < 0 {
+			continue // its lower device is in the pod, or it has none
+		}
+		if _, mine := own[a.Index]; mine {
+			continue
+		}
+		if o, ok := lowers[lowerDevice{a.NetNsID, a.ParentIndex}]; ok {
+			w.remove(ctx, h, o, l)
+		}
 	}
+	return true
 }
 
-// check removes l if it is a link on the node's NIC that is not the share's
-// own interface (the one its pod guard is attached to).
-func (w *nestedWatch) check(ctx context.Context, h *netlink.Handle, share bpf.PodShare, l netlink.Link) {
-	a := l.Attrs()
-	if a == nil || !nestedKinds[l.Type()] || a.NetNsID < 0 {
-		return // its lower device is in the pod, or it has none
-	}
-	name, claim := w.p.shareOf(share.MAC)
-	if name == "" {
-		return // unprepared meanwhile
-	}
-	own, err := bpf.PodGuardIfindex(w.p.opts.PinDir, name)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		klog.FromContext(ctx).Error(err, "Reading a share's pod guard; a link nested in its pod is left", "share", name, "link", a.Name)
-		return
-	}
-	if errors.Is(err, os.ErrNotExist) || a.Index == own {
-		return // the hook has not attached it yet; or the share's own
-	}
+// remove deletes l, nested in o's pod on o's lower device.
+func (w *nestedWatch) remove(ctx context.Context, h *netlink.Handle, o ownInterface, l netlink.Link) {
+	a, name, claim, share := l.Attrs(), o.name, o.claim, o.share
 	if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 		klog.FromContext(ctx).Error(err, "Removing a link nested on a share's parent", "share", name, "claim", claim, "link", a.Name, "kind", l.Type())
 		return

@@ -19,7 +19,9 @@ import (
 // before it started or after, and counts it under the share's claim. The
 // share's own interface stays, and so does a macvlan the pod nests on a
 // link of its own (a veth pair inside the pod), which never touches the
-// node's NIC.
+// node's NIC, and a macvlan on another of the node's devices that was
+// moved into the pod (another CNI's, say): only links on the lower device
+// of the pod's own share are the watch's.
 func TestNestedLinksAreRemoved(t *testing.T) {
 	b := newBench(t)
 	a := b.add("nester", "20M", "20M", &v1alpha1.NetworkConfig{Pools: []string{"test"}, AllowNetAdmin: true})
@@ -66,6 +68,36 @@ func TestNestedLinksAreRemoved(t *testing.T) {
 	}
 	podv0, _ := pod.LinkByName("podv0")
 	nest("inpod", netlink.MACVLAN_MODE_BRIDGE, podv0)
+	// Another CNI's macvlan on another device of the node, moved into
+	// the pod: its lower device is in the node's namespace too, but not
+	// the share's.
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	if err := node.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "nstother0"}, PeerName: "nstother1"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := node.LinkByName("nstother0"); err == nil {
+			_ = node.LinkDel(l)
+		}
+	})
+	other, err := node.LinkByName("nstother0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.LinkAdd(&netlink.Macvlan{LinkAttrs: netlink.LinkAttrs{Name: "othercni", ParentIndex: other.Attrs().Index}, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
+		t.Fatal(err)
+	}
+	othercni, err := node.LinkByName("othercni")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.LinkSetNsFd(othercni, int(a.pod)); err != nil {
+		t.Fatal(err)
+	}
 
 	var mu sync.Mutex
 	var removed []string
@@ -102,7 +134,7 @@ func TestNestedLinksAreRemoved(t *testing.T) {
 		took := gone(name, time.Second)
 		t.Logf("a nested macvlan (mode %d) made while watched: gone after %v", mode, took)
 	}
-	for _, name := range []string{"net1", "podv0", "inpod"} {
+	for _, name := range []string{"net1", "podv0", "inpod", "othercni"} {
 		if _, err := pod.LinkByName(name); err != nil {
 			t.Errorf("%s, not nested on the node's NIC, was removed: %v", name, err)
 		}
