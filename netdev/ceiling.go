@@ -34,16 +34,17 @@ func hardCap(rate uint64) classRates { return classRates{floor: rate, ceil: rate
 func (r classRates) borrows() bool { return r.ceil > r.floor }
 
 // ceilings resolves the share's ceilings for its floors (0: no class in that
-// direction) on dev: each the claim's, else the class's maxCeiling, where
+// direction) on a NIC of the link rates egressLink and ingressLink (bits/s,
+// 0 unknown): each the claim's, else the class's maxCeiling, where
 // the class sets one; the floor (a hard cap) where it does not. A ceiling
 // below the floor, over the class's maxCeiling or over the NIC's capacity,
 // or set where the class allows no borrowing, is refused, naming the field.
-func ceilings(cfg v1alpha1.NetworkConfig, dev slices.Entry, egress, ingress uint64) (eg, in classRates, err error) {
+func ceilings(cfg v1alpha1.NetworkConfig, egressLink, ingressLink, egress, ingress uint64) (eg, in classRates, err error) {
 	resolve := func(field, v string, floor uint64, capName resourceapi.QualifiedName) (classRates, error) {
 		if floor == 0 {
 			return classRates{}, nil
 		}
-		link := capacityOf(dev, capName)
+		link := map[resourceapi.QualifiedName]uint64{names.CapEgressBandwidth: egressLink, names.CapIngressBandwidth: ingressLink}[capName]
 		if cfg.MaxCeiling == "" {
 			if v != "" {
 				return classRates{}, fmt.Errorf("NetworkConfig %s %s: the DeviceClass lets its claims borrow nothing (its NetworkConfig sets no maxCeiling)", field, v)
@@ -93,6 +94,19 @@ func ceilingBits(v string, link uint64) (uint64, error) {
 		return link, nil
 	}
 	return uint64(bits), nil
+}
+
+// linkRate is the NIC's link rate in a direction (capName), bits/s, 0 where
+// unknown: its published capacity, less the part the node config assures
+// the traffic of no share (unsharedFloorPercent, which the published
+// capacity leaves out: slices.Build), added back. It is the link class's
+// rate, and a "link" ceiling.
+func (p *NICPreparer) linkRate(dev slices.Entry, capName resourceapi.QualifiedName) uint64 {
+	c, pct := capacityOf(dev, capName), p.unsharedPercent()
+	if pct == 0 || c == 0 {
+		return c
+	}
+	return c/(100-pct)*100 + c%(100-pct)*100/(100-pct)
 }
 
 // capacityOf is the NIC's published capacity name in bits/s, 0 where none.

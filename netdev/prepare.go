@@ -115,7 +115,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	// Floors and ceilings, and the class's ethertypes, checked before
 	// anything is made too.
-	egressRates, ingressRates, err := ceilings(cfg, dev, egress, ingress)
+	egressRates, ingressRates, err := ceilings(cfg, p.linkRate(dev, names.CapEgressBandwidth), p.linkRate(dev, names.CapIngressBandwidth), egress, ingress)
 	if err != nil {
 		return prepare.Prepared{}, err
 	}
@@ -149,7 +149,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	// parent's IFB; by address instead where the share is told apart by
 	// address.
 	if egress > 0 || ingress > 0 {
-		links := [2]uint64{capacityOf(dev, names.CapEgressBandwidth), capacityOf(dev, names.CapIngressBandwidth)}
+		links := [2]uint64{p.linkRate(dev, names.CapEgressBandwidth), p.linkRate(dev, names.CapIngressBandwidth)}
 		if err := p.enforce(parent, key, egressRates, ingressRates, links, u); err != nil {
 			return prepare.Prepared{}, err
 		}

@@ -23,7 +23,9 @@ import (
 // the node's traffic inside carve's hierarchy, not a wire's contention.
 func TestUnsharedTrafficHasItsClass(t *testing.T) {
 	b := newBench(t)
-	b.dev.Device = linkCapacity("1G")
+	// What slices publishes for a 1G link with 5% for unshared traffic:
+	// the link class takes it back to 1G.
+	b.dev.Device = linkCapacity("950M")
 	b.p = b.preparerConfig("test", b.tp.Subnet, b.tp.ServerIP, "boot-test", "  unsharedFloorPercent: 5\n")
 	const met = limitMet
 	borrower := b.add("borrower", "300M", "300M", &v1alpha1.NetworkConfig{Pools: []string{"test"}, MaxCeiling: "link"})

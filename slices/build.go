@@ -189,6 +189,12 @@ func (b *builder) nic(n discovery.NIC, shareLimit int64) resourceapi.Device {
 		b.notef("NIC %s: link speed unknown and no netdev.bandwidth entry in the node config; published without bandwidth, not shareable", n.Name)
 		return *d
 	}
+	if pct := b.cfg.Netdev.UnsharedFloorPercent; pct > 0 {
+		// The traffic of no share is assured pct of the link
+		// (netdev's unshared class): the shares' floors, which the
+		// scheduler keeps within what is published, get the rest.
+		egress, ingress = partOf(egress, 100-pct), partOf(ingress, 100-pct)
+	}
 	shareable := b.nicShareable(n)
 	if shareable && shareLimit < 1 {
 		b.notef("NIC %s: the classifier's %d shares are all given to other NICs (netdev.exclude the NICs that need none); published as a whole device", n.Name, b.classifierShares)
@@ -471,4 +477,9 @@ func dedupeNames(entries []Entry) {
 			entries[i].Device.Name = fmt.Sprintf("%s-%08x", entries[i].Device.Name, h.Sum32())
 		}
 	}
+}
+
+// partOf is pct percent of a bandwidth q (bits per second), rounded down.
+func partOf(q resource.Quantity, pct int) resource.Quantity {
+	return *resource.NewQuantity(q.Value()/100*int64(pct)+q.Value()%100*int64(pct)/100, resource.DecimalSI)
 }

@@ -285,3 +285,27 @@ netdev:
 		t.Errorf("a 25G port configured at 10G published %s/%s", eg.Value.String(), in.Value.String())
 	}
 }
+
+// Where the node config assures the traffic of no share a part of each link
+// (unsharedFloorPercent), the shares' floors get the rest: a 10G link with
+// 5% for it publishes 9.5G each way, which netdev takes back to 10G for the
+// link class (netdev.linkRate).
+func TestUnsharedFloorIsLeftOutOfTheCapacity(t *testing.T) {
+	cfg, err := nodeconfig.Decode([]byte(`
+apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  unsharedFloorPercent: 5
+  bandwidth:
+  - interface: ens1f0np0
+    egress: 10G
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf := devices(build(t, sysfstest.Typical(t.TempDir()), cfg))["nic-0000-17-00-0"]
+	eg, in := pf.Capacity[names.CapEgressBandwidth], pf.Capacity[names.CapIngressBandwidth]
+	if eg.Value.Value() != 9_500_000_000 || in.Value.Value() != 9_500_000_000 {
+		t.Errorf("a 10G link with 5%% for unshared traffic published %s/%s, want 9500M each way", eg.Value.String(), in.Value.String())
+	}
+}

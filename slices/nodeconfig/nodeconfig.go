@@ -66,7 +66,9 @@ type Netdev struct {
 	// share on a NIC (the node's own, unshaped pods', unlimited shares')
 	// a class of its own beside the shares, assured this part of the
 	// link and borrowing up to all of it: shares that borrow then never
-	// eat into it, nor it into their floors. It costs that traffic a trip
+	// eat into it, nor it into their floors, which the NIC's published
+	// capacity leaves that part out of (a 10G link with 5 publishes 9.5G
+	// each way; the link class stays 10G). It costs that traffic a trip
 	// through the NIC's egress shaper and IFB, and holds it to the NIC's
 	// published capacity (netdev's TestUnsharedTrafficHasItsClass). 0 (the
 	// default): that traffic bypasses them, as ever, and a link it fills
