@@ -98,10 +98,10 @@ func (p *NICPreparer) makeEgressShaper(parent netlink.Link, linkRate uint64) (ne
 	}); err != nil {
 		return nil, fmt.Errorf("send %s's limited shares through %s: %w", parent.Attrs().Name, name, err)
 	}
-	if made {
-		if err := p.addUnsharedClass(parent, shaper, linkRate, bpf.Egress); err != nil {
-			return nil, err
-		}
+	// Every time, not only on a new shaper: a prepare that failed here
+	// is retried on the shaper it made (addUnsharedClass is idempotent).
+	if err := p.addUnsharedClass(parent, shaper, linkRate, bpf.Egress); err != nil {
+		return nil, err
 	}
 	return shaper, nil
 }

@@ -33,3 +33,6 @@ func FillParked(p *NICPreparer, device string, n int) {
 		p.parked[device] = append(p.parked[device], parkedBlock{base: base, flows: true})
 	}
 }
+
+// EnsureHTB is ensureHTB.
+var EnsureHTB = ensureHTB

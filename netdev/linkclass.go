@@ -36,6 +36,35 @@ func addLinkClass(h *netlink.Handle, link netlink.Link, rateBits uint64) error {
 	return nil
 }
 
+// repairLinkClass gives link's HTB, which is carve's, its link class where
+// it has no class at all: made by an agent that stopped before it added
+// one. One that has classes keeps its layout: an older carve's hang from
+// the HTB itself (shareParent).
+func repairLinkClass(h *netlink.Handle, link netlink.Link, rateBits uint64) error {
+	classes, err := h.ClassList(link, rootHandle)
+	if err != nil {
+		return fmt.Errorf("list classes of %s: %w", link.Attrs().Name, err)
+	}
+	if len(classes) > 0 {
+		return nil
+	}
+	return addLinkClass(h, link, rateBits)
+}
+
+// htbDefault is the default class (minor) of link's root HTB, 0 for none.
+func htbDefault(h *netlink.Handle, link netlink.Link) (uint32, error) {
+	qdiscs, err := h.QdiscList(link)
+	if err != nil {
+		return 0, fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
+	}
+	for _, q := range qdiscs {
+		if htb, ok := q.(*netlink.Htb); ok && q.Attrs().Parent == netlink.HANDLE_ROOT {
+			return htb.Defcls, nil
+		}
+	}
+	return 0, nil
+}
+
 // shareParent is the class the share classes of dev hang from: its link
 // class where it has one, else its HTB. The kernel is asked once per
 // device while it is set up (one class, not a dump).
@@ -95,6 +124,15 @@ func (p *NICPreparer) addUnsharedClass(parent, link netlink.Link, linkRate uint6
 	}
 	if under, err := p.shareParent(link); err != nil || under != linkHandle {
 		return err // an older carve's HTB: no link class to hang it from
+	}
+	if dir == bpf.Ingress {
+		// On the IFB the node's own frames reach the class as HTB's
+		// default, which is set only as the HTB is made: an IFB made
+		// while the node config reserved nothing keeps none until it
+		// is made again (its NIC's shares all gone).
+		if def, err := htbDefault(p.h, link); err != nil || def != unsharedMinor {
+			return err
+		}
 	}
 	rates := classRates{floor: linkRate * pct / 100, ceil: linkRate}
 	buf := htbBuffer(rates.ceil)

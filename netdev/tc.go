@@ -69,10 +69,15 @@ func checkRootReplaceable(h *netlink.Handle, link netlink.Link) (ours bool, err 
 //
 // A new HTB gets its link class (linkclass.go) of linkRate bits/s, the NIC's
 // capacity in the device's direction, where that is known (not 0), and
-// defcls as its default class (0: none; HTB cannot change it later).
+// defcls as its default class (0: none; HTB cannot change it later). An
+// HTB of carve's with no class at all (an agent that crashed between the
+// two) gets its link class then.
 func ensureHTB(h *netlink.Handle, link netlink.Link, linkRate uint64, defcls uint32) error {
 	if ours, err := checkRootReplaceable(h, link); err != nil || ours {
-		return err
+		if err != nil || linkRate == 0 {
+			return err
+		}
+		return repairLinkClass(h, link, linkRate)
 	}
 	q := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: rootHandle, Parent: netlink.HANDLE_ROOT})
 	q.Defcls = defcls // 0: unclassified traffic takes the direct queue, unshaped
