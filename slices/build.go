@@ -44,6 +44,13 @@ type Entry struct {
 // Option tells Build what it cannot read from the inventory.
 type Option func(*builder)
 
+// NoNICs leaves the node's NICs out of its pool, noting why for each: a
+// node whose kernel carve cannot guard a NIC claim on (below its minimum:
+// no classifier, no pod guard) offers none.
+func NoNICs(why string) Option {
+	return func(b *builder) { b.noNICs = why }
+}
+
 // ClassifierShares says how many shares the node's BPF classifier holds,
 // every NIC together (bpf.Shaper.ShareSlots). Without it Build assumes
 // DefaultClassifierShares.
@@ -86,6 +93,10 @@ func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string
 	var entries []Entry
 	limits := b.shareLimits(inv.NICs)
 	for i := range inv.NICs {
+		if b.noNICs != "" {
+			b.notef("NIC %s: %s; not offered", inv.NICs[i].Name, b.noNICs)
+			continue
+		}
 		entries = append(entries, Entry{Kind: names.KindNIC, Device: b.nic(inv.NICs[i], limits[i]), NIC: &inv.NICs[i]})
 	}
 	dedupeNames(entries)
@@ -116,6 +127,8 @@ func Build(inv *discovery.Inventory, cfg *nodeconfig.NodeConfig, nodeName string
 type builder struct {
 	cfg    *nodeconfig.NodeConfig
 	kernel discovery.KernelFeatures
+	// noNICs, where set, is why the node offers no NIC (NoNICs).
+	noNICs string
 	// classifierShares is how many shares the classifier holds, every
 	// NIC together.
 	classifierShares int

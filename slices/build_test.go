@@ -2,7 +2,9 @@ package slices_test
 
 import (
 	"context"
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -307,5 +309,43 @@ netdev:
 	eg, in := pf.Capacity[names.CapEgressBandwidth], pf.Capacity[names.CapIngressBandwidth]
 	if eg.Value.Value() != 9_500_000_000 || in.Value.Value() != 9_500_000_000 {
 		t.Errorf("a 10G link with 5%% for unshared traffic published %s/%s, want 9500M each way", eg.Value.String(), in.Value.String())
+	}
+}
+
+// A node whose kernel carve cannot guard a NIC claim on offers no NIC, and
+// says so for each; its other devices are published as anywhere.
+func TestNoNICsLeavesTheOthers(t *testing.T) {
+	tree := sysfstest.Typical(t.TempDir())
+	cfg, _ := nodeconfig.Decode([]byte("apiVersion: carve.dev/v1alpha1\nkind: NodeConfig\n"))
+	inv, err := discovery.Discover(context.Background(), discovery.Options{Root: tree.Root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := slices.Build(inv, cfg, "node-a")
+	res := slices.Build(inv, cfg, "node-a", slices.NoNICs("the kernel is older than carve's minimum (Linux 6.1)"))
+	kinds := func(r slices.Result) map[string]int {
+		n := map[string]int{}
+		for _, e := range r.Index {
+			n[e.Kind]++
+		}
+		return n
+	}
+	got, want := kinds(res), kinds(all)
+	if got[names.KindNIC] != 0 || want[names.KindNIC] == 0 {
+		t.Errorf("NICs published: %d (without NoNICs: %d), want none", got[names.KindNIC], want[names.KindNIC])
+	}
+	delete(want, names.KindNIC)
+	delete(got, names.KindNIC)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("other devices %v, want %v as without NoNICs", got, want)
+	}
+	noted := 0
+	for _, n := range res.Notices {
+		if strings.Contains(n, "older than carve's minimum") && strings.Contains(n, "not offered") {
+			noted++
+		}
+	}
+	if noted != len(inv.NICs) {
+		t.Errorf("%d notices name the kernel, want one per NIC (%d): %q", noted, len(inv.NICs), res.Notices)
 	}
 }

@@ -40,9 +40,12 @@ import (
 
 // Options configure the node agent.
 type Options struct {
-	NodeName   string
-	KubeClient kubernetes.Interface
-	Root       string
+	// NoClassifier: the agent loads no BPF classifier (set where the
+	// kernel is older than carve's minimum).
+	NoClassifier bool
+	NodeName     string
+	KubeClient   kubernetes.Interface
+	Root         string
 	// CPUCacheRoot, when set, replaces Root for the CPU cache tree (see
 	// discovery.Options).
 	CPUCacheRoot string
@@ -141,11 +144,14 @@ func run(ctx context.Context, opts Options) error {
 	reg.MustRegister(grpcMetrics)
 
 	// Before anything: a kernel older than carve's minimum cannot load
-	// the classifier, and what the agent made before failing would be
-	// left behind.
-	if err := kernelprobe.CheckRunning(); err != nil {
-		nodeEvent(ctx, opts.KubeClient, opts.NodeName, "KernelTooOld", err.Error())
-		return err
+	// the classifier, so the agent loads none and offers no NIC (neither
+	// a share's rate nor its pod guard could be enforced there); the
+	// node's GPUs, FPGAs and caches are served as anywhere.
+	kernelErr := kernelprobe.CheckRunning()
+	if kernelErr != nil {
+		logger.Error(kernelErr, "No NIC is offered on this node")
+		nodeEvent(ctx, opts.KubeClient, opts.NodeName, "KernelTooOld", kernelErr.Error()+"; no NIC is offered on this node, its other devices are")
+		opts.NoClassifier = true
 	}
 	// Before anything writes into it (the hook binary, the checkpoint).
 	if err := prepare.EnsureStateDir(opts.StateDir); err != nil {
@@ -198,6 +204,9 @@ func run(ctx context.Context, opts Options) error {
 	inv := &inventory{root: opts.Root, cpuCacheRoot: opts.CPUCacheRoot, fpgaRoot: opts.FPGARoot, cfg: opts.Config, node: opts.NodeName, metrics: metrics,
 		nvml: gpuopen.Inventory(k.gpus.session, k.gpus.reason), gpuMemory: k.gpus.memory.tiers,
 		kernel: (&kernelprobe.Prober{Root: opts.Root}).Probe}
+	if kernelErr != nil {
+		inv.build = append(inv.build, slices.NoNICs(fmt.Sprintf("the kernel is older than carve's minimum (Linux %d.%d)", kernelprobe.MinimumKernel[0], kernelprobe.MinimumKernel[1])))
+	}
 	if k.classifierShares > 0 {
 		// Its compiled size, which Build assumes without it (as
 		// `carve discover` does): a pinned map of another is refused.

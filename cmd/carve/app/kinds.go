@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -56,7 +57,11 @@ func openKinds(ctx context.Context, opts Options, bootID string) (*kinds, error)
 	if k.linkEvents, err = netdev.WatchLinks(ctx, hostNS); err != nil {
 		logger.Error(err, "No link events; relying on the periodic rescan")
 	}
-	shaper, err := openShaper(opts.BPFPinDir)
+	var shaper *bpf.Shaper
+	err = errors.New("the kernel is older than carve's minimum")
+	if !opts.NoClassifier {
+		shaper, err = openShaper(opts.BPFPinDir)
+	}
 	if err != nil {
 		logger.Error(err, "BPF classifier unavailable; bandwidth shares will be refused")
 	} else {
