@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -51,7 +52,10 @@ type Options struct {
 
 // Book records the holders of cluster-wide pools' addresses (see the
 // package doc).
-type Book struct{ o Options }
+type Book struct {
+	o      Options
+	sweeps atomic.Uint64 // Sweep's calls
+}
 
 // New returns a Book; it talks to the API server only when used.
 func New(o Options) *Book {
@@ -92,7 +96,7 @@ func (b *Book) Hold(ctx context.Context, pool string, addr netip.Addr, h Holder)
 	if holderOf(cur) == h.identity() {
 		return true, nil
 	}
-	gone, why, err := b.holderGone(ctx, cur)
+	gone, why, err := b.holderGone(ctx, cur, true, map[string]nodeVerdict{})
 	if err != nil || !gone {
 		return false, err
 	}

@@ -27,7 +27,11 @@
 //     Unprepare; an unprepare that cannot reach the API server fails, and the
 //     kubelet retries it);
 //   - its ResourceClaim is gone (deleted, or another object of that name):
-//     any agent's sweep (Run, every SweepInterval) deletes the record;
+//     its node's agent's next sweep (Run, every SweepInterval) deletes the
+//     record, or, where that agent is down, another agent's within
+//     othersClaimsEvery sweeps (about 5 minutes): each agent reads its own
+//     records' claims, so that the API server is not asked for every
+//     record's claim by every node;
 //   - its node is gone: the Node is deleted, carries the
 //     node.kubernetes.io/out-of-service taint, or its Ready condition has
 //     been Unknown (the node lifecycle controller's mark of a kubelet that

@@ -17,12 +17,27 @@ import (
 // (Kubernetes' non-graceful node shutdown): its addresses go at once.
 const outOfService = "node.kubernetes.io/out-of-service"
 
+// othersClaimsEvery is how often, in sweeps, an agent reads the claims of
+// other nodes' records: each node's agent reads its own records' claims
+// every sweep, so another's are read only for a node whose agent is down
+// (about 5 minutes at the default interval). The API server is asked for
+// each record's claim by one agent, not by every node's.
+const othersClaimsEvery = 10
+
+// nodeVerdict is what one sweep found of a holder's node.
+type nodeVerdict struct {
+	gone bool
+	why  string
+	err  error
+}
+
 // holderGone says whether the record's holder is gone, and why: its claim
-// (deleted, or another object of the name) or its node (see the package
-// doc). A record that names no claim is judged by its node alone.
-func (b *Book) holderGone(ctx context.Context, rec *coordv1.Lease) (bool, string, error) {
+// (deleted, or another object of the name), read where claims is set, or
+// its node (see the package doc), read once a sweep (nodes). A record that
+// names no claim is judged by its node alone.
+func (b *Book) holderGone(ctx context.Context, rec *coordv1.Lease, claims bool, nodes map[string]nodeVerdict) (bool, string, error) {
 	ns, name, uid := rec.Annotations[claimNamespaceAnnotation], rec.Annotations[claimNameAnnotation], rec.Annotations[claimUIDAnnotation]
-	if name != "" {
+	if name != "" && claims {
 		c, err := b.o.Client.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
@@ -37,12 +52,25 @@ func (b *Book) holderGone(ctx context.Context, rec *coordv1.Lease) (bool, string
 	if node == "" {
 		return true, "it names no holder", nil
 	}
+	v, ok := nodes[node]
+	if !ok {
+		v.gone, v.why, v.err = b.nodeGone(ctx, node)
+		nodes[node] = v
+	}
+	if v.err != nil {
+		return false, "", fmt.Errorf("record %s: %w", rec.Name, v.err)
+	}
+	return v.gone, v.why, nil
+}
+
+// nodeGone says whether node is gone, and why (see the package doc).
+func (b *Book) nodeGone(ctx context.Context, node string) (bool, string, error) {
 	n, err := b.o.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return true, "its node is deleted", nil
 	}
 	if err != nil {
-		return false, "", fmt.Errorf("read node %s of record %s: %w", node, rec.Name, err)
+		return false, "", fmt.Errorf("read node %s: %w", node, err)
 	}
 	for _, t := range n.Spec.Taints {
 		if t.Key == outOfService {
@@ -58,8 +86,12 @@ func (b *Book) holderGone(ctx context.Context, rec *coordv1.Lease) (bool, string
 }
 
 // Sweep deletes every record in the namespace whose holder is gone, and
-// returns how many it deleted.
+// returns how many it deleted. It reads each holder's node once, and the
+// claims of this node's records, and every othersClaimsEvery sweeps (the
+// first included) those of other nodes' records too.
 func (b *Book) Sweep(ctx context.Context) (int, error) {
+	others := b.sweeps.Add(1)%othersClaimsEvery == 1
+	nodes := map[string]nodeVerdict{}
 	list, err := b.o.Client.CoordinationV1().Leases(b.o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: poolLabel})
 	if err != nil {
 		return 0, fmt.Errorf("list the address records: %w", err)
@@ -69,7 +101,7 @@ func (b *Book) Sweep(ctx context.Context) (int, error) {
 	var firstErr error
 	for i := range list.Items {
 		rec := &list.Items[i]
-		gone, why, err := b.holderGone(ctx, rec)
+		gone, why, err := b.holderGone(ctx, rec, others || nodeOf(holderOf(rec)) == b.o.Node, nodes)
 		if err != nil {
 			if firstErr == nil {
 				firstErr = err
