@@ -77,9 +77,9 @@ func TestSharesCommandOnPreparedShares(t *testing.T) {
 	out, _ := exec.Command("ip", "netns", "exec", ns, "tc", "class", "show", "dev", shaper).Output()
 	var classes []string
 	for _, line := range strings.Split(string(out), "\n") {
-		// The shares' classes, at the root; their flow children (where
-		// the kernel has no fq_codel) are under them.
-		if f := strings.Fields(line); len(f) > 3 && f[0] == "class" && f[1] == "htb" && strings.HasPrefix(f[2], "1:") && f[3] == "root" {
+		// The shares' classes, under the link class 1:1; their flow
+		// children (where the kernel has no fq_codel) are under them.
+		if f := strings.Fields(line); len(f) > 4 && f[0] == "class" && f[1] == "htb" && strings.HasPrefix(f[2], "1:") && f[3] == "parent" && f[4] == "1:1" {
 			classes = append(classes, f[2])
 		}
 	}
