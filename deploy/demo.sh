@@ -300,7 +300,9 @@ sleep 3
 timeline net-d 5202 3 >"$CARVE_CLUSTER_DIR/demo-d.timeline"
 wait
 printf '\n%-8s %-14s %-14s\n' second "net-c (100M..1G)" "net-d (300M..1G)"
-paste -d' ' "$CARVE_CLUSTER_DIR/demo-c.timeline" <(yes - | head -6; cat "$CARVE_CLUSTER_DIR/demo-d.timeline") |
+# (No `yes | head` here: under pipefail its SIGPIPE ended the list before
+# net-d's lines, and the column stayed empty.)
+paste -d' ' "$CARVE_CLUSTER_DIR/demo-c.timeline" <(printf -- '-\n%.0s' 1 2 3 4 5 6; cat "$CARVE_CLUSTER_DIR/demo-d.timeline") |
   awk '{printf "%-8.1f %-16s %-16s\n", NR/2, $1, $2}'
 # Alone, the first borrows far past its floor; together, each keeps its
 # floor (0.946 of it in goodput: its limit met within 1%) and the two fill
