@@ -31,7 +31,7 @@ type agentFlags struct {
 	mpsShmSize                                            string
 	mpsCgroup                                             string
 	daemonSet                                             string
-	rescan, nvmlTimeout                                   time.Duration
+	rescan, nvmlTimeout, registrationWait                 time.Duration
 	qps                                                   float64
 	burst                                                 int
 }
@@ -66,6 +66,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.healthAddr, "health-addr", "127.0.0.1:9465", "address for the gRPC health service; the chart binds the pod IP, which the kubelet's liveness probe dials; empty turns it off")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "the agent pod's UID (downward API) for seamless rolling updates; empty turns them off")
 	fs.DurationVar(&f.rescan, "rescan-interval", time.Minute, "how often to rediscover hardware; link events rediscover at once")
+	fs.DurationVar(&f.registrationWait, "registration-wait", 30*time.Second, "how long to wait at start for the kubelet to register the plugin before publishing the node's devices anyway (pods placed before the kubelet knows the driver wait out its retry back-off, a minute or more); 0 publishes at once")
 	fs.Float64Var(&f.qps, "kube-api-qps", 200, "queries per second to the API server; every prepare reads its claims")
 	fs.IntVar(&f.burst, "kube-api-burst", 400, "burst of queries to the API server")
 	fs.StringVar(&f.hostNetns, "host-netns", "", "the node's network namespace (a path); default <root>/proc/1/ns/net, else the agent's own")
@@ -137,7 +138,7 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		NodeName: f.nodeName, KubeClient: client, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Config: cfg,
 		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
 		MetricsAddr: f.metricsAddr, Profiling: f.profiling, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
-		Rescan: f.rescan, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
+		Rescan: f.rescan, RegistrationWait: f.registrationWait, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
 		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLReplayProcesses: f.nvmlReplayProcesses, NVMLTimeout: f.nvmlTimeout,
 		MPSShmSize: uint64(shm.Value()),
 		MPSCgroup:  f.mpsCgroup,

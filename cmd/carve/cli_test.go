@@ -147,6 +147,7 @@ func TestAgentFlags(t *testing.T) {
 		{"health-addr", "", "127.0.0.1:9465"},
 		{"pod-uid", "", "uid-a"},
 		{"rescan-interval", "", "1m0s"},
+		{"registration-wait", "", "30s"},
 		{"kube-api-qps", "", "200"},
 		{"kube-api-burst", "", "400"},
 		{"host-netns", "", ""},

@@ -100,10 +100,16 @@ type agentHost struct {
 	tree       *sysfstest.Tree
 	rescan     string
 	// args are more flags for the agent (a --config).
-	args   []string
-	proc   *exec.Cmd
-	exited chan error
-	logs   *bytes.Buffer
+	args []string
+	// noKubelet leaves the agent unregistered: start otherwise registers
+	// its plugin in the background, as the kubelet's plugin watcher does
+	// with a new socket (the agent publishes its devices only then).
+	noKubelet bool
+	proc      *exec.Cmd
+	exited    chan error
+	logs      *bytes.Buffer
+	// stopKubelet ends the background registration.
+	stopKubelet context.CancelFunc
 }
 
 func newAgentHost(t testing.TB, cs kubernetes.Interface, node string) *agentHost {
@@ -187,12 +193,27 @@ func (h *agentHost) start(env ...string) {
 	}
 	h.exited = make(chan error, 1)
 	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(h.proc, h.exited)
+	if h.stopKubelet != nil {
+		h.stopKubelet()
+	}
+	if !h.noKubelet {
+		ctx, cancel := context.WithCancel(context.Background())
+		h.stopKubelet = cancel
+		go func() {
+			if p, err := kubeletstub.Register(ctx, h.path("plugins_registry"), "carve.dev", 20*time.Second); err == nil {
+				_ = p.Close()
+			}
+		}()
+	}
 }
 
 // stop sends SIGTERM and waits for a clean exit.
 func (h *agentHost) stop() error {
 	if h.proc == nil {
 		return nil
+	}
+	if h.stopKubelet != nil {
+		h.stopKubelet()
 	}
 	_ = h.proc.Process.Signal(syscall.SIGTERM)
 	defer func() { h.proc = nil }()

@@ -353,10 +353,18 @@ func TestNodeUpgrade(t *testing.T) {
 	across := func(what string, step func(t0 time.Time)) {
 		t.Helper()
 		wire := sampleWire(t, upgradeServer, upgradePeer, limit)
-		iperf := startIperfTo("up-a", upgradeIP, "5201", 45, false)
+		// 25 s: 3 s before the step, the step (5-6 s here), and the new
+		// agent's first resyncs after it; the rate is judged over every
+		// stretch of the samples, so a longer run adds only time. A step
+		// that leaves under 5 s of traffic after it proves too little.
+		const seconds = 25
+		iperf := startIperfTo("up-a", upgradeIP, "5201", seconds, false)
 		time.Sleep(3 * time.Second)
 		t0 := time.Now()
 		step(t0)
+		if took := time.Since(t0); took > (seconds-3-5)*time.Second {
+			t.Errorf("%s took %v: the share's traffic covered only %v after it", what, took.Round(time.Second), (seconds*time.Second - 3*time.Second - took).Round(time.Second))
+		}
 		r := <-iperf
 		st := wire.finish()
 		t.Logf("%s: iperf %.1f Mbit/s (%v); wire, every 100 ms: %d samples (%d uncertain, left out), max %.3f of the limit at %.1fs, "+

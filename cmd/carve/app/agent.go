@@ -73,6 +73,10 @@ type Options struct {
 	// Rescan is how often the hardware is discovered again; link events
 	// trigger a rescan at once.
 	Rescan time.Duration
+	// RegistrationWait bounds how long the agent waits, after starting,
+	// for the kubelet to register it before it publishes the node's
+	// devices (registered.go); 0 does not wait.
+	RegistrationWait time.Duration
 	// HostNetns is the path of the node's network namespace; empty means
 	// <Root>/proc/1/ns/net where it exists, else the agent's own.
 	HostNetns string
@@ -265,18 +269,8 @@ func run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	defer helper.Stop()
-	published := devHealth.publishable(inv.resources())
-	if err := helper.PublishResources(ctx, published); err != nil {
-		return fmt.Errorf("publish resource slices: %w", err)
-	}
-	metrics.Publishes.Inc()
-	logger.Info("Agent started", "driver", driverName, "node", opts.NodeName, "devices", len(inv.devices()))
-	// Start-up (discovery, pci.ids, the first publish) is the agent's
-	// peak; what it freed would otherwise stay resident for minutes, until
-	// the runtime's scavenger returns it: the agent then idles at its
-	// start-up peak, several times the heap it uses.
-	debug.FreeOSMemory()
 
+	// The probes are answered while the agent waits for the kubelet.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if opts.MetricsAddr != "" {
@@ -290,6 +284,19 @@ func run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
+
+	awaitRegistration(ctx, helper, opts.RegistrationWait)
+	published := devHealth.publishable(inv.resources())
+	if err := helper.PublishResources(ctx, published); err != nil {
+		return fmt.Errorf("publish resource slices: %w", err)
+	}
+	metrics.Publishes.Inc()
+	logger.Info("Agent started", "driver", driverName, "node", opts.NodeName, "devices", len(inv.devices()))
+	// Start-up (discovery, pci.ids, the first publish) is the agent's
+	// peak; what it freed would otherwise stay resident for minutes, until
+	// the runtime's scavenger returns it: the agent then idles at its
+	// start-up peak, several times the heap it uses.
+	debug.FreeOSMemory()
 
 	rescan := opts.Rescan
 	if rescan <= 0 {

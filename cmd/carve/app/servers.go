@@ -63,6 +63,10 @@ func serveHTTPOn(ctx context.Context, wg *sync.WaitGroup, srv *http.Server, ln n
 	}()
 }
 
+// readinessService is the gRPC health service name the chart's readiness
+// probe asks for (a contract with deploy/chart/carve/templates/daemonset.yaml).
+const readinessService = "registration"
+
 // serveHealth runs the standard gRPC health service for the DaemonSet's grpc
 // liveness probe: SERVING while the kubelet plugin is up, NOT_SERVING while
 // the kubelet reports a failed registration.
@@ -76,10 +80,19 @@ func serveHealthOn(ctx context.Context, wg *sync.WaitGroup, ln net.Listener, hel
 	healthpb.RegisterHealthServer(srv, hs)
 	update := func() {
 		st := healthpb.HealthCheckResponse_SERVING
-		if rs := helper.RegistrationStatus(); rs != nil && !rs.PluginRegistered {
+		rs := helper.RegistrationStatus()
+		if rs != nil && !rs.PluginRegistered {
 			st = healthpb.HealthCheckResponse_NOT_SERVING
 		}
 		hs.SetServingStatus("", st)
+		// The readiness probe's service: ready once the kubelet has
+		// registered the plugin, so that a rollout (and helm's --wait)
+		// goes on only when claims on this node can be prepared.
+		ready := healthpb.HealthCheckResponse_NOT_SERVING
+		if rs != nil && rs.PluginRegistered {
+			ready = healthpb.HealthCheckResponse_SERVING
+		}
+		hs.SetServingStatus(readinessService, ready)
 	}
 	update()
 	wg.Add(2)
@@ -89,7 +102,7 @@ func serveHealthOn(ctx context.Context, wg *sync.WaitGroup, ln net.Listener, hel
 	}()
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(5 * time.Second)
+		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		for {
 			select {
