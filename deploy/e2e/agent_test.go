@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
@@ -70,14 +68,11 @@ func TestAgentPrepareOverSocket(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	conn, err := grpc.NewClient(h.health, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	if got := healthOf(t, h, ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC health = %v; want SERVING", got)
 	}
-	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	conn.Close()
-	if err != nil || hr.Status != healthpb.HealthCheckResponse_SERVING {
-		t.Errorf("gRPC health = %v, %v; want SERVING", hr, err)
+	if got := healthOf(t, h, "registration"); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC health of the readiness service = %v; want SERVING once registered", got)
 	}
 
 	if err := plugin.Unprepare(ctx, c1, c2); err != nil {
