@@ -18,8 +18,10 @@ import (
 // socket of the pod's and so escape the parent's check by namespace. The
 // program cannot tell from a frame which pod sent it (a socket-less frame's
 // namespace reads as the node's), so the agent loads one instance per
-// share with the share's MAC, parent and checks as constants, reading the
-// classifier's pinned maps, and pins it; the runtime hook attaches it once
+// share with the share's MAC, parent and checks as constants, and pins it.
+// That instance only hands them to the policy, one program the classifier
+// loads and keeps in a pinned program array, by a tail call: it verifies
+// in microseconds, where the whole policy took 4-7 ms of every prepare; the runtime hook attaches it once
 // the interface is in the pod, and pins the link on the host, so that no
 // process of the pod holds anything that could detach it. Unprepare removes
 // both pins; the link goes with the interface.
@@ -52,7 +54,7 @@ func (s *Shaper) PinPodGuard(name string, g PodShare) error {
 	if err != nil {
 		return err
 	}
-	spec := s.spec.Copy() // its maps the classifier's own, pinned by name
+	spec := s.guardSpec.Copy() // its maps the classifier's own, pinned by name
 	var share [6]byte
 	copy(share[:], mac)
 	for n, v := range map[string]any{"guard_share_mac": share, "guard_parent": uint32(g.Parent), "guard_flags": vf} {

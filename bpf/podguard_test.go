@@ -90,6 +90,46 @@ func TestPodGuard(t *testing.T) {
 	}
 }
 
+// A pod guard holds no policy of its own: with the classifier's policy gone
+// from the program array it fails closed, dropping even the share's own
+// frames, and the policy run without the guard's handover drops too. Once
+// an agent opens the classifier again, the guard pinned before passes the
+// share's frames.
+func TestPodGuardFailsClosedWithoutItsPolicy(t *testing.T) {
+	needRoot(t)
+	dir := testPinDir(t)
+	s := openShaper(t, dir)
+	defer s.Close()
+	const parent = 7
+	if err := s.PinPodGuard("cvclosed", PodShare{Parent: parent, MAC: mac1.String()}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = UnpinPodGuard(dir, "cvclosed") }()
+	prog, err := ebpf.LoadPinnedProgram(PodGuardProgramPath(dir, "cvclosed"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	own := ipFrame(mac2, mac1, "10.9.0.5", "10.9.0.1", false)
+	if ret, _ := runCtx(t, prog, own, skbCtx{Ifindex: 1}); ret != tcxNext {
+		t.Fatalf("the share's own frame: verdict %d, want passed", ret)
+	}
+	if ret, _ := runCtx(t, s.objs.PodGuardCheck, own, skbCtx{Ifindex: 1}); ret != tcActShot {
+		t.Errorf("the policy without the guard's handover: verdict %d, want dropped", ret)
+	}
+	if err := s.objs.PodGuardPolicy.Delete(uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := runCtx(t, prog, own, skbCtx{Ifindex: 1}); ret != tcActShot {
+		t.Errorf("no policy in the array: verdict %d, want dropped", ret)
+	}
+	again := openShaper(t, dir)
+	defer again.Close()
+	if ret, _ := runCtx(t, prog, own, skbCtx{Ifindex: 1}); ret != tcxNext {
+		t.Errorf("after the classifier is opened again: verdict %d, want passed", ret)
+	}
+}
+
 // BenchmarkPodGuard measures pod_guard on the share's own IPv4 frame with
 // BPF_PROG_RUN: what every frame a pod sends pays on its interface, on
 // top of what the classifier costs it on the parent (BenchmarkClassify's

@@ -55,10 +55,12 @@ type Counters struct {
 type Shaper struct {
 	objs   shaperObjects
 	pinDir string
-	// spec is what OpenShaper loaded, its maps pinned by name: a pod
-	// guard is loaded from a copy of it at each prepare, without parsing
-	// the object again.
+	// spec is what OpenShaper loaded, its maps pinned by name.
 	spec *ebpf.CollectionSpec
+	// guardSpec is spec with the pod guard's program alone: one is
+	// loaded from a copy of it at each prepare, without parsing the
+	// object or copying every program again.
+	guardSpec *ebpf.CollectionSpec
 }
 
 // MountBPFFS mounts bpffs at dir (DefaultBPFFS when empty) unless dir is
@@ -117,10 +119,20 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 	if _, err := setNetnsCookieSource(spec); err != nil {
 		return nil, err
 	}
-	s := &Shaper{pinDir: pinDir, spec: spec.Copy()}
+	s := &Shaper{pinDir: pinDir, spec: spec.Copy(), guardSpec: spec.Copy()}
+	for name := range s.guardSpec.Programs {
+		if name != shaperProgPodGuard {
+			delete(s.guardSpec.Programs, name)
+		}
+	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		return nil, fmt.Errorf("load shaper: %w", err)
+	}
+	// Every pod guard, those pinned by an earlier agent included, runs
+	// this classifier's policy from now on.
+	if err := s.objs.PodGuardPolicy.Put(uint32(0), s.objs.PodGuardCheck); err != nil {
+		return nil, errors.Join(fmt.Errorf("put the pod guards' policy: %w", err), s.objs.Close())
 	}
 	if err := s.pinDequeued(); err != nil {
 		return nil, errors.Join(err, s.objs.Close())

@@ -176,6 +176,7 @@ const (
 	shaperMapLearnedOnParent  = "learned_on_parent"
 	shaperMapLearnedUsed      = "learned_used"
 	shaperMapLocalMacs        = "local_macs"
+	shaperMapPodGuardPolicy   = "pod_guard_policy"
 	shaperMapShaperReturns    = "shaper_returns"
 	shaperMapShareAddrs       = "share_addrs"
 	shaperMapShareAqmStats    = "share_aqm_stats"
@@ -194,6 +195,7 @@ const (
 	shaperProgClassifyIngress = "classify_ingress"
 	shaperProgEdtEgress       = "edt_egress"
 	shaperProgPodGuard        = "pod_guard"
+	shaperProgPodGuardCheck   = "pod_guard_check"
 	shaperProgRedirectIngress = "redirect_ingress"
 	shaperProgReturnShaped    = "return_shaped"
 	shaperProgShareDequeued   = "share_dequeued"
@@ -249,6 +251,7 @@ type shaperProgramSpecs struct {
 	ClassifyIngress *ebpf.ProgramSpec `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.ProgramSpec `ebpf:"edt_egress"`
 	PodGuard        *ebpf.ProgramSpec `ebpf:"pod_guard"`
+	PodGuardCheck   *ebpf.ProgramSpec `ebpf:"pod_guard_check"`
 	RedirectIngress *ebpf.ProgramSpec `ebpf:"redirect_ingress"`
 	ReturnShaped    *ebpf.ProgramSpec `ebpf:"return_shaped"`
 	ShareDequeued   *ebpf.ProgramSpec `ebpf:"share_dequeued"`
@@ -267,6 +270,7 @@ type shaperMapSpecs struct {
 	LearnedOnParent *ebpf.MapSpec `ebpf:"learned_on_parent"`
 	LearnedUsed     *ebpf.MapSpec `ebpf:"learned_used"`
 	LocalMacs       *ebpf.MapSpec `ebpf:"local_macs"`
+	PodGuardPolicy  *ebpf.MapSpec `ebpf:"pod_guard_policy"`
 	ShaperReturns   *ebpf.MapSpec `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.MapSpec `ebpf:"share_addrs"`
 	ShareAqmStats   *ebpf.MapSpec `ebpf:"share_aqm_stats"`
@@ -322,6 +326,7 @@ type shaperMaps struct {
 	LearnedOnParent *ebpf.Map `ebpf:"learned_on_parent"`
 	LearnedUsed     *ebpf.Map `ebpf:"learned_used"`
 	LocalMacs       *ebpf.Map `ebpf:"local_macs"`
+	PodGuardPolicy  *ebpf.Map `ebpf:"pod_guard_policy"`
 	ShaperReturns   *ebpf.Map `ebpf:"shaper_returns"`
 	ShareAddrs      *ebpf.Map `ebpf:"share_addrs"`
 	ShareAqmStats   *ebpf.Map `ebpf:"share_aqm_stats"`
@@ -349,6 +354,7 @@ func (m *shaperMaps) Close() error {
 		m.LearnedOnParent,
 		m.LearnedUsed,
 		m.LocalMacs,
+		m.PodGuardPolicy,
 		m.ShaperReturns,
 		m.ShareAddrs,
 		m.ShareAqmStats,
@@ -384,6 +390,7 @@ type shaperPrograms struct {
 	ClassifyIngress *ebpf.Program `ebpf:"classify_ingress"`
 	EdtEgress       *ebpf.Program `ebpf:"edt_egress"`
 	PodGuard        *ebpf.Program `ebpf:"pod_guard"`
+	PodGuardCheck   *ebpf.Program `ebpf:"pod_guard_check"`
 	RedirectIngress *ebpf.Program `ebpf:"redirect_ingress"`
 	ReturnShaped    *ebpf.Program `ebpf:"return_shaped"`
 	ShareDequeued   *ebpf.Program `ebpf:"share_dequeued"`
@@ -395,6 +402,7 @@ func (p *shaperPrograms) Close() error {
 		p.ClassifyIngress,
 		p.EdtEgress,
 		p.PodGuard,
+		p.PodGuardCheck,
 		p.RedirectIngress,
 		p.ReturnShaped,
 		p.ShareDequeued,

@@ -165,7 +165,8 @@
 // steady-state prepare makes no qdisc or class dump: what carve set up on a
 // parent is remembered under its lock and looked at again after any failure.
 // Attach specs and claim files describe this boot only and are replaced
-// atomically without fsync (the checkpoint keeps its fsyncs).
+// atomically without fsync, and so is the checkpoint, whose records a
+// reboot drops.
 //
 // # No event silently unshapes anyone
 //

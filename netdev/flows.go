@@ -5,10 +5,10 @@ import (
 	"fmt"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/carve-dra/carve/bpf"
-	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // A share's queues. Where the kernel has fq_codel, it is the leaf of the
@@ -98,15 +98,13 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rates classRate
 		}
 		class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, minor), Handle: netlink.MakeHandle(1, child)},
 			netlink.HtbClassAttrs{Rate: rate, Ceil: rates.ceil, Buffer: buf, Cbuffer: buf, Quantum: childQuantum, Prio: prio})
-		err := p.h.ClassAdd(class)
-		if errors.Is(err, unix.EEXIST) {
-			err = p.h.ClassChange(class)
-		}
-		if err != nil {
+		// One request, made or changed: the share's own class holds
+		// it (a parked block's children are there already).
+		if err := p.h.ClassReplace(class); err != nil {
 			return true, fmt.Errorf("flow class 1:%x of share class 1:%x on %s: %w", child, minor, link.Attrs().Name, err)
 		}
 		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, child), Handle: leafHandle(child)}
-		if err := hook.InNetns(p.opts.HostNS, func() error { return replaceLeafFIFO(attrs, fifoLimit(rates.ceil)) }); err != nil {
+		if err := replaceLeafFIFO(p.h, p.route, attrs, fifoLimit(rates.ceil)); err != nil {
 			return true, fmt.Errorf("leaf of flow class 1:%x on %s: %w", child, link.Attrs().Name, err)
 		}
 	}
@@ -120,25 +118,20 @@ func sparseRate(rateBits uint64) uint64 {
 	return max(rateBits/bpf.FlowSparseDiv, childRate)
 }
 
-// replaceLeafFIFO makes a flow child's leaf a bfifo of limit bytes, in the
-// calling thread's netns. A parked block an agent before issue 37 made has
-// a tbf there, which a bfifo cannot replace in place (the kernel refuses a
-// change of kind under one handle): it is deleted first.
-func replaceLeafFIFO(attrs netlink.QdiscAttrs, limit uint32) error {
-	err := replaceBfifo(attrs, limit)
+// replaceLeafFIFO makes a flow child's leaf a bfifo of limit bytes, with h
+// and route of the node's namespace. A parked block an agent before issue
+// 37 made has a tbf there, which a bfifo cannot replace in place (the
+// kernel refuses a change of kind under one handle): it is deleted first.
+func replaceLeafFIFO(h *netlink.Handle, route *nl.SocketHandle, attrs netlink.QdiscAttrs, limit uint32) error {
+	err := replaceBfifo(route, attrs, limit)
 	if !errors.Is(err, unix.EINVAL) {
 		return err
 	}
-	h, herr := netlink.NewHandle()
-	if herr != nil {
-		return errors.Join(err, herr)
-	}
-	defer h.Close()
 	old := &netlink.GenericQdisc{QdiscAttrs: attrs, QdiscType: "tbf"}
 	if derr := h.QdiscDel(old); derr != nil && !errors.Is(derr, unix.ENOENT) {
 		return errors.Join(err, derr)
 	}
-	return replaceBfifo(attrs, limit)
+	return replaceBfifo(route, attrs, limit)
 }
 
 // deleteShareClass removes the share's class 1:minor on link, its flow

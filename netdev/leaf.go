@@ -4,12 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
-
-	"github.com/carve-dra/carve/prepare/hook"
 )
 
 // leafDelayMs is how much of its rate a share's queue holds where the leaf
@@ -75,18 +74,21 @@ func (p *NICPreparer) setLeaf(link netlink.Link, minor uint16, rateBits uint64) 
 		p.noFQCodel = true
 		p.mu.Unlock()
 	}
-	err := hook.InNetns(p.opts.HostNS, func() error { return replaceBfifo(attrs, fifoLimit(rateBits)) })
-	if err != nil {
+	if err := replaceBfifo(p.route, attrs, fifoLimit(rateBits)); err != nil {
 		return fmt.Errorf("bfifo leaf of class 1:%x on %s: %w", minor, link.Attrs().Name, err)
 	}
 	return nil
 }
 
-// replaceBfifo creates or replaces a bfifo of limit bytes, in the calling
-// thread's netns; the netlink package sends no options for bfifo, so its
-// limit would be txqueuelen × MTU.
-func replaceBfifo(attrs netlink.QdiscAttrs, limit uint32) error {
+// routeTimeout bounds the kernel's answer on NICPreparer.route.
+const routeTimeout = 10 * time.Second
+
+// replaceBfifo creates or replaces a bfifo of limit bytes, on route (a
+// socket of the node's namespace); the netlink package sends no options
+// for bfifo, so its limit would be txqueuelen × MTU.
+func replaceBfifo(route *nl.SocketHandle, attrs netlink.QdiscAttrs, limit uint32) error {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWQDISC, unix.NLM_F_CREATE|unix.NLM_F_REPLACE|unix.NLM_F_ACK)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: route}
 	req.AddData(&nl.TcMsg{Family: nl.FAMILY_ALL, Ifindex: int32(attrs.LinkIndex), Handle: attrs.Handle, Parent: attrs.Parent})
 	req.AddData(nl.NewRtAttr(nl.TCA_KIND, nl.ZeroTerminated("bfifo")))
 	opt := make([]byte, 4) // struct tc_fifo_qopt { __u32 limit; }

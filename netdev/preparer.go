@@ -3,6 +3,7 @@ package netdev
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -12,7 +13,9 @@ import (
 	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/carve-dra/carve/bpf"
@@ -54,7 +57,12 @@ type Options struct {
 type NICPreparer struct {
 	opts Options
 	h    *netlink.Handle
-	ipam *ipam
+	// route is a netlink socket of the node's namespace for the requests
+	// the netlink package cannot make (a bfifo's limit): one socket for
+	// all of them, where each opened its own and entered the namespace
+	// to do it, twenty times a share.
+	route *nl.SocketHandle
+	ipam  *ipam
 	// mu guards the HTB minors in use, by parent device, the labels of
 	// each share's MAC for the metrics, and the shares each parent holds
 	// (held.go).
@@ -110,7 +118,18 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "netdev"), 0o755); err != nil {
 		return nil, err
 	}
-	p := &NICPreparer{opts: opts, h: h, ipam: newIPAM(), minors: map[string]map[uint16]string{},
+	sock, err := nl.GetNetlinkSocketAt(opts.HostNS, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("netlink in the node's namespace: %w", err)
+	}
+	timeout := unix.NsecToTimeval(routeTimeout.Nanoseconds())
+	if err := errors.Join(sock.SetReceiveTimeout(&timeout), sock.SetSendTimeout(&timeout)); err != nil {
+		sock.Close()
+		h.Close()
+		return nil, fmt.Errorf("netlink in the node's namespace: %w", err)
+	}
+	p := &NICPreparer{opts: opts, h: h, route: &nl.SocketHandle{Socket: sock}, ipam: newIPAM(), minors: map[string]map[uint16]string{},
 		blocks: map[string]map[string][]uint16{}, plainRoot: map[int]bool{}, labels: map[string]shareLabels{},
 		held: map[string]map[string]bool{}, parked: map[string][]parkedBlock{}, scanned: map[string]bool{}}
 	if p.reaper, err = newReaper(p); err != nil {

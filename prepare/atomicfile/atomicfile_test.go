@@ -43,3 +43,38 @@ func TestWriteFrom(t *testing.T) {
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("read failed") }
+
+// Replace makes a file, replaces it, leaves nothing beside it, and refuses
+// to put a file where a directory is, as a rename would.
+func TestReplace(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "checkpoint.json")
+	for _, content := range []string{"first", "second, longer", "third"} {
+		if err := Replace(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != content {
+			t.Fatalf("content %q (err %v), want %q", got, err, content)
+		}
+		if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("mode %v (err %v), want 0600", st.Mode().Perm(), err)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+			t.Errorf("files left beside it: %v", entries)
+		}
+	}
+	sub := filepath.Join(dir, "a-directory")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := Replace(sub, []byte("x"), 0o600); err == nil {
+		t.Error("Replace put a file where a directory was")
+	}
+	if fi, err := os.Stat(sub); err != nil || !fi.IsDir() {
+		t.Errorf("the directory is gone: %v %v", fi, err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Errorf("files left beside them: %v", entries)
+	}
+}
