@@ -4,10 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,26 +22,14 @@ type classState struct {
 	drops  uint64 // HTB's count of its drops
 }
 
-// classGetTimeout bounds the wait for the kernel's answer about one class:
-// it is asked under the parent's lock.
-const classGetTimeout = 2 * time.Second
-
 // classStates asks the kernel of the node's namespace about the given
 // classes of ifindex, in order.
+// It asks on the preparer's own socket of that namespace (NICPreparer.route).
 func (p *NICPreparer) classStates(ifindex int, handles []uint32) ([]classState, error) {
-	sock, err := nl.GetNetlinkSocketAt(p.opts.HostNS, netns.None(), unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("netlink in the node's namespace: %w", err)
-	}
-	defer sock.Close()
-	timeout := unix.NsecToTimeval(classGetTimeout.Nanoseconds())
-	if err := sock.SetReceiveTimeout(&timeout); err != nil {
-		return nil, err
-	}
-	sh := &nl.SocketHandle{Socket: sock}
 	out := make([]classState, len(handles))
 	for i, handle := range handles {
-		if out[i], err = getClass(sh, ifindex, handle); err != nil {
+		var err error
+		if out[i], err = getClass(p.route, ifindex, handle); err != nil {
 			return nil, err
 		}
 	}

@@ -85,6 +85,12 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rates classRate
 		p.noFQCodel = true
 		p.mu.Unlock()
 	}
+	// Forgotten until every child is set again: a failure half-way
+	// leaves children of two rates.
+	block := blockKey{device: link.Attrs().Name, ifindex: link.Attrs().Index, base: minor}
+	p.mu.Lock()
+	delete(p.queuesSet, block)
+	p.mu.Unlock()
 	buf := htbBuffer(rates.ceil)
 	childQuantum := uint32(1514)
 	if rates.borrows() {
@@ -108,7 +114,33 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rates classRate
 			return true, fmt.Errorf("leaf of flow class 1:%x on %s: %w", child, link.Attrs().Name, err)
 		}
 	}
+	p.mu.Lock()
+	p.queuesSet[block] = rates
+	p.mu.Unlock()
 	return true, nil
+}
+
+// blockKey names a block of classes from base on a device.
+type blockKey struct {
+	device  string
+	ifindex int
+	base    uint16
+}
+
+// queuesKept says whether the flow children of the parked block pick, taken
+// for a share of rates on link, are as setQueues would set them: this agent
+// set them last, for the same rates. A parked block's children are left as
+// their last share had them (parking changes the share class only), so a
+// pod of the same size as the last spares twenty requests under the
+// parent's lock (issue 44).
+func (p *NICPreparer) queuesKept(link netlink.Link, pick minorPick, rates classRates) bool {
+	if !pick.parked || !pick.flows {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set, ok := p.queuesSet[blockKey{device: link.Attrs().Name, ifindex: link.Attrs().Index, base: pick.minor}]
+	return ok && p.noFQCodel && set == rates
 }
 
 // sparseRate is what a share of rateBits assures its sparse child: as much

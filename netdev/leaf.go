@@ -80,7 +80,9 @@ func (p *NICPreparer) setLeaf(link netlink.Link, minor uint16, rateBits uint64) 
 	return nil
 }
 
-// routeTimeout bounds the kernel's answer on NICPreparer.route.
+// routeTimeout bounds the kernel's answer on NICPreparer.route, asked
+// under a parent's lock; the kernel may be busy for a while under its own
+// (the reaper removing a device's HTB of thousands of classes).
 const routeTimeout = 10 * time.Second
 
 // replaceBfifo creates or replaces a bfifo of limit bytes, on route (a

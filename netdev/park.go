@@ -127,7 +127,7 @@ func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, fl
 		flows = flows || (i > 0 && st.exists)
 	}
 	// And what an fq_codel leaf dropped, which HTB's counts miss.
-	leaves := leafDrops(p.h, link)
+	leaves := p.fqCodelLeafDrops(link)
 	for _, h := range blockHandles(base, flows) {
 		drops += leaves[h]
 	}
@@ -217,6 +217,11 @@ func (p *NICPreparer) forgetParked(device string) {
 	}
 	delete(p.parked, device)
 	delete(p.scanned, device)
+	for k := range p.queuesSet {
+		if k.device == device {
+			delete(p.queuesSet, k)
+		}
+	}
 }
 
 // adoptParked learns, once per device in this agent's life, the blocks parked

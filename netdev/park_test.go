@@ -3,6 +3,9 @@ package netdev_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -336,4 +339,92 @@ func TestAnOlderParkedBlockGetsTodaysQueues(t *testing.T) {
 			t.Errorf("sparse child 1:%x: rate %d bytes/s, want %d", rec.EgressMinor+bpf.FlowSparseChild, htb.Rate, want)
 		}
 	}
+}
+
+// A parked block taken by a share of the rates its last share had keeps
+// its flow children as they are (no request for them under the parent's
+// lock): they are then exactly what a fresh block of those rates gets,
+// classes and leaves. One of other rates gets them set again.
+func TestAParkedBlockOfTheSameRatesKeepsItsQueues(t *testing.T) {
+	b := newBench(t)
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	parent, err := node.LinkByName(b.tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.add("keeper", "10M", "10M", nil)
+	// queues is what the kernel has under class 1:minor of the egress
+	// shaper: each child's class and its leaf, by the child's offset.
+	queues := func(minor uint16) map[uint16]string {
+		t.Helper()
+		l, err := node.LinkByName(netdev.EgressShaperName(parent.Attrs().Index))
+		if err != nil {
+			t.Fatal(err)
+		}
+		classes, err := node.ClassList(l, netlink.MakeHandle(1, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		qdiscs, err := node.QdiscList(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint16]string{}
+		for _, c := range classes {
+			htb, ok := c.(*netlink.HtbClass)
+			if !ok || c.Attrs().Parent != netlink.MakeHandle(1, minor) {
+				continue
+			}
+			_, m := netlink.MajorMinor(c.Attrs().Handle)
+			out[m-minor] = fmt.Sprintf("rate %d ceil %d buffer %d cbuffer %d quantum %d prio %d", htb.Rate, htb.Ceil, htb.Buffer, htb.Cbuffer, htb.Quantum, htb.Prio)
+			for _, q := range qdiscs {
+				if q.Attrs().Parent == c.Attrs().Handle {
+					out[m-minor] += fmt.Sprintf("; leaf %s %+v", q.Type(), q)
+				}
+			}
+		}
+		if len(out) == 0 {
+			t.Fatalf("no flow children under 1:%x", minor)
+		}
+		return out
+	}
+	fresh := b.add("fresh", "20M", "20M", nil)
+	want := queues(record(t, fresh.undo).EgressMinor)
+	first := b.add("first", "20M", "20M", nil)
+	rec := record(t, first.undo)
+	if err := b.p.Unprepare(context.Background(), first.alloc, first.undo); err != nil {
+		t.Fatal(err)
+	}
+	second := b.add("second", "20M", "20M", nil)
+	if rec2 := record(t, second.undo); rec2.EgressMinor != rec.EgressMinor {
+		t.Fatalf("second took 1:%x, want first's parked 1:%x", rec2.EgressMinor, rec.EgressMinor)
+	}
+	got := queues(rec.EgressMinor)
+	for off, w := range want {
+		// The leaves' handles follow their classes: compare the rest.
+		if g := stripHandles(got[off]); g != stripHandles(w) {
+			t.Errorf("child +%d of the taken block: %s\nwant as a fresh block's: %s", off, got[off], w)
+		}
+	}
+	if err := b.p.Unprepare(context.Background(), second.alloc, second.undo); err != nil {
+		t.Fatal(err)
+	}
+	third := b.add("third", "40M", "40M", nil)
+	if rec3 := record(t, third.undo); rec3.EgressMinor != rec.EgressMinor {
+		t.Fatalf("third took 1:%x, want the parked 1:%x", rec3.EgressMinor, rec.EgressMinor)
+	}
+	for off, c := range queues(rec.EgressMinor) {
+		if !strings.Contains(c, fmt.Sprintf("ceil %d ", 40_000_000/8)) {
+			t.Errorf("child +%d of the block taken at 40M: %s, want its ceil at 40M", off, c)
+		}
+	}
+}
+
+// stripHandles drops the handle and parent fields from a qdisc's %+v.
+func stripHandles(s string) string {
+	return regexp.MustCompile(`(Handle|Parent): [0-9a-f:]+`).ReplaceAllString(s, "")
 }

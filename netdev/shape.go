@@ -57,7 +57,9 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rates classRates, link
 	// error, so that the undo removes the class (and its children, with
 	// flows). The classifier entry, the only other record of it, is
 	// written last and may never be.
-	if flows, err = p.setQueues(classDev, minor, rates); err != nil {
+	if p.queuesKept(classDev, pick, rates) {
+		flows = true
+	} else if flows, err = p.setQueues(classDev, minor, rates); err != nil {
 		return minor, flows, dropBase, err
 	}
 	// Attached (and checked to be first on the hook) once per device
