@@ -3,6 +3,7 @@ package netdev
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -66,7 +67,7 @@ const childRate = 8000
 // past its floor each child's quantum is the share's (proportional to its
 // floor): HTB lends a borrowing parent's excess to its leaves, a quantum at
 // a time.
-func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rates classRates) (flows bool, err error) {
+func (p *NICPreparer) setQueues(link netlink.Link, key string, minor uint16, rates classRates) (flows bool, err error) {
 	rateBits := rates.floor
 	p.mu.Lock()
 	noFQCodel := p.noFQCodel
@@ -115,9 +116,22 @@ func (p *NICPreparer) setQueues(link netlink.Link, minor uint16, rates classRate
 		}
 	}
 	p.mu.Lock()
-	p.queuesSet[block] = rates
+	p.queuesSet[block] = queuesOf{rates: rates, key: key}
 	p.mu.Unlock()
 	return true, nil
+}
+
+// queuesOf is what a block's flow children were last set for by this
+// agent: the rates, and the share.
+type queuesOf struct {
+	rates classRates
+	key   string
+}
+
+// newParkQuantum draws an agent's parkQuantum: an MTU and up to 64 KiB
+// more, never a quantum a share's class gets from its rate alone.
+func newParkQuantum() uint32 {
+	return 1514 + 1 + uint32(rand.N(1<<16))
 }
 
 // blockKey names a block of classes from base on a device.
@@ -128,19 +142,26 @@ type blockKey struct {
 }
 
 // queuesKept says whether the flow children of the parked block pick, taken
-// for a share of rates on link, are as setQueues would set them: this agent
-// set them last, for the same rates. A parked block's children are left as
-// their last share had them (parking changes the share class only), so a
-// pod of the same size as the last spares twenty requests under the
-// parent's lock (issue 44).
-func (p *NICPreparer) queuesKept(link netlink.Link, pick minorPick, rates classRates) bool {
-	if !pick.parked || !pick.flows {
+// for share key of rates on link, are as setQueues would set them: this
+// agent set them last, for the share that was on the block when this agent
+// parked it, at the same rates; then the block is handed to key. A parked
+// block's children are left as their last share had them (parking changes
+// the share class only), so a pod of the same size as the last spares
+// twenty requests under the parent's lock (issue 44). Another agent that
+// took the block since (a rolling update's) parks it with its own quantum.
+func (p *NICPreparer) queuesKept(link netlink.Link, key string, pick minorPick, rates classRates) bool {
+	if !pick.parked || !pick.flows || !pick.parkedHere {
 		return false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	set, ok := p.queuesSet[blockKey{device: link.Attrs().Name, ifindex: link.Attrs().Index, base: pick.minor}]
-	return ok && p.noFQCodel && set == rates
+	block := blockKey{device: link.Attrs().Name, ifindex: link.Attrs().Index, base: pick.minor}
+	set, ok := p.queuesSet[block]
+	if !ok || !p.noFQCodel || set.rates != rates {
+		return false
+	}
+	p.queuesSet[block] = queuesOf{rates: rates, key: key}
+	return true
 }
 
 // sparseRate is what a share of rateBits assures its sparse child: as much

@@ -46,6 +46,9 @@ type minorPick struct {
 	// flows, it has flow children; drops is what HTB had counted on them.
 	parked, flows bool
 	drops         uint64
+	// parkedHere: the kernel says this agent parked the block (its
+	// quantum is this agent's parkQuantum).
+	parkedHere bool
 }
 
 // pickMinor returns key's class minor on a device: its own if it has one,

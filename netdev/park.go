@@ -109,7 +109,15 @@ func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, fl
 	if err != nil {
 		return out, err
 	}
-	if err := p.h.ClassChange(shareClass(link, under, base, hardCap(rate), true)); err != nil {
+	p.mu.Lock()
+	if set, ok := p.queuesSet[blockKey{device: dev, ifindex: link.Attrs().Index, base: base}]; ok && set.key != key {
+		// Its children were last set for another share than this one,
+		// which this agent did not prepare on them (another agent
+		// did, or an earlier one): not known any more.
+		delete(p.queuesSet, blockKey{device: dev, ifindex: link.Attrs().Index, base: base})
+	}
+	p.mu.Unlock()
+	if err := p.h.ClassChange(shareClass(link, under, base, hardCap(rate), p.parkQuantum)); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return out, nil // gone, and its children with it
 		}

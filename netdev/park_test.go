@@ -280,7 +280,7 @@ func TestAnOlderParkedBlockGetsTodaysQueues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.add("keeper", "10M", "", nil) // holds the shaper
+	keeper := b.add("keeper", "10M", "", nil) // holds the shaper
 	old := b.add("old", "10M", "", nil)
 	rec := record(t, old.undo)
 	if !rec.FlowClasses {
@@ -312,6 +312,11 @@ func TestAnOlderParkedBlockGetsTodaysQueues(t *testing.T) {
 	if err := b.p.Unprepare(context.Background(), old.alloc, old.undo); err != nil {
 		t.Fatal(err)
 	}
+	// Today's agent, started after the older one parked the block.
+	before := b.p
+	defer func() { b.p = before }()
+	b.p = b.newPreparer("test", b.tp.Subnet, b.tp.ServerIP)
+	b.p.Restore([]prepare.Allocation{keeper.alloc}, []json.RawMessage{keeper.undo})
 	next := b.add("next", "10M", "", nil)
 	if got := record(t, next.undo).EgressMinor; got != rec.EgressMinor {
 		t.Fatalf("the next share took block 1:%x, not the parked 1:%x", got, rec.EgressMinor)
@@ -410,7 +415,43 @@ func TestAParkedBlockOfTheSameRatesKeepsItsQueues(t *testing.T) {
 			t.Errorf("child +%d of the taken block: %s\nwant as a fresh block's: %s", off, got[off], w)
 		}
 	}
+	// A second agent (a rolling update's) takes the block parked by
+	// the first and leaves other children on it (an older carve's);
+	// the first agent, taking it back at the same rates, sets them.
 	if err := b.p.Unprepare(context.Background(), second.alloc, second.undo); err != nil {
+		t.Fatal(err)
+	}
+	agentA := b.p
+	defer func() { b.p = agentA }()
+	b.p = b.newPreparer("test", b.tp.Subnet, b.tp.ServerIP)
+	other := b.add("other", "20M", "20M", nil)
+	if m := record(t, other.undo).EgressMinor; m != rec.EgressMinor {
+		t.Fatalf("the second agent took 1:%x, want the parked 1:%x", m, rec.EgressMinor)
+	}
+	shaper, err := node.LinkByName(netdev.EgressShaperName(parent.Attrs().Index))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sparse := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: shaper.Attrs().Index, Parent: netlink.MakeHandle(1, rec.EgressMinor), Handle: netlink.MakeHandle(1, rec.EgressMinor+bpf.FlowSparseChild)},
+		netlink.HtbClassAttrs{Rate: 8000, Ceil: 20e6, Quantum: 1514})
+	if err := node.ClassChange(sparse); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.p.Unprepare(context.Background(), other.alloc, other.undo); err != nil {
+		t.Fatal(err)
+	}
+	b.p = agentA
+	again := b.add("again", "20M", "20M", nil)
+	if m := record(t, again.undo).EgressMinor; m != rec.EgressMinor {
+		t.Fatalf("the first agent took 1:%x back, want the parked 1:%x", m, rec.EgressMinor)
+	}
+	got = queues(rec.EgressMinor)
+	for off, w := range want {
+		if g := stripHandles(got[off]); g != stripHandles(w) {
+			t.Errorf("child +%d of the block taken back from the second agent: %s\nwant as a fresh block's: %s", off, got[off], w)
+		}
+	}
+	if err := b.p.Unprepare(context.Background(), again.alloc, again.undo); err != nil {
 		t.Fatal(err)
 	}
 	third := b.add("third", "40M", "40M", nil)

@@ -57,9 +57,9 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rates classRates, link
 	// error, so that the undo removes the class (and its children, with
 	// flows). The classifier entry, the only other record of it, is
 	// written last and may never be.
-	if p.queuesKept(classDev, pick, rates) {
+	if p.queuesKept(classDev, key, pick, rates) {
 		flows = true
-	} else if flows, err = p.setQueues(classDev, minor, rates); err != nil {
+	} else if flows, err = p.setQueues(classDev, key, minor, rates); err != nil {
 		return minor, flows, dropBase, err
 	}
 	// Attached (and checked to be first on the hook) once per device
@@ -110,7 +110,10 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, parent uint32, rate
 			err = errNotParked
 		}
 		if err == nil {
-			err = p.h.ClassChange(shareClass(dev, parent, pick.minor, rates, false))
+			pick.parkedHere = st[0].quantum == p.parkQuantum
+		}
+		if err == nil {
+			err = p.h.ClassChange(shareClass(dev, parent, pick.minor, rates, 0))
 		}
 		if err == nil {
 			if pick.flows {

@@ -95,7 +95,7 @@ func ensureHTB(h *netlink.Handle, link netlink.Link, linkRate uint64, defcls uin
 // A class that exists and is not the share's own is never taken over: with
 // two agents on a node (a rolling update) that would make two shares one.
 func setClass(h *netlink.Handle, link netlink.Link, parent uint32, minor uint16, rates classRates, own bool) error {
-	class := shareClass(link, parent, minor, rates, false)
+	class := shareClass(link, parent, minor, rates, 0)
 	err := h.ClassAdd(class)
 	if errors.Is(err, unix.EEXIST) && own {
 		err = h.ClassChange(class)
@@ -111,16 +111,19 @@ func setClass(h *netlink.Handle, link netlink.Link, parent uint32, minor uint16,
 
 // shareClass is the share class 1:minor on link, under parent (the link
 // class, or the HTB on a device an older carve made), assured its floor and
-// held to its ceiling; parked, with the parked mark (park.go). Its two
-// bursts are equal, about 8 ms at the ceiling: a share's class is told
-// from a parked one by them.
-func shareClass(link netlink.Link, parent uint32, minor uint16, rates classRates, parked bool) *netlink.HtbClass {
+// held to its ceiling; where parked is not 0, parked (park.go), with the
+// parked mark and parked as its quantum, which names the agent that parked
+// it (NICPreparer.parkQuantum). Its two bursts are equal, about 8 ms at
+// the ceiling: a share's class is told from a parked one by them.
+func shareClass(link netlink.Link, parent uint32, minor uint16, rates classRates, parked uint32) *netlink.HtbClass {
 	attrs := netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: netlink.MakeHandle(1, minor)}
 	buf, cbuf := htbBuffer(rates.ceil), htbBuffer(rates.ceil)
-	if parked {
+	q := rates.quantum()
+	if parked != 0 {
 		cbuf += buf / 2
+		q = parked
 	}
-	return netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rates.floor, Ceil: rates.ceil, Buffer: buf, Cbuffer: cbuf, Quantum: rates.quantum()})
+	return netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rates.floor, Ceil: rates.ceil, Buffer: buf, Cbuffer: cbuf, Quantum: q})
 }
 
 // quantum is the class's DRR quantum: proportional to its floor where it
