@@ -1,9 +1,10 @@
 package netdev
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -131,7 +132,9 @@ type queuesOf struct {
 // newParkQuantum draws an agent's parkQuantum: an MTU and up to 64 KiB
 // more, never a quantum a share's class gets from its rate alone.
 func newParkQuantum() uint32 {
-	return 1514 + 1 + uint32(rand.N(1<<16))
+	var b [2]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
+	return 1514 + 1 + uint32(binary.NativeEndian.Uint16(b[:]))
 }
 
 // blockKey names a block of classes from base on a device.
