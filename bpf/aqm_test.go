@@ -143,13 +143,26 @@ func TestAQM(t *testing.T) {
 		t.Fatalf("the next arriving frame: verdict %d, want TC_ACT_SHOT (2)", ret)
 	}
 	// The control law: the next drop is due an interval/sqrt(2) later.
-	busy(110 * time.Millisecond)
-	dequeue(20 * time.Millisecond)
-	if state.Count != 2 || state.Owed == 0 {
-		t.Fatalf("an interval on, still over: %+v", state)
-	}
-	ret, out, data := classify(bulkFrame(true))
-	if ret != -1 || data[15]&3 != 3 || ipv4Checksum(data[14:34]) != 0 {
+	// An owed drop lapses where no frame of the class left for a
+	// target's time (5 ms) before the next arrives: in an emulated
+	// guest (make vmtest) the two runs can be further apart than that,
+	// and only then is the step tried again.
+	var data []byte
+	for try := 1; ; try++ {
+		busy(110 * time.Millisecond)
+		dequeue(20 * time.Millisecond)
+		if state.Count < 2 || (try == 1 && state.Count != 2) || state.Owed == 0 {
+			t.Fatalf("an interval on, still over: %+v", state)
+		}
+		dequeued := time.Now()
+		ret, out, data = classify(bulkFrame(true))
+		if ret == -1 && data[15]&3 == 3 && ipv4Checksum(data[14:34]) == 0 {
+			break
+		}
+		if gap := time.Since(dequeued); gap > 5*time.Millisecond && try < 5 {
+			t.Logf("try %d: %v from the dequeue to the next frame, over the target: the owed mark lapsed; again", try, gap)
+			continue
+		}
 		t.Fatalf("an ECN-capable frame: verdict %d, ECN %d, checksum sum %#x; want it passed, CE, and a valid checksum", ret, data[15]&3, ipv4Checksum(data[14:34]))
 	}
 	c, err := s.AQM()
