@@ -81,9 +81,9 @@
 //
 // Prepare and unprepare are idempotent and crash-safe. Each claim is recorded
 // in <state-dir>/checkpoint.json (versioned, sha256-checksummed, written by
-// temp file + rename under an flock, concurrent updates committed in groups;
-// no fsync, as its records are of this boot only) as started before anything is applied and completed after its CDI
-// spec is written; a claim found started is rolled back and redone, a
+// temp file + atomic swap under an flock, concurrent updates committed in
+// groups; no fsync, as its records are of this boot only) as started before
+// anything is applied and completed after its CDI spec is written; a claim found started is rolled back and redone, a
 // completed one is answered from the record, records from another boot are
 // dropped (with their claim files), and an unreadable checkpoint is kept
 // aside as checkpoint.json.corrupt-<time> and counted

@@ -48,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "carve_checkpoint_corrupt_total", Help: "Checkpoint files found unreadable and kept aside.",
 		}),
 		CheckpointWrite: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "carve_checkpoint_write_duration_seconds", Help: "Time to encode and write the checkpoint of prepared claims, fsyncs included.",
+			Name: "carve_checkpoint_write_duration_seconds", Help: "Time to encode and write the checkpoint of prepared claims.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}),
 		CheckpointBytes: prometheus.NewGauge(prometheus.GaugeOpts{
