@@ -32,7 +32,10 @@ const (
 // the real node; it reports when they were scheduled, when the kubelet had
 // them running and Ready, what carve's prepares took (the agent's own
 // histogram), and, after they are all deleted at once, when every claim
-// was unprepared and reclaimed. With CARVE_E2E_SHARE_PODS_TRAFFIC=1 every
+// was unprepared and reclaimed. Its references, in the same run: as many
+// pods without a claim, and as many with a claim of a do-nothing DRA
+// driver (runNoopNodeDriver, issue 44), whose ratio is carve's own cost.
+// With CARVE_E2E_SHARE_PODS_TRAFFIC=1 every
 // pod then saturates its share at once, egress and then ingress, and each
 // one's goodput is checked against its limit (checkManyTraffic). make soak
 // runs it with 20, 100 (with traffic) and 250 pods; make test does not (it
@@ -81,8 +84,10 @@ func TestNodeManySharePods(t *testing.T) {
 		_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(context.Background(), "many", metav1.DeleteOptions{})
 	})
 
-	// The reference, in the same run: as many pods without a claim.
-	_, plainReady, plainAll := startAtOnce(t, cs, n, "plain", false)
+	// The references, in the same run: as many pods without a claim, and
+	// as many with a claim of the do-nothing driver (issue 44: all that
+	// DRA costs outside carve).
+	_, plainReady, plainAll := startAtOnce(t, cs, n, "plain", "")
 	// Their teardown is done when the kubelet has run its cleanup of
 	// each, which calls DRA unprepare even for a pod with no claim: the
 	// reference for the share pods' reclaim, and no teardown left to
@@ -99,13 +104,18 @@ func TestNodeManySharePods(t *testing.T) {
 	})
 	plainGone := time.Since(plainDel)
 
+	runNoopNodeDriver(t, cs, env, n)
+	_, noopReady, noopAll := startAtOnce(t, cs, n, "noop", noopDriverName)
+	noopPodsGone, noopClaimsGone := deleteAtOnce(t, cs, n, "noop", nil)
+
 	before := componentTimings(t, cs, env["CARVE_NODE_NAME"])
-	scheduled, ready, readyAll := startAtOnce(t, cs, n, "many", true)
+	scheduled, ready, readyAll := startAtOnce(t, cs, n, "many", "many")
 	after := componentTimings(t, cs, env["CARVE_NODE_NAME"])
-	t.Logf("%d pods on the real node, created at once:\n| pods | Ready p50 / all, no claim (reference) | with a 10M share: scheduled p50 / all | Ready p50 / p99 / all | all Ready, share / reference |\n|---|---|---|---|---|\n| %d | %v / %v | %v / %v | %v / %v / %v | %.2f |\n"+
+	t.Logf("%d pods on the real node, created at once:\n| pods | Ready p50 / all, no claim | Ready p50 / all, a claim of the do-nothing driver | with a 10M share: scheduled p50 / all | Ready p50 / p99 / all | all Ready, share / do-nothing (share / no claim) |\n|---|---|---|---|---|---|\n| %d | %v / %v | %v / %v | %v / %v | %v / %v / %v | %.2f (%.2f) |\n"+
 		"where the share pods' time went, each component's own histograms over the run (operations run concurrently: sums overlap):\n%s",
-		n, n, pct(plainReady, 0.5), plainAll.Round(10*time.Millisecond), pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99),
-		readyAll.Round(10*time.Millisecond), readyAll.Seconds()/plainAll.Seconds(), after.table(before))
+		n, n, pct(plainReady, 0.5), plainAll.Round(10*time.Millisecond), pct(noopReady, 0.5), noopAll.Round(10*time.Millisecond),
+		pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99),
+		readyAll.Round(10*time.Millisecond), readyAll.Seconds()/noopAll.Seconds(), readyAll.Seconds()/plainAll.Seconds(), after.table(before))
 
 	if traffic {
 		checkManyTraffic(t, n, stateDir)
@@ -113,25 +123,43 @@ func TestNodeManySharePods(t *testing.T) {
 
 	// All deleted at once: every claim unprepared and reclaimed.
 	beforeDel := componentTimings(t, cs, env["CARVE_NODE_NAME"])
+	var unprepared time.Duration
+	podsGone, claimsGone := deleteAtOnce(t, cs, n, "many", func(since time.Duration) bool {
+		if unprepared == 0 && len(checkpointRecords(t, stateDir)) == 0 {
+			unprepared = since
+		}
+		return unprepared != 0
+	})
+	t.Logf("%d share pods deleted at once:\n| pods | no claim: every pod cleaned up by the kubelet | do-nothing driver: every pod gone / every claim deleted | with a share: every claim unprepared | every pod gone | every claim deleted | claims deleted, share / do-nothing |\n|---|---|---|---|---|---|---|\n| %d | %v | %v / %v | %v | %v | %v | %.2f |\n%s",
+		n, n, plainGone.Round(10*time.Millisecond), noopPodsGone, noopClaimsGone, unprepared, podsGone, claimsGone,
+		claimsGone.Seconds()/noopClaimsGone.Seconds(), componentTimings(t, cs, env["CARVE_NODE_NAME"]).table(beforeDel))
+}
+
+// deleteAtOnce deletes the n pods labelled label at once and returns when
+// every one was gone and every claim of testNS deleted, each since the
+// deletions; done, where given, is polled too and must say true first.
+func deleteAtOnce(t *testing.T, cs kubernetes.Interface, n int, label string, done func(since time.Duration) bool) (podsGone, claimsGone time.Duration) {
+	t.Helper()
+	ctx := context.Background()
 	del := time.Now()
 	for i := 0; i < n; i++ {
-		if err := cs.CoreV1().Pods(testNS).Delete(ctx, podName("many", i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
+		if err := cs.CoreV1().Pods(testNS).Delete(ctx, podName(label, i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var podsGone, unprepared, claimsGone time.Duration
-	for podsGone == 0 || unprepared == 0 || claimsGone == 0 {
+	finished := done == nil
+	for podsGone == 0 || claimsGone == 0 || !finished {
 		if time.Since(del) > time.Duration(60+n)*time.Second {
-			t.Fatalf("after %v: pods gone at %v, claims unprepared at %v, claims deleted at %v (0: not yet)", time.Since(del), podsGone, unprepared, claimsGone)
+			t.Fatalf("after %v: %s pods gone at %v, claims deleted at %v (0: not yet), the rest done: %v", time.Since(del), label, podsGone, claimsGone, finished)
 		}
 		now := time.Since(del).Round(10 * time.Millisecond)
 		if podsGone == 0 {
-			if l, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "carve-e2e=many"}); err == nil && len(l.Items) == 0 {
+			if l, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "carve-e2e=" + label}); err == nil && len(l.Items) == 0 {
 				podsGone = now
 			}
 		}
-		if unprepared == 0 && len(checkpointRecords(t, stateDir)) == 0 {
-			unprepared = now
+		if !finished {
+			finished = done(now)
 		}
 		if claimsGone == 0 {
 			if l, err := cs.ResourceV1().ResourceClaims(testNS).List(ctx, metav1.ListOptions{}); err == nil && len(l.Items) == 0 {
@@ -140,21 +168,20 @@ func TestNodeManySharePods(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("%d share pods deleted at once:\n| pods | no claim (reference): every pod cleaned up by the kubelet | with a share: every claim unprepared | every pod gone | every claim deleted |\n|---|---|---|---|---|\n| %d | %v | %v | %v | %v |\n%s",
-		n, n, plainGone.Round(10*time.Millisecond), unprepared, podsGone, claimsGone, componentTimings(t, cs, env["CARVE_NODE_NAME"]).table(beforeDel))
+	return podsGone, claimsGone
 }
 
 func podName(label string, i int) string { return fmt.Sprintf("%s-%03d", label, i) }
 
-// startAtOnce creates n pods labelled carve-e2e=label, each with a share
-// from the "many" claim template where claim is set, and returns when each
+// startAtOnce creates n pods labelled carve-e2e=label, each with a claim
+// from the claim template named template where it is not "", and returns when each
 // was scheduled and Ready, polled from the API server every 100 ms (a watch
 // can end under load; a list sees what it missed), and when all were.
-func startAtOnce(t *testing.T, cs kubernetes.Interface, n int, label string, claim bool) (scheduled, ready map[string]time.Duration, all time.Duration) {
+func startAtOnce(t *testing.T, cs kubernetes.Interface, n int, label, template string) (scheduled, ready map[string]time.Duration, all time.Duration) {
 	t.Helper()
 	scheduled, ready = map[string]time.Duration{}, map[string]time.Duration{}
 	start := time.Now()
-	createConcurrently(t, cs, n, label, claim)
+	createConcurrently(t, cs, n, label, template)
 	for len(ready) < n {
 		if time.Since(start) > time.Duration(30+n)*time.Second {
 			t.Fatalf("%d of %d %s pods Ready after %v", len(ready), n, label, time.Since(start))
@@ -180,7 +207,7 @@ func startAtOnce(t *testing.T, cs kubernetes.Interface, n int, label string, cla
 
 // createConcurrently creates the n pods from eight clients at once, as a
 // Deployment's controller would.
-func createConcurrently(t *testing.T, cs kubernetes.Interface, n int, label string, claim bool) {
+func createConcurrently(t *testing.T, cs kubernetes.Interface, n int, label, template string) {
 	t.Helper()
 	jobs := make(chan int)
 	errs := make(chan error, n)
@@ -191,8 +218,8 @@ func createConcurrently(t *testing.T, cs kubernetes.Interface, n int, label stri
 			defer wg.Done()
 			for i := range jobs {
 				var claims []*corev1.PodResourceClaim
-				if claim {
-					claims = append(claims, &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("many")})
+				if template != "" {
+					claims = append(claims, &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To(template)})
 				}
 				p := podWithImage(podName(label, i), "carve-net-test:e2e", claims...)
 				p.Labels = map[string]string{"carve-e2e": label}

@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+)
+
+// noopDriverName is the do-nothing driver's name on the real node, beside
+// carve's own.
+const noopDriverName = "noop.carve.dev"
+
+// runNoopNodeDriver starts the do-nothing driver (noopDriver, the floor of
+// the prepare benchmarks) on the real node, registered with its kubelet,
+// with a ResourceSlice of devices plain devices, a DeviceClass and a claim
+// template, both named noopDriverName, in testNS: pods with a claim from
+// that template pay all that DRA costs outside carve (the scheduler's
+// allocation, the ResourceClaim objects, the kubelet's DRA manager and its
+// gRPC calls) and nothing of carve's. It is the reference of
+// TestNodeManySharePods (issue 44, item 3). Everything goes when t ends.
+func runNoopNodeDriver(t *testing.T, cs kubernetes.Interface, env map[string]string, devices int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	node := env["CARVE_NODE_NAME"]
+	pluginDir := filepath.Join(env["KUBELET_ROOT_DIR"], "plugins", noopDriverName)
+	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	helper, err := kubeletplugin.Start(ctx, noopDriver{}, kubeletplugin.DriverName(noopDriverName), kubeletplugin.NodeName(node),
+		kubeletplugin.KubeClient(cs), kubeletplugin.RegistrarDirectoryPath(filepath.Join(env["KUBELET_ROOT_DIR"], "plugins_registry")),
+		kubeletplugin.PluginDataDirectoryPath(pluginDir), kubeletplugin.Serialize(false))
+	if err != nil {
+		cancel()
+		t.Fatalf("start the do-nothing driver: %v", err)
+	}
+	t.Cleanup(func() {
+		helper.Stop()
+		cancel()
+		_ = os.RemoveAll(pluginDir)
+		_ = cs.ResourceV1().ResourceSlices().DeleteCollection(context.Background(), metav1.DeleteOptions{},
+			metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + noopDriverName})
+	})
+	devs := make([]resourceapi.Device, devices)
+	for i := range devs {
+		devs[i] = resourceapi.Device{Name: fmt.Sprintf("noop-%d", i)}
+	}
+	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		node: {Slices: []resourceslice.Slice{{Devices: devs}}},
+	}}); err != nil {
+		t.Fatalf("publish the do-nothing driver's devices: %v", err)
+	}
+	dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: noopDriverName}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + noopDriverName + `"`}}}}}
+	_ = cs.ResourceV1().DeviceClasses().Delete(ctx, dc.Name, metav1.DeleteOptions{})
+	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().DeviceClasses().Delete(context.Background(), dc.Name, metav1.DeleteOptions{})
+	})
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: noopDriverName, Namespace: testNS},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "noop", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: noopDriverName}}}}}}}
+	_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(ctx, tmpl.Name, metav1.DeleteOptions{})
+	if _, err := cs.ResourceV1().ResourceClaimTemplates(testNS).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().ResourceClaimTemplates(testNS).Delete(context.Background(), tmpl.Name, metav1.DeleteOptions{})
+	})
+	waitFor(t, "the do-nothing driver's devices published", time.Minute, func() (bool, error) {
+		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + noopDriverName})
+		if err != nil {
+			return false, err
+		}
+		n := 0
+		for _, s := range l.Items {
+			n += len(s.Spec.Devices)
+		}
+		return n == devices, fmt.Errorf("%d of %d devices published", n, devices)
+	})
+}
