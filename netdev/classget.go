@@ -17,10 +17,10 @@ import (
 
 // classState is what the kernel says of one HTB class.
 type classState struct {
-	exists  bool
-	parked  bool   // it carries the parked mark (parkedClass)
-	quantum uint32 // its DRR quantum: a parked one's names who parked it
-	drops   uint64 // HTB's count of its drops
+	exists bool
+	parked bool   // it carries the parked mark (parkedClass)
+	rate   uint32 // its rate in bytes/s (saturated past 4 GB/s): a parked one's names who parked it
+	drops  uint64 // HTB's count of its drops
 }
 
 // classStates asks the kernel of the node's namespace about the given
@@ -75,7 +75,7 @@ func getClass(sh *nl.SocketHandle, ifindex int, handle uint32) (classState, erro
 					// them: the mark survives the conversion.
 					opt := nl.DeserializeTcHtbCopt(n.Value)
 					st.parked = opt.Cbuffer > opt.Buffer
-					st.quantum = opt.Quantum
+					st.rate = opt.Rate.Rate
 				}
 			}
 		}

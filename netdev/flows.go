@@ -129,12 +129,32 @@ type queuesOf struct {
 	key   string
 }
 
-// newParkQuantum draws an agent's parkQuantum: an MTU and up to 64 KiB
-// more, never a quantum a share's class gets from its rate alone.
-func newParkQuantum() uint32 {
+// newParkMark draws an agent's parkMark: 1 to 65535.
+func newParkMark() uint32 {
 	var b [2]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	return 1514 + 1 + uint32(binary.NativeEndian.Uint16(b[:]))
+	return 1 + uint32(binary.NativeEndian.Uint16(b[:]))%(parkMarkSpan-1)
+}
+
+// parkMarkSpan: a parked class's rate in bytes/s, modulo it, is the mark
+// of the agent that parked it. HTB keeps a class's DRR quantum only while
+// it has no children, and a share class with flow children has some, so
+// the mark is in its rate, which HTB keeps for every class and a parked
+// class never uses.
+const parkMarkSpan = 1 << 16
+
+// parkedRate is the rate, in bits/s, of a class of rateBits parked with
+// mark: rateBits rounded up to whole parkMarkSpans of bytes/s, plus the
+// mark; under 1.1 Mbit/s more.
+func parkedRate(rateBits uint64, mark uint32) uint64 {
+	bytes := (rateBits/8 + parkMarkSpan - 1) / parkMarkSpan * parkMarkSpan
+	return (bytes + uint64(mark)) * 8
+}
+
+// parkedBy says whether a parked class whose rate the kernel gives as
+// rateBytes (bytes/s, saturated at 4 GB/s) carries mark.
+func parkedBy(rateBytes, mark uint32) bool {
+	return mark != 0 && rateBytes != ^uint32(0) && rateBytes%parkMarkSpan == mark
 }
 
 // blockKey names a block of classes from base on a device.

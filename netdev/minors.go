@@ -47,7 +47,7 @@ type minorPick struct {
 	parked, flows bool
 	drops         uint64
 	// parkedHere: the kernel says this agent parked the block (its
-	// quantum is this agent's parkQuantum).
+	// rate carries this agent's parkMark).
 	parkedHere bool
 }
 

@@ -117,7 +117,7 @@ func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, fl
 		delete(p.queuesSet, blockKey{device: dev, ifindex: link.Attrs().Index, base: base})
 	}
 	p.mu.Unlock()
-	if err := p.h.ClassChange(shareClass(link, under, base, hardCap(rate), p.parkQuantum)); err != nil {
+	if err := p.h.ClassChange(shareClass(link, under, base, hardCap(rate), p.parkMark)); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return out, nil // gone, and its children with it
 		}

@@ -11,6 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
@@ -404,7 +407,11 @@ func TestAParkedBlockOfTheSameRatesKeepsItsQueues(t *testing.T) {
 	if err := b.p.Unprepare(context.Background(), first.alloc, first.undo); err != nil {
 		t.Fatal(err)
 	}
+	watch := watchChildren(t, b.tp.Node, rec.EgressMinor)
 	second := b.add("second", "20M", "20M", nil)
+	if n := watch(); n != 0 {
+		t.Errorf("taking the block parked at the same rates changed %d of its flow children, want none", n)
+	}
 	if rec2 := record(t, second.undo); rec2.EgressMinor != rec.EgressMinor {
 		t.Fatalf("second took 1:%x, want first's parked 1:%x", rec2.EgressMinor, rec.EgressMinor)
 	}
@@ -441,7 +448,11 @@ func TestAParkedBlockOfTheSameRatesKeepsItsQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.p = agentA
+	watch = watchChildren(t, b.tp.Node, rec.EgressMinor)
 	again := b.add("again", "20M", "20M", nil)
+	if n := watch(); n == 0 {
+		t.Error("taking back the block another agent parked changed none of its flow children")
+	}
 	if m := record(t, again.undo).EgressMinor; m != rec.EgressMinor {
 		t.Fatalf("the first agent took 1:%x back, want the parked 1:%x", m, rec.EgressMinor)
 	}
@@ -468,4 +479,38 @@ func TestAParkedBlockOfTheSameRatesKeepsItsQueues(t *testing.T) {
 // stripHandles drops the handle and parent fields from a qdisc's %+v.
 func stripHandles(s string) string {
 	return regexp.MustCompile(`(Handle|Parent): [0-9a-f:]+`).ReplaceAllString(s, "")
+}
+
+// watchChildren listens to the kernel's traffic-control notifications in
+// ns and returns a func that says how many class changes it saw since, of
+// the flow children of a block from base (any device).
+func watchChildren(t *testing.T, ns netns.NsHandle, base uint16) func() int {
+	t.Helper()
+	sock, err := nl.SubscribeAt(ns, netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_TC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sock.Close)
+	tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
+	if err := sock.SetReceiveTimeout(&tv); err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		n := 0
+		for {
+			msgs, _, err := sock.Receive()
+			if err != nil {
+				return n // the timeout: nothing more
+			}
+			for _, m := range msgs {
+				if m.Header.Type != unix.RTM_NEWTCLASS {
+					continue
+				}
+				_, minor := netlink.MajorMinor(nl.DeserializeTcMsg(m.Data).Handle)
+				if minor > base && minor < base+16 {
+					n++
+				}
+			}
+		}
+	}
 }

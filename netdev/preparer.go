@@ -95,11 +95,11 @@ type NICPreparer struct {
 	// leaves were last set for by this agent (setQueues): a parked
 	// block taken for a share of the same rates keeps them as they are.
 	queuesSet map[blockKey]queuesOf
-	// parkQuantum is the quantum this agent gives the classes it parks,
-	// drawn at start: a block parked by another agent (a rolling
-	// update's) or an earlier one has another, and its children are
-	// set again when taken.
-	parkQuantum uint32
+	// parkMark is what this agent writes into the rate of the classes
+	// it parks (parkedRate), drawn at start: a block parked by another
+	// agent (a rolling update's) or an earlier one has another, and its
+	// children are set again when taken.
+	parkMark uint32
 	// parentLocks and poolMu are the in-process halves of the parents'
 	// and the pools' locks (see locks.go).
 	parentLocks parentLocks
@@ -140,7 +140,7 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	}
 	p := &NICPreparer{opts: opts, h: h, route: &nl.SocketHandle{Socket: sock}, ipam: newIPAM(), minors: map[string]map[uint16]string{},
 		blocks: map[string]map[string][]uint16{}, plainRoot: map[int]bool{}, labels: map[string]shareLabels{},
-		held: map[string]map[string]bool{}, queuesSet: map[blockKey]queuesOf{}, parkQuantum: newParkQuantum(), parked: map[string][]parkedBlock{}, scanned: map[string]bool{}}
+		held: map[string]map[string]bool{}, queuesSet: map[blockKey]queuesOf{}, parkMark: newParkMark(), parked: map[string][]parkedBlock{}, scanned: map[string]bool{}}
 	if p.reaper, err = newReaper(p); err != nil {
 		h.Close()
 		return nil, err

@@ -110,7 +110,7 @@ func (p *NICPreparer) addClass(dev netlink.Link, key string, parent uint32, rate
 			err = errNotParked
 		}
 		if err == nil {
-			pick.parkedHere = st[0].quantum == p.parkQuantum
+			pick.parkedHere = parkedBy(st[0].rate, p.parkMark)
 		}
 		if err == nil {
 			err = p.h.ClassChange(shareClass(dev, parent, pick.minor, rates, 0))

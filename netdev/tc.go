@@ -112,8 +112,8 @@ func setClass(h *netlink.Handle, link netlink.Link, parent uint32, minor uint16,
 // shareClass is the share class 1:minor on link, under parent (the link
 // class, or the HTB on a device an older carve made), assured its floor and
 // held to its ceiling; where parked is not 0, parked (park.go), with the
-// parked mark and parked as its quantum, which names the agent that parked
-// it (NICPreparer.parkQuantum). Its two bursts are equal, about 8 ms at
+// parked mark and, in its rate, parked, which names the agent that parked
+// it (NICPreparer.parkMark, parkedRate). Its two bursts are equal, about 8 ms at
 // the ceiling: a share's class is told from a parked one by them.
 func shareClass(link netlink.Link, parent uint32, minor uint16, rates classRates, parked uint32) *netlink.HtbClass {
 	attrs := netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: netlink.MakeHandle(1, minor)}
@@ -121,7 +121,8 @@ func shareClass(link netlink.Link, parent uint32, minor uint16, rates classRates
 	q := rates.quantum()
 	if parked != 0 {
 		cbuf += buf / 2
-		q = parked
+		r := parkedRate(rates.ceil, parked)
+		rates = classRates{floor: r, ceil: r}
 	}
 	return netlink.NewHtbClass(attrs, netlink.HtbClassAttrs{Rate: rates.floor, Ceil: rates.ceil, Buffer: buf, Cbuffer: cbuf, Quantum: q})
 }
