@@ -26,8 +26,9 @@ const noopDriverName = "noop.carve.dev"
 // that template pay all that DRA costs outside carve (the scheduler's
 // allocation, the ResourceClaim objects, the kubelet's DRA manager and its
 // gRPC calls) and nothing of carve's. It is the reference of
-// TestNodeManySharePods (issue 44, item 3). Everything goes when t ends.
-func runNoopNodeDriver(t *testing.T, cs kubernetes.Interface, env map[string]string, devices int) {
+// TestNodeManySharePods and BenchmarkPodStart (issue 44, items 3 and 4).
+// Everything goes when t ends.
+func runNoopNodeDriver(t testing.TB, cs kubernetes.Interface, env map[string]string, devices int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	node := env["CARVE_NODE_NAME"]

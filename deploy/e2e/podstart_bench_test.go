@@ -32,8 +32,9 @@ var kubeletSteps = map[string]string{
 }
 
 // BenchmarkPodStart times pods from create to Ready on the real node, in
-// rounds of three, one after another: no claim, a 50M share through a
-// claim template, and a 50M share through a pre-created claim. It reports
+// rounds of four, one after another: no claim, a claim of the do-nothing
+// driver through its template (what DRA costs without carve), a 50M share
+// through a claim template, and a 50M share through a pre-created claim. It reports
 // the median and p90 of each kind, and the median time of each kubelet
 // step. At least 20 rounds (CARVE_PODSTART_ROUNDS), whatever b.N is.
 func BenchmarkPodStart(b *testing.B) {
@@ -71,7 +72,10 @@ func BenchmarkPodStart(b *testing.B) {
 	if n, err := strconv.Atoi(os.Getenv("CARVE_PODSTART_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
-	kinds := []string{"none", "template", "claim"}
+	// noop: a claim of the do-nothing driver through its template, what
+	// DRA costs a pod's start without carve (runNoopNodeDriver).
+	runNoopNodeDriver(b, cs, env, 4)
+	kinds := []string{"none", "noop", "template", "claim"}
 	took := map[string][]float64{}
 	steps := map[string][]float64{}
 	b.ResetTimer()
@@ -80,6 +84,8 @@ func BenchmarkPodStart(b *testing.B) {
 			name := fmt.Sprintf("start-%s-%d", kind, i)
 			p := podWithImage(name, "carve-test:latest")
 			switch kind {
+			case "noop":
+				p = podWithImage(name, "carve-test:latest", &corev1.PodResourceClaim{Name: "noop", ResourceClaimTemplateName: ptr.To(noopDriverName)})
 			case "template":
 				p = podWithImage(name, "carve-test:latest", &corev1.PodResourceClaim{Name: "net", ResourceClaimTemplateName: ptr.To("start-50m")})
 			case "claim":
@@ -109,6 +115,8 @@ func BenchmarkPodStart(b *testing.B) {
 	}
 	b.ReportMetric(quantile(took["claim"], 0.5)-quantile(took["none"], 0.5), "claim-extra-p50-ms")
 	b.ReportMetric(quantile(took["template"], 0.5)-quantile(took["none"], 0.5), "template-extra-p50-ms")
+	b.ReportMetric(quantile(took["noop"], 0.5)-quantile(took["none"], 0.5), "noop-extra-p50-ms")
+	b.ReportMetric(quantile(took["template"], 0.5)-quantile(took["noop"], 0.5), "template-over-noop-p50-ms")
 	var lines []string
 	for k, v := range steps {
 		lines = append(lines, fmt.Sprintf("%-28s p50 %7.1f ms", k, quantile(v, 0.5)))
