@@ -401,6 +401,9 @@ func TestAParkedBlockOfTheSameRatesKeepsItsQueues(t *testing.T) {
 		return out
 	}
 	fresh := b.add("fresh", "20M", "20M", nil)
+	if !record(t, fresh.undo).FlowClasses {
+		t.Skip("the kernel has fq_codel: shares get no flow children")
+	}
 	want := queues(record(t, fresh.undo).EgressMinor)
 	first := b.add("first", "20M", "20M", nil)
 	rec := record(t, first.undo)
