@@ -29,15 +29,7 @@ import (
 // left, the shaper and the IFB go, parked classes with them.
 func TestUnpreparedClassesAreTakenOverByTheNext(t *testing.T) {
 	b := newBench(t)
-	node, err := netlink.NewHandleAt(b.tp.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	parent, err := node.LinkByName(b.tp.Parent)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, parent := b.nodeParent(t)
 	keeper := b.add("keeper", "10M", "10M", nil) // holds the shaper and the IFB
 	before := b.p
 	// The shares' cleanups unprepare through b.p, and the first
@@ -228,15 +220,7 @@ func TestAParkedBlockIsTakenOnce(t *testing.T) {
 // parked blocks and gives the share a block of its own.
 func TestParkedBlocksAreBounded(t *testing.T) {
 	b := newBench(t)
-	node, err := netlink.NewHandleAt(b.tp.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	parent, err := node.LinkByName(b.tp.Parent)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, parent := b.nodeParent(t)
 	shaper := netdev.EgressShaperName(parent.Attrs().Index)
 	b.add("keeper", "10M", "", nil)
 	link, err := node.LinkByName(shaper)
@@ -274,15 +258,7 @@ func TestParkedBlocksAreBounded(t *testing.T) {
 // queues, bfifo leaves and the sparse child's own part of the rate.
 func TestAnOlderParkedBlockGetsTodaysQueues(t *testing.T) {
 	b := newBench(t)
-	node, err := netlink.NewHandleAt(b.tp.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	parent, err := node.LinkByName(b.tp.Parent)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, parent := b.nodeParent(t)
 	keeper := b.add("keeper", "10M", "", nil) // holds the shaper
 	old := b.add("old", "10M", "", nil)
 	rec := record(t, old.undo)
@@ -355,15 +331,7 @@ func TestAnOlderParkedBlockGetsTodaysQueues(t *testing.T) {
 // classes and leaves. One of other rates gets them set again.
 func TestAParkedBlockOfTheSameRatesKeepsItsQueues(t *testing.T) {
 	b := newBench(t)
-	node, err := netlink.NewHandleAt(b.tp.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	parent, err := node.LinkByName(b.tp.Parent)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, parent := b.nodeParent(t)
 	b.add("keeper", "10M", "10M", nil)
 	// queues is what the kernel has under class 1:minor of the egress
 	// shaper: each child's class and its leaf, by the child's offset.
@@ -516,4 +484,20 @@ func watchChildren(t *testing.T, ns netns.NsHandle, base uint16) func() int {
 			}
 		}
 	}
+}
+
+// nodeParent is a netlink handle of the bench's node namespace, closed when
+// t ends, and the parent NIC in it.
+func (b *bench) nodeParent(t *testing.T) (*netlink.Handle, netlink.Link) {
+	t.Helper()
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Close)
+	parent, err := node.LinkByName(b.tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node, parent
 }
