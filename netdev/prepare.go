@@ -309,13 +309,10 @@ func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, ad
 }
 
 // enforce holds the share to its egress and ingress rates (bits/s; 0 for
-// none) under the parent's lock, recording in u what it made.
+// none), recording in u what it made: its classes under the parent's lock
+// (shapeClass), then their queues and classifier entries outside it
+// (shapeQueues).
 func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress classRates, links [2]uint64, u *undoRecord) (err error) {
-	unlock, err := p.lockParent(parent)
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	defer func() {
 		if err != nil {
 			// The next prepare looks at the parent's HTB and IFB
@@ -324,17 +321,40 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress c
 			p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
 		}
 	}()
+	classes, err := p.shapeClasses(parent, key, egress, ingress, links, u)
+	if err != nil {
+		return err
+	}
 	mac := ShareMAC(key)
-	var flows bool
+	for _, sc := range classes {
+		flows, err := p.shapeQueues(sc, key, mac)
+		u.FlowClasses = u.FlowClasses || flows
+		if err != nil {
+			return fmt.Errorf("%s: %w", sc.dir, err)
+		}
+	}
+	return nil
+}
+
+// shapeClasses makes the share's egress and ingress classes under the
+// parent's lock, recording each in u as soon as it exists.
+func (p *NICPreparer) shapeClasses(parent netlink.Link, key string, egress, ingress classRates, links [2]uint64, u *undoRecord) ([]shapedClass, error) {
+	unlock, err := p.lockParent(parent)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var classes []shapedClass
 	if egress.floor > 0 {
 		if egress.borrows() {
 			u.EgressCeiling = egress.ceil
 		}
-		u.EgressMinor, flows, u.EgressDropBase, err = p.shape(parent, key, egress, links[0], bpf.Egress, mac)
-		u.FlowClasses = u.FlowClasses || flows
+		sc, err := p.shapeClass(parent, key, egress, links[0], bpf.Egress)
+		u.EgressMinor, u.EgressDropBase = sc.pick.minor, sc.pick.drops
 		if err != nil {
-			return fmt.Errorf("egress: %w", err)
+			return nil, fmt.Errorf("egress: %w", err)
 		}
+		classes = append(classes, sc)
 	}
 	if ingress.floor > 0 {
 		if ingress.borrows() {
@@ -342,15 +362,16 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress c
 		}
 		ifb, err := p.ensureIngressIFB(parent, links[1])
 		if err != nil {
-			return fmt.Errorf("ingress: %w", err)
+			return nil, fmt.Errorf("ingress: %w", err)
 		}
-		u.IngressMinor, flows, u.IngressDropBase, err = p.shape(ifb, key, ingress, links[1], bpf.Ingress, mac)
-		u.FlowClasses = u.FlowClasses || flows
+		sc, err := p.shapeClass(ifb, key, ingress, links[1], bpf.Ingress)
+		u.IngressMinor, u.IngressDropBase = sc.pick.minor, sc.pick.drops
 		if err != nil {
-			return fmt.Errorf("ingress: %w", err)
+			return nil, fmt.Errorf("ingress: %w", err)
 		}
+		classes = append(classes, sc)
 	}
-	return nil
+	return classes, nil
 }
 
 // lockedVLAN is ensureVLAN under the parent's lock: the VLAN interface is

@@ -12,27 +12,39 @@ import (
 	"github.com/carve-dra/carve/prepare/hook"
 )
 
-// shape gives the share a class assured rates.floor bits/s and held to
-// rates.ceil, and points the classifier on dev at it: for egress dev is the
-// parent and the class is on its egress shaper; for ingress dev is the
-// parent's IFB, which holds the class too. A new shaper or IFB gets a link
-// class of linkRate (the NIC's capacity in dir), which the share classes
-// borrow from. dropBase is what HTB had counted on the class's block before
-// the share took it (a parked block, park.go), to be subtracted from its
-// drops.
-func (p *NICPreparer) shape(dev netlink.Link, key string, rates classRates, linkRate uint64, dir bpf.Direction, mac net.HardwareAddr) (minor uint16, flows bool, dropBase uint64, err error) {
+// shapedClass is a share's class on one device, made under the parent's
+// lock (shapeClass), whose queues and classifier entries are still to be
+// set (shapeQueues).
+type shapedClass struct {
+	dev, classDev netlink.Link
+	pick          minorPick
+	rates         classRates
+	dir           bpf.Direction
+}
+
+// shapeClass gives the share a class assured rates.floor bits/s and held to
+// rates.ceil, under the parent's lock: for egress dev is the parent and
+// the class is on its egress shaper; for ingress dev is the parent's IFB,
+// which holds the class too. A new shaper or IFB gets a link class of
+// linkRate (the NIC's capacity in dir), which the share classes borrow
+// from. The class's block (its minor and the children's after it) is the
+// share's from here on, so its queues need no lock (shapeQueues). The
+// pick's drops are what HTB had counted on the block before the share
+// took it (a parked block, park.go), to be subtracted from its drops.
+func (p *NICPreparer) shapeClass(dev netlink.Link, key string, rates classRates, linkRate uint64, dir bpf.Direction) (shapedClass, error) {
 	classDev := dev
+	var err error
 	if dir == bpf.Egress {
 		// The parent's root qdisc stays the kernel's: the class goes on
 		// its egress shaper.
 		if classDev, err = p.ensureEgressShaper(dev, linkRate); err != nil {
-			return 0, false, 0, err
+			return shapedClass{}, err
 		}
 	} else if !p.setUp.has("htb", dev.Attrs().Index) {
 		// The device's HTB is made once and then known (under the
 		// parent's lock): a steady-state prepare makes no qdisc dump.
 		if err := ensureHTB(p.h, dev, linkRate, p.ifbDefault(linkRate)); err != nil {
-			return 0, false, 0, err
+			return shapedClass{}, err
 		}
 		p.setUp.add("htb", dev.Attrs().Index)
 	}
@@ -41,46 +53,59 @@ func (p *NICPreparer) shape(dev netlink.Link, key string, rates classRates, link
 		err = fmt.Errorf("share of %s, borrowing up to %d bit/s: %s %w", dev.Attrs().Name, rates.ceil, classDev.Attrs().Name, errNoLinkClass)
 	}
 	if err != nil {
-		return 0, false, 0, err
+		return shapedClass{}, err
 	}
 	pick, err := p.addClass(classDev, key, under, rates)
-	minor, dropBase = pick.minor, pick.drops
 	if err != nil {
 		if dir == bpf.Egress {
 			p.setUp.forgetCompanion(companionEgressShaper, dev.Attrs().Index)
 		} else {
 			p.setUp.forget("htb", dev.Attrs().Index)
 		}
-		return 0, false, 0, err
+		return shapedClass{}, err
 	}
-	// From here on the class exists: the minor is returned with any
-	// error, so that the undo removes the class (and its children, with
-	// flows). The classifier entry, the only other record of it, is
-	// written last and may never be.
-	if p.queuesKept(classDev, key, pick, rates) {
-		flows = true
-	} else if flows, err = p.setQueues(classDev, key, minor, rates); err != nil {
-		return minor, flows, dropBase, err
-	}
+	sc := shapedClass{dev: dev, classDev: classDev, pick: pick, rates: rates, dir: dir}
 	// Attached (and checked to be first on the hook) once per device
 	// while it is set up, not by every share.
 	if what := "classifier-" + dir.String(); !p.setUp.has(what, dev.Attrs().Index) {
 		if err := hook.InNetns(p.opts.HostNS, func() error { return p.opts.Shaper.Attach(dev.Attrs().Index, dir) }); err != nil {
-			return minor, flows, dropBase, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
+			// The class exists: returned with the error, so that the
+			// undo removes it.
+			return sc, fmt.Errorf("attach the classifier to %s: %w", dev.Attrs().Name, err)
 		}
 		p.setUp.add(what, dev.Attrs().Index)
+	}
+	return sc, nil
+}
+
+// shapeQueues gives the share's class made by shapeClass its queues (its
+// flow children, unless a parked block of this agent's has them as they
+// would be set), then points the classifier on the device at it. It runs
+// outside the parent's lock: the block is the share's alone, and the
+// device is not idle while the share holds its pick (reapClasses), so
+// prepares on one parent make their children in parallel rather than in
+// a queue (with a hundred new shares at once, 38 class and leaf requests
+// each under the lock made a prepare wait seconds for the others').
+// flows is set as soon as a child may exist, so that an undo removes the
+// children before their parent.
+func (p *NICPreparer) shapeQueues(sc shapedClass, key string, mac net.HardwareAddr) (flows bool, err error) {
+	minor := sc.pick.minor
+	if p.queuesKept(sc.classDev, key, sc.pick, sc.rates) {
+		flows = true
+	} else if flows, err = p.setQueues(sc.classDev, key, minor, sc.rates); err != nil {
+		return flows, err
 	}
 	// The queue entry first: from the share entry on, its frames go to
 	// its children.
 	if flows {
-		if err := p.opts.Shaper.SetShareQueue(dir, mac, bpf.ShareQueue{BitsPerSec: rates.floor, ClassIfindex: classDev.Attrs().Index, Minor: minor}); err != nil {
-			return minor, flows, dropBase, fmt.Errorf("classifier entry: %w", err)
+		if err := p.opts.Shaper.SetShareQueue(sc.dir, mac, bpf.ShareQueue{BitsPerSec: sc.rates.floor, ClassIfindex: sc.classDev.Attrs().Index, Minor: minor}); err != nil {
+			return flows, fmt.Errorf("classifier entry: %w", err)
 		}
 	}
-	if err := p.opts.Shaper.SetShare(dir, mac, uint32(netlink.MakeHandle(1, minor))); err != nil {
-		return minor, flows, dropBase, fmt.Errorf("classifier entry: %w", err)
+	if err := p.opts.Shaper.SetShare(sc.dir, mac, uint32(netlink.MakeHandle(1, minor))); err != nil {
+		return flows, fmt.Errorf("classifier entry: %w", err)
 	}
-	return minor, flows, dropBase, nil
+	return flows, nil
 }
 
 // errNotParked is a block this agent had parked that the kernel says is
