@@ -86,7 +86,8 @@ type retiredBlock struct {
 // older carve queued, or a block not aligned as this carve makes them) is
 // deleted. A block another share's record also names (an unprepare retried
 // after a restart, whose share's block went on to another) is left alone.
-// The caller holds the parent's lock.
+// The caller holds the parent's lock, or the block is still the share's
+// alone (retireAtUnprepare).
 func (p *NICPreparer) retireBlock(link netlink.Link, key string, base uint16, flows bool, rate uint64) (retiredBlock, error) {
 	dev := link.Attrs().Name
 	out := retiredBlock{device: dev, key: key, base: base}
@@ -298,15 +299,23 @@ next:
 	return nil
 }
 
-// retireAtUnprepare retires the unprepared share's blocks at once, under the
-// parent's lock, so that the next share on the device can take them: the
-// reaper's batches wait a moment to gather, and a pod started meanwhile
-// would pay for adding classes. It zeroes in u the minors it retired, and
-// reports whether it did any: the reaper then checks only whether the
-// parent's shaper and IFB are idle. What it cannot do here (the parent or a
-// device gone, an older carve's HTB at the parent's root, an error) stays
-// the reaper's. The blocks are handed on (publishRetired) once the reaper's
-// queue holds the share.
+// retireAtUnprepare retires the unprepared share's blocks at once, so that
+// the next share on the device can take them: the reaper's batches wait a
+// moment to gather, and a pod started meanwhile would pay for adding
+// classes. It zeroes in u the minors it retired, and reports whether it did
+// any: the reaper then checks only whether the parent's shaper and IFB are
+// idle. What it cannot do here (the parent or a device gone, an older
+// carve's HTB at the parent's root, an error) stays the reaper's. The
+// blocks are handed on (publishRetired) once the reaper's queue holds the
+// share.
+//
+// It takes no parent's lock: until publishRetired the blocks are the
+// share's alone in this agent's record (no pick hands out their minors,
+// adoptParked passes them over, and the devices are not idle while they
+// are held), and another agent takes a parked block only after checking,
+// under the lock, that the kernel shows it parked, which a park changes
+// in one request. A hundred unprepares at once queued on the lock for
+// some twenty requests each (issue 44).
 func (p *NICPreparer) retireAtUnprepare(key string, u *undoRecord, egressRate, ingressRate uint64) ([]retiredBlock, bool) {
 	if u.Parent == "" || (u.EgressMinor == 0 && u.IngressMinor == 0) {
 		return nil, false
@@ -315,11 +324,6 @@ func (p *NICPreparer) retireAtUnprepare(key string, u *undoRecord, egressRate, i
 	if err != nil {
 		return nil, false
 	}
-	unlock, err := p.lockParent(parent)
-	if err != nil {
-		return nil, false
-	}
-	defer unlock()
 	var out []retiredBlock
 	retire := func(dev string, minor *uint16, rate uint64) {
 		link, err := p.h.LinkByName(dev)

@@ -67,7 +67,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "the agent pod's UID (downward API) for seamless rolling updates; empty turns them off")
 	fs.DurationVar(&f.rescan, "rescan-interval", time.Minute, "how often to rediscover hardware; link events rediscover at once")
 	fs.DurationVar(&f.registrationWait, "registration-wait", 30*time.Second, "how long to wait at start for the kubelet to register the plugin before publishing the node's devices anyway (pods placed before the kubelet knows the driver wait out its retry back-off, a minute or more); 0 publishes at once")
-	fs.Float64Var(&f.qps, "kube-api-qps", 200, "queries per second to the API server; every prepare reads its claims")
+	fs.Float64Var(&f.qps, "kube-api-qps", 200, "queries per second to the API server; every prepare reads its claims (the claims' status writes have a limit of their own, the same)")
 	fs.IntVar(&f.burst, "kube-api-burst", 400, "burst of queries to the API server")
 	fs.StringVar(&f.hostNetns, "host-netns", "", "the node's network namespace (a path); default <root>/proc/1/ns/net, else the agent's own")
 	fs.StringVar(&f.bpfPinDir, "bpf-pin-dir", envOr(envPinDir, defaultPinDir), "where the classifier's maps and links are pinned (on bpffs), so limits hold while the agent restarts; default $"+envPinDir+", else "+defaultPinDir)
@@ -134,8 +134,15 @@ func runAgent(ctx context.Context, f agentFlags) error {
 	if err != nil {
 		return fmt.Errorf("kube client: %w", err)
 	}
+	// The claims' status writes get a client, and so a rate limit, of
+	// their own: sharing one, a hundred pods' status writes spent the
+	// tokens their claim reads waited for (issue 44).
+	statusClient, err := kubernetes.NewForConfig(rest.CopyConfig(restCfg))
+	if err != nil {
+		return fmt.Errorf("kube client: %w", err)
+	}
 	return app.Run(ctx, app.Options{
-		NodeName: f.nodeName, KubeClient: client, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Config: cfg,
+		NodeName: f.nodeName, KubeClient: client, StatusClient: statusClient, Root: f.root, CPUCacheRoot: f.cpuCacheRoot, FPGARoot: f.fpgaRoot, Config: cfg,
 		RegistrarDir: f.registrarDir, PluginsDir: f.pluginsDir, CDIDir: f.cdiDir, StateDir: f.stateDir,
 		MetricsAddr: f.metricsAddr, Profiling: f.profiling, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, RegistrationWait: f.registrationWait, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,

@@ -31,3 +31,43 @@ func TestClaimStatusNetworkData(t *testing.T) {
 		t.Errorf("status.devices = %+v", got.Status.Devices)
 	}
 }
+
+// A claim handed over stale (the claim's other device reported after it
+// was read) costs a conflict, a read and a retry, and both entries stand:
+// the patch is guarded by the handed claim's resourceVersion.
+func TestClaimStatusFromAStaleClaimKeepsTheOtherEntries(t *testing.T) {
+	cs := client(t)
+	ctx := context.Background()
+	ref := makeClaim(t, cs, "status-node", "status-stale",
+		alloc{request: "net", device: "nic-x", share: true, egress: "10M"}, alloc{request: "net2", device: "nic-y", share: true, egress: "10M"})
+	claims := cs.ResourceV1().ResourceClaims("default")
+	stale, err := claims.Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := func(i int, name string) []resourceapi.AllocatedDeviceStatus {
+		r := stale.Status.Allocation.Devices.Results[i]
+		return []resourceapi.AllocatedDeviceStatus{{Driver: "carve.dev", Pool: r.Pool, Device: r.Device, ShareID: (*string)(r.ShareID),
+			NetworkData: &resourceapi.NetworkDeviceData{InterfaceName: name}}}
+	}
+	w := status.ClaimStatusWriter{Client: cs}
+	if err := w.ReportDevices(ctx, "carve.dev", stale, entry(1, "net2")); err != nil {
+		t.Fatalf("the second device's report: %v", err)
+	}
+	if err := w.ReportDevices(ctx, "carve.dev", stale, entry(0, "net1")); err != nil {
+		t.Fatalf("the first device's report, from the stale claim: %v", err)
+	}
+	got, err := claims.Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{}
+	for _, d := range got.Status.Devices {
+		if d.NetworkData != nil {
+			names[d.Device] = d.NetworkData.InterfaceName
+		}
+	}
+	if len(got.Status.Devices) != 2 || names["nic-x"] != "net1" || names["nic-y"] != "net2" {
+		t.Errorf("status.devices = %+v, want both devices' entries", got.Status.Devices)
+	}
+}

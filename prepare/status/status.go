@@ -20,9 +20,13 @@ type Writer interface {
 	ReportDevices(ctx context.Context, driver string, claim *resourceapi.ResourceClaim, entries []resourceapi.AllocatedDeviceStatus) error
 }
 
-// ClaimStatusWriter writes this driver's entries of status.devices: read,
-// merge, then a merge patch of status.devices alone, guarded by the read's
-// resourceVersion and retried on conflict. A patch, not UpdateStatus: an
+// ClaimStatusWriter writes this driver's entries of status.devices: merge,
+// then a merge patch of status.devices alone, guarded by the
+// resourceVersion of the claim it was handed (the one the kubelet plugin
+// helper has just read to prepare it), and on conflict read again, merged
+// and retried. Reading the claim first again doubled the agent's API
+// requests per pod, and its status writes share the API server with every
+// prepare's read of its claim (issue 44). A patch, not UpdateStatus: an
 // update sends the whole object back, and a client older than the API
 // server would drop the fields it does not know. (A server-side apply of
 // status would send an empty status.allocation, which the API server takes
@@ -40,11 +44,16 @@ func (w ClaimStatusWriter) ReportDevices(ctx context.Context, driver string, cla
 		return nil
 	}
 	claims := w.Client.ResourceV1().ResourceClaims(claim.Namespace)
+	handed := claim.ResourceVersion != ""
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		current, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
+		current := claim
+		if !handed {
+			var err error
+			if current, err = claims.Get(ctx, claim.Name, metav1.GetOptions{}); err != nil {
+				return err
+			}
 		}
+		handed = false // a conflict: read it again
 		if current.UID != claim.UID {
 			return fmt.Errorf("claim was replaced")
 		}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,11 @@ type Options struct {
 	NoClassifier bool
 	NodeName     string
 	KubeClient   kubernetes.Interface
+	// StatusClient writes the claims' status (KEP-4817), off the
+	// kubelet's path; nil: KubeClient. A client of its own has a rate
+	// limit of its own, so that a burst of status writes never holds back
+	// the claim reads every prepare makes.
+	StatusClient kubernetes.Interface
 	Root         string
 	// CPUCacheRoot, when set, replaces Root for the CPU cache tree (see
 	// discovery.Options).
@@ -234,7 +240,7 @@ func run(ctx context.Context, opts Options) error {
 	driver, err := prepare.NewDriver(prepare.Options{
 		DriverName: driverName, StateDir: opts.StateDir, Checkpoint: records, CDI: cdiWriter,
 		Preparers: k.preparers, Devices: inv.devices, Metrics: metrics, Health: devHealth.watch(inv.devices, inv.subscribe),
-		StatusClient: status.NewAsync(ctx, status.ClaimStatusWriter{Client: opts.KubeClient}),
+		StatusClient: status.NewAsync(ctx, status.ClaimStatusWriter{Client: cmp.Or(opts.StatusClient, opts.KubeClient)}),
 		ConflictWait: prepareConflictWait,
 		Fatal:        func(err error) { cancel(err) },
 	})
