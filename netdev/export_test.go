@@ -36,3 +36,7 @@ func FillParked(p *NICPreparer, device string, n int) {
 
 // EnsureHTB is ensureHTB.
 var EnsureHTB = ensureHTB
+
+// FlowChildren is how many children a share's class gets where the kernel
+// has no fq_codel.
+const FlowChildren = flowChildren

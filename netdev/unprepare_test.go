@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/prepare"
 )
 
@@ -137,4 +138,77 @@ func TestUnprepareAfterRestart(t *testing.T) {
 	}
 	restarted.WaitReaped()
 	b.checkParentClean(t)
+}
+
+// Shares of one parent prepared and unprepared together, round after round
+// (pods started and deleted in bursts), with a resident share keeping the
+// devices: only a share's classes are made under the parent's lock, its
+// flow children outside it and its unprepare's park without it, so every
+// share must still get a block of its own, whole (each child of each
+// direction present, under the share's class), and the parent end clean.
+func TestBurstsOfSharesGetWholeBlocksOfTheirOwn(t *testing.T) {
+	b := newBench(t)
+	node, parent := b.nodeParent(t)
+	b.add("resident", "10M", "10M", nil)
+	const n = 12
+	for round := range 3 {
+		shares := make([]*share, n)
+		undos := make([]json.RawMessage, n)
+		errs := make(chan error, n)
+		for i := range shares {
+			go func() {
+				// Two rates, so that parked blocks are taken at the
+				// same rates and at others.
+				rate := []string{"20M", "30M"}[(i+round)%2]
+				a := b.alloc(fmt.Sprintf("burst%d-%d", round, i), rate, rate)
+				prepared, err := b.p.Prepare(context.Background(), a, b.dev)
+				shares[i], undos[i] = &share{alloc: a}, prepared.Undo
+				errs <- err
+			}()
+		}
+		for range shares {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		seen := map[[2]uint16]string{}
+		for i, s := range shares {
+			rec := record(t, undos[i])
+			for d, dev := range []string{netdev.EgressShaperName(parent.Attrs().Index), "cvifb" + fmt.Sprint(parent.Attrs().Index)} {
+				minor := []uint16{rec.EgressMinor, rec.IngressMinor}[d]
+				if other, taken := seen[[2]uint16{uint16(d), minor}]; taken {
+					t.Fatalf("round %d: %s and %s both have class 1:%x of %s", round, other, s.alloc.ShareKey(), minor, dev)
+				}
+				seen[[2]uint16{uint16(d), minor}] = s.alloc.ShareKey()
+				if !rec.FlowClasses {
+					continue // fq_codel leaves
+				}
+				l, err := node.LinkByName(dev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				classes, err := node.ClassList(l, netlink.MakeHandle(1, 0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				children := 0
+				for _, c := range classes {
+					if c.Attrs().Parent == netlink.MakeHandle(1, minor) {
+						children++
+					}
+				}
+				if children != netdev.FlowChildren {
+					t.Errorf("round %d: share %s's class 1:%x on %s has %d children, want %d", round, s.alloc.ShareKey(), minor, dev, children, netdev.FlowChildren)
+				}
+			}
+		}
+		for i, s := range shares {
+			go func() { errs <- b.p.Unprepare(context.Background(), s.alloc, undos[i]) }()
+		}
+		for range shares {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
