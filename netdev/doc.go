@@ -161,7 +161,12 @@
 // NIC work is locked per parent (qdiscs, classes, the IFB) and per node only
 // for pool addresses, each lock both in-process and an flock in the state
 // directory, so that two agents during a rolling update never pick the same
-// class or address; shares of different parents prepare in parallel. A
+// class or address; shares of different parents prepare in parallel. Under
+// the parent's lock a share's classes are made (a class a direction, its
+// block of minors picked); its flow children and leaves, its classifier
+// entries, and at unprepare the park of its blocks, are the share's alone
+// and run outside it, so a burst of shares on one parent does not queue on
+// some forty requests each (issue 44). A
 // steady-state prepare makes no qdisc or class dump: what carve set up on a
 // parent is remembered under its lock and looked at again after any failure.
 // Attach specs and claim files describe this boot only and are replaced
