@@ -19,19 +19,25 @@ func HeldShares(p *NICPreparer, parent string) int {
 func ClassDrops(p *NICPreparer) map[bpf.Key]uint64 { return p.classDrops() }
 
 // FillParked records n blocks as parked on device that the kernel does not
-// have (minors from the top of the range down), as though this agent had
-// parked them and the device had been made again since.
-func FillParked(p *NICPreparer, device string, n int) {
+// have (free blocks from the top of the range down: a share's block, which
+// may be anywhere, is passed over), as though this agent had parked them and
+// the device had been made again since. It returns their bases.
+func FillParked(p *NICPreparer, device string, n int) map[uint16]bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i := range n {
-		base := maxMinor - classBlock*uint16(i+1)
-		set := p.minorSet(device)
+	set := p.minorSet(device)
+	out := map[uint16]bool{}
+	for base := maxMinor - classBlock; len(out) < n && base >= minMinor; base -= classBlock {
+		if !blockFree(base, set, nil) {
+			continue
+		}
 		for m := base; m < base+classBlock; m++ {
 			set[m] = parkedOwner
 		}
 		p.parked[device] = append(p.parked[device], parkedBlock{base: base, flows: true})
+		out[base] = true
 	}
+	return out
 }
 
 // EnsureHTB is ensureHTB.
