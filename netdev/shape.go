@@ -16,10 +16,10 @@ import (
 // lock (shapeClass), whose queues and classifier entries are still to be
 // set (shapeQueues).
 type shapedClass struct {
-	dev, classDev netlink.Link
-	pick          minorPick
-	rates         classRates
-	dir           bpf.Direction
+	classDev netlink.Link
+	pick     minorPick
+	rates    classRates
+	dir      bpf.Direction
 }
 
 // shapeClass gives the share a class assured rates.floor bits/s and held to
@@ -64,7 +64,7 @@ func (p *NICPreparer) shapeClass(dev netlink.Link, key string, rates classRates,
 		}
 		return shapedClass{}, err
 	}
-	sc := shapedClass{dev: dev, classDev: classDev, pick: pick, rates: rates, dir: dir}
+	sc := shapedClass{classDev: classDev, pick: pick, rates: rates, dir: dir}
 	// Attached (and checked to be first on the hook) once per device
 	// while it is set up, not by every share.
 	if what := "classifier-" + dir.String(); !p.setUp.has(what, dev.Attrs().Index) {
