@@ -36,6 +36,9 @@ driver=${CARVE_DRIVER:-carve.dev}
 
 while read -r name kind; do
   case "$name" in
+  # A multi-node cluster's own links (cluster/nodes.sh) are that
+  # cluster's, not this node's carve state: the full check still lists them.
+  cvmn-*) [ -z "$node_only" ] && left+=("link $name ($kind)") ;;
   cv* | carve-demo*) left+=("link $name ($kind)") ;;
   *) [ -z "$node_only" ] && [ "$kind" = ifb ] && ! grep -qxF "$name" "$baseline" && left+=("IFB link $name") ;;
   esac
@@ -50,11 +53,38 @@ fi
 if [ -d "$pins" ] && [ -n "$(ls -A "$pins" 2>/dev/null)" ]; then
   left+=("BPF pins under $pins: $(ls "$pins" | tr '\n' ' ')")
 fi
-# The classifier's programs on any link (attached by TCX or cls_bpf): only
-# carve's agent loads programs of these names.
-if command -v bpftool >/dev/null 2>&1; then
-  progs=$(bpftool -j prog show 2>/dev/null | grep -oE '"name":"(classify_egres|classify_ingre|edt_egress|redirect_ingre|return_shaped|pod_guard|share_dequeue)[a-z]*"' | sort -u | tr '\n' ' ' || true)
-  [ -z "$progs" ] || left+=("carve's BPF programs loaded: $progs")
+# carve's programs (only carve's agent loads programs of these names; the
+# kernel keeps their names to 15 characters).
+carve_progs='^(classify_egres|classify_ingre|edt_egress|redirect_ingre|return_shaped|pod_guard|share_dequeue)'
+if [ -z "$node_only" ]; then
+  # Loaded anywhere: on any link, by TCX or cls_bpf, or held by a process.
+  if command -v bpftool >/dev/null 2>&1; then
+    progs=$(bpftool prog show 2>/dev/null | awk '$2 == "sched_cls" && $3 == "name" {print $4}' | grep -E "$carve_progs" | sort -u | tr '\n' ' ' || true)
+    [ -z "$progs" ] || left+=("carve's BPF programs loaded: $progs")
+  fi
+else
+  # This node's only: another cluster's nodes on the same host (a
+  # multi-node cluster, cluster/nodes.sh, beside the single node) run
+  # agents of their own. A program of this node's is held by a process
+  # outside that cluster's cgroup root (/carve-mn), or attached by cls_bpf
+  # to a link of this network namespace; a TCX attachment outlives the
+  # agent only by a pin, which the pin check above sees.
+  if command -v bpftool >/dev/null 2>&1; then
+    while read -r name pid; do
+      grep -q ':/carve-mn/' "/proc/$pid/cgroup" 2>/dev/null && continue
+      [ -e "/proc/$pid" ] && left+=("carve's BPF program $name held by process $pid ($(cat "/proc/$pid/comm" 2>/dev/null))")
+    done < <(bpftool prog show 2>/dev/null | awk '
+      $2 == "sched_cls" && $3 == "name" {name = $4; next}
+      /^[0-9]+: / {name = ""; next}
+      name != "" && $1 == "pids" {for (i = 2; i <= NF; i++) {p = $i; sub(/^.*\(/, "", p); sub(/\).*$/, "", p); print name, p}}' |
+      grep -E "$carve_progs" || true)
+  fi
+  for dev in $(ip -o link show | awk -F': ' '{split($2, n, "@"); print n[1]}'); do
+    for hook in ingress egress root; do
+      names=$(tc filter show dev "$dev" "$hook" 2>/dev/null | grep -oE ' bpf [^ ]+ name [^ ]+| name [a-z_]+\[[0-9]+\]' | awk '{print $NF}' | sed 's/\[.*//' | grep -E "$carve_progs" | sort -u | tr '\n' ' ' || true)
+      [ -z "$names" ] || left+=("carve's BPF programs attached to $dev ($hook): $names")
+    done
+  done
 fi
 [ ! -f "$state/checkpoint.json" ] || left+=("the agent's checkpoint $state/checkpoint.json")
 specs=$(ls "$cdi" 2>/dev/null | grep -E "^\.?${driver//./\\.}-claim_" | tr '\n' ' ' || true)

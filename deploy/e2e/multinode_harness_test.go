@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -109,10 +110,24 @@ netdev:
 `, c.env["CARVE_SEGMENT_PARENT"], c.env["CARVE_SEGMENT_PARENT"], c.env["CARVE_SEGMENT_CIDR"], c.env["CARVE_SEGMENT_SERVER_IP"])
 }
 
+// mnImagesImported names the cluster (its first node's init PID) whose
+// nodes have this process's images: they are built and imported once per
+// test binary.
+var (
+	mnImagesMu       sync.Mutex
+	mnImagesImported string
+)
+
 // importImages builds the agent's image (tag carve:mn) and the pods'
-// (carve-net-test:e2e), and imports both into every node's containerd.
+// (carve-net-test:e2e), and imports both into every node's containerd,
+// once per test process and cluster.
 func (c *mnCluster) importImages(t testing.TB) {
 	t.Helper()
+	mnImagesMu.Lock()
+	defer mnImagesMu.Unlock()
+	if mnImagesImported == c.env["CARVE_NODE_1_PID"] {
+		return
+	}
 	root := repoRoot()
 	dir := t.TempDir()
 	agent := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"),
@@ -130,6 +145,7 @@ func (c *mnCluster) importImages(t testing.TB) {
 			t.Fatalf("import into node %d: %v\n%s", i, err, out)
 		}
 	}
+	mnImagesImported = c.env["CARVE_NODE_1_PID"]
 }
 
 // installChart installs the chart with its default paths (each node's
@@ -186,3 +202,19 @@ func (c *mnCluster) iperfServers(t testing.TB, ports ...string) {
 func (c *mnCluster) onNode(i int) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": c.name(i)} }
 }
+
+// A multi-node cluster (cluster/nodes.sh) may run on the same host as the
+// single node's tests (make e2e runs both at once). Its nodes' processes
+// live under the cgroup root /carve-mn, and its host-side links are named
+// cvmn-*: the single node's tests leave both alone.
+
+// ofMultiNodeCluster says whether process pid is one of a multi-node
+// cluster's nodes.
+func ofMultiNodeCluster(pid int) bool {
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	return err == nil && strings.Contains(string(cg), ":/carve-mn/")
+}
+
+// multiNodeClusterLink says whether a link of the host's namespace is a
+// multi-node cluster's (its bridges and its nodes' ends of their veths).
+func multiNodeClusterLink(name string) bool { return strings.HasPrefix(name, "cvmn-") }

@@ -27,16 +27,23 @@ func TestMultiNodeRollout(t *testing.T) {
 	}
 	kc := os.Getenv("CARVE_KUBECONFIG")
 	server := c.env["CARVE_SEGMENT_SERVER_IP"]
+	// The traffic runs 30 s (an upgrade took 7-13 s here) and must outlast
+	// the upgrade, or its seconds would not cover all of it.
+	const traffic = 30
 	for _, hostNetwork := range []string{"false", "true"} {
 		res := make([]chan iperfResult, 3)
+		trafficStart := time.Now()
 		for i := range res {
-			res[i] = startIperfTo(fmt.Sprintf("mnroll%d", i+1), server, fmt.Sprint(5201+i), 40, false)
+			res[i] = startIperfTo(fmt.Sprintf("mnroll%d", i+1), server, fmt.Sprint(5201+i), traffic, false)
 		}
 		time.Sleep(3 * time.Second)
 		start := time.Now()
 		run(t, os.Getenv("CARVE_HELM"), "upgrade", "carve", chartDir(), "--kubeconfig", kc, "--namespace", chartNamespace,
 			"--reuse-values", "--set", "hostNetwork="+hostNetwork, "--wait", "--timeout", "180s")
 		t.Logf("helm upgrade to hostNetwork=%s on %d nodes: done in %.1f s", hostNetwork, c.nodes, time.Since(start).Seconds())
+		if d := time.Since(trafficStart); d > (traffic-1)*time.Second {
+			t.Errorf("the upgrade ended %.1f s after the traffic started, past its %d s: not every second of it was measured", d.Seconds(), traffic)
+		}
 		for i, ch := range res {
 			r := <-ch
 			if r.err != nil {

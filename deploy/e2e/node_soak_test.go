@@ -232,7 +232,8 @@ func (c *soakChurn) deleteAll() {
 }
 
 // agentPID is the host PID of the running `carve agent` (the chart's
-// container; hostPID lets the test see it).
+// container; hostPID lets the test see it), not one of a multi-node
+// cluster's beside it.
 func agentPID() (int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -248,7 +249,7 @@ func agentPID() (int, error) {
 			continue
 		}
 		args := strings.Split(string(cmd), "\x00")
-		if len(args) > 1 && filepath.Base(args[0]) == "carve" && args[1] == "agent" {
+		if len(args) > 1 && filepath.Base(args[0]) == "carve" && args[1] == "agent" && !ofMultiNodeCluster(pid) {
 			if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && !strings.Contains(string(st), ") Z ") {
 				return pid, nil
 			}
@@ -287,6 +288,9 @@ func footprint(t *testing.T, stateDir string) nodeFootprint {
 			continue
 		}
 		dev := strings.TrimSuffix(strings.SplitN(fields[1], "@", 2)[0], ":")
+		if multiNodeClusterLink(dev) {
+			continue
+		}
 		add("link", dev)
 		out, _ := exec.Command("tc", "class", "show", "dev", dev).Output()
 		for _, c := range strings.Split(string(out), "\n") {

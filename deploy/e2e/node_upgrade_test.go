@@ -330,7 +330,7 @@ func TestNodeUpgrade(t *testing.T) {
 	// per guarded share at most.
 	checkNode := func(when string, shares int) {
 		t.Helper()
-		links := linksNamed(t, "cv")
+		links := linksNamed(t, "cvifb", "cveg")
 		sort.Strings(links)
 		if len(links) != 3 {
 			t.Errorf("%s: carve's links %v, want one IFB and one egress shaper pair", when, links)
