@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 )
 
 // UninstallCheck is the chart's pre-delete hook: it stands between `helm
@@ -88,7 +89,13 @@ func (u UninstallCheck) Run(ctx context.Context) error {
 			if ref.Resource != "pods" {
 				continue
 			}
-			err := u.Client.CoreV1().Pods(h.claim.Namespace).Delete(ctx, ref.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ref.UID}})
+			opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ref.UID}}
+			grace, err := u.deletionGrace(ctx, h.claim.Namespace, ref.Name)
+			if err != nil {
+				return err
+			}
+			opts.GracePeriodSeconds = grace
+			err = u.Client.CoreV1().Pods(h.claim.Namespace).Delete(ctx, ref.Name, opts)
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				return fmt.Errorf("delete pod %s/%s: %w", h.claim.Namespace, ref.Name, err)
 			}
@@ -114,6 +121,28 @@ func (u UninstallCheck) Run(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// deletionGrace is the grace period to delete a pod with: its own (nil),
+// but at least a second. A pod deleted with none (its
+// terminationGracePeriodSeconds 0) leaves the API server at once, before
+// the kubelet has stopped it and asked the agent to unprepare its claims,
+// so its claims would be released, the hook would pass and the agents stop
+// with the claims still prepared. With a grace period the kubelet removes
+// the pod itself, once it has unprepared them (as kubectl delete
+// --grace-period=0 without --force uses 1 s).
+func (u UninstallCheck) deletionGrace(ctx context.Context, namespace, name string) (*int64, error) {
+	p, err := u.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pod %s/%s: %w", namespace, name, err)
+	}
+	if g := p.Spec.TerminationGracePeriodSeconds; g != nil && *g < 1 {
+		return ptr.To(int64(1)), nil
+	}
+	return nil, nil
 }
 
 // held lists the claims allocated from this driver and reserved for a

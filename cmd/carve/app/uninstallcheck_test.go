@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 )
 
 func heldClaimObj(ns, name, driver, pod string) *resourceapi.ResourceClaim {
@@ -37,9 +38,10 @@ var agentsDS = types.NamespacedName{Namespace: "carve-system", Name: "carve-agen
 // DaemonSet's annotation), and then passes once the claims are released.
 func TestUninstallCheck(t *testing.T) {
 	ctx := context.Background()
+	// p1 asks for no grace period, p2 for 30 s.
 	pods := []runtime.Object{
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "p1", UID: "p1-uid"}},
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "p2", UID: "p2-uid"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "p1", UID: "p1-uid"}, Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To(int64(0))}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "p2", UID: "p2-uid"}, Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To(int64(30))}},
 	}
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: agentsDS.Namespace, Name: agentsDS.Name}}
 
@@ -72,9 +74,11 @@ func TestUninstallCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	var deleted []string
+	grace := map[string]*int64{}
 	cs.PrependReactor("delete", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		d := a.(k8stesting.DeleteAction)
 		deleted = append(deleted, d.GetNamespace()+"/"+d.GetName())
+		grace[d.GetName()] = d.GetDeleteOptions().GracePeriodSeconds
 		go func() {
 			time.Sleep(200 * time.Millisecond)
 			claims, _ := cs.ResourceV1().ResourceClaims(d.GetNamespace()).List(context.Background(), metav1.ListOptions{})
@@ -92,6 +96,14 @@ func TestUninstallCheck(t *testing.T) {
 	}
 	if len(deleted) != 2 {
 		t.Errorf("deleted %v, want both pods", deleted)
+	}
+	// A pod of no grace period is deleted with 1 s: with none it would
+	// leave the API server before the kubelet unprepared its claims.
+	if g := grace["p1"]; g == nil || *g != 1 {
+		t.Errorf("p1 (terminationGracePeriodSeconds 0) deleted with grace period %v, want 1 s", g)
+	}
+	if g := grace["p2"]; g != nil {
+		t.Errorf("p2 deleted with grace period %d, want its own (none given)", *g)
 	}
 
 	// Pods that never let go: the hook gives up after its timeout.
