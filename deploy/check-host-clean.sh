@@ -81,7 +81,8 @@ else
   fi
   for dev in $(ip -o link show | awk -F': ' '{split($2, n, "@"); print n[1]}'); do
     for hook in ingress egress root; do
-      names=$(tc filter show dev "$dev" "$hook" 2>/dev/null | grep -oE ' bpf [^ ]+ name [^ ]+| name [a-z_]+\[[0-9]+\]' | awk '{print $NF}' | sed 's/\[.*//' | grep -E "$carve_progs" | sort -u | tr '\n' ' ' || true)
+      # A cls_bpf filter reads "... bpf ... id N name <program> tag ...".
+      names=$(tc filter show dev "$dev" "$hook" 2>/dev/null | grep -oE ' name [A-Za-z0-9_]+ tag ' | awk '{print $2}' | grep -E "$carve_progs" | sort -u | tr '\n' ' ' || true)
       [ -z "$names" ] || left+=("carve's BPF programs attached to $dev ($hook): $names")
     done
   done
