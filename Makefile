@@ -26,7 +26,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # cgo packages, so it runs with the CGO settings above.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: help build release test unit fuzz e2e multinode-e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf vmtest clean
+.PHONY: help build release test unit shares fuzz e2e multinode-e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf vmtest clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -57,7 +57,7 @@ release: ## build what a release ships into bin/release: the binaries, the agent
 	$$(deploy/cluster/build-tools.sh | tail -n1)/helm package deploy/chart/carve -d $(RELEASE_DIR)
 	cd $(RELEASE_DIR) && sha256sum * > SHA256SUMS && cat SHA256SUMS
 
-test: build unit fuzz scheduler scheduler-e2e e2e ## everything: unit tests, a short fuzz run, the scheduler module and its integration test, and the tests against a real control plane
+test: build unit fuzz scheduler scheduler-e2e shares e2e ## everything: unit tests, a short fuzz run, the scheduler module and its integration test, a hundred saturated shares, and the tests against a real control plane
 
 # As root, CARVE_NET_REQUIRED=1: the bpf/ and netdev/ tests fail, rather than
 # skip, where they cannot get root, bpffs or a network namespace (they still
@@ -66,6 +66,16 @@ unit: ## unit tests (as root they use real netns, veth and BPF, and must)
 	@if [ "$$(id -u)" = 0 ]; then export CARVE_NET_REQUIRED=1; fi; \
 	echo "CARVE_NET_REQUIRED=$${CARVE_NET_REQUIRED:-} $(GO) test -count=1 ./..."; \
 	$(GO) test -count=1 ./...
+
+# A hundred 10M shares of one parent in test namespaces, saturated at once
+# by a TCP flow each, 10 s each way, alone on the machine: past the knee at
+# which the shaped path's cost per frame once broke them (issue 37: 0-22 of
+# 100 within 1% of their rate). Fails under 90 of 100 within 1%, or under a
+# Jain's index of 0.99; make soak holds every share to it. Prints the
+# table: N, within, min, max, Jain, CPU idle, CPU per shaped Gbit/s.
+shares: ## a hundred 10M shares saturated at once, 10 s each way: fails under 90/100 within 1% of their rate (make soak: all)
+	@if [ "$$(id -u)" = 0 ]; then export CARVE_NET_REQUIRED=1; fi; \
+	CARVE_MANY_SHARES=100 CARVE_MANY_SHARES_WITHIN=0.9 $(GO) test -count=1 -v -run '^TestManySharesHoldTheirRates$$' ./netdev/
 
 # Each fuzz target runs FUZZTIME executions on top of its committed seed corpus
 # (f.Add and testdata/fuzz/<Target>/): the parsers of the node's sysfs and
@@ -171,10 +181,13 @@ multinode-e2e: build ## the cross-node tests on a local cluster of 3 nodes (star
 # SOAK_KILLS times (and the kubelet restarted) while share pods come and go,
 # then SOAK_PODS share pods at once, for each count, the 100 also saturating
 # their shares both ways; before the cluster, netdev's hundred shares of
-# 10M saturated at once in test namespaces. make test runs SOAK_KILLS_SHORT
-# kills of the first.
+# 10M saturated at once in test namespaces; after the kills, three shares of
+# 45M, 130M and 730M saturated at once OVERRATE_RUNS times each way, none
+# ever over its rate. make test runs SOAK_KILLS_SHORT kills of the first,
+# and one run of the three shares.
 SOAK_KILLS ?= 100
 SOAK_KILLS_SHORT ?= 3
+OVERRATE_RUNS ?= 20
 SOAK_PODS ?= 20 100 250
 soak: build ## the long soak on the real node: agent kills under churn, then 20, 100 and 250 share pods at once
 	@if [ "$$(id -u)" = 0 ]; then export CARVE_NET_REQUIRED=1; fi; \
@@ -184,6 +197,7 @@ soak: build ## the long soak on the real node: agent kills under churn, then 20,
 	kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \
 	export CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1; \
 	CARVE_E2E_SOAK_KILLS=$(SOAK_KILLS) $(GO) test -count=1 -v -timeout 60m -run '^TestNodeAgentKillSoak$$' ./deploy/e2e/ || exit 1; \
+	CARVE_E2E_OVERRATE_RUNS=$(OVERRATE_RUNS) $(GO) test -count=1 -v -timeout 30m -run '^TestNodeSharesNeverOverTheirRate$$' ./deploy/e2e/ || exit 1; \
 	for n in $(SOAK_PODS); do \
 	  traffic=0; [ "$$n" = 100 ] && traffic=1; \
 	  CARVE_E2E_SHARE_PODS=$$n CARVE_E2E_SHARE_PODS_TRAFFIC=$$traffic $(GO) test -count=1 -v -timeout 30m -run '^TestNodeManySharePods$$' ./deploy/e2e/ || exit 1; \

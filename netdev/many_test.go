@@ -2,6 +2,7 @@ package netdev_test
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -21,11 +22,24 @@ import (
 // them all (Jain's index over goodput/limit ≥ 0.99). N is
 // CARVE_MANY_SHARES: make soak runs 100. make unit does not run it: its
 // packages run two at a time beside it, and its figures would be theirs.
-// The real node's run (deploy/e2e's TestNodeManySharePods) is in make test.
+// make test runs it alone (make shares) at 100, past the knee where the
+// shaped path's CPU cost once broke it (0–22 of 100 within ±1%), with
+// CARVE_MANY_SHARES_WITHIN=0.9: the fraction of the shares that must be
+// within ±1% (all, unless set), a bar under the goal that such a
+// regression cannot pass; Jain's index is held to 0.99 either way. The
+// real node's run is deploy/e2e's TestNodeManySharePods (make soak).
 func TestManySharesHoldTheirRates(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("CARVE_MANY_SHARES"))
 	if n <= 0 {
 		t.Skip("set CARVE_MANY_SHARES=N to run (make soak)")
+	}
+	want := n
+	if v := os.Getenv("CARVE_MANY_SHARES_WITHIN"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || f > 1 {
+			t.Fatalf("CARVE_MANY_SHARES_WITHIN=%q: want the fraction of shares that must be within ±1%%, over 0 and at most 1", v)
+		}
+		want = int(math.Ceil(f * float64(n)))
 	}
 	b := newBench(t)
 	shares := make([]*share, n)
@@ -67,8 +81,8 @@ func TestManySharesHoldTheirRates(t *testing.T) {
 				t.Logf("%s share %d: goodput/limit %.3f, queue drops %d, AQM drops %d", dir, i, r, drops[k], aqm[k].Drops)
 			}
 		}
-		if within != n {
-			t.Errorf("%s: %d of %d shares within ±1%% of their 10M (goodput/limit %.3f–%.3f)", dir, within, n, sorted[0], sorted[n-1])
+		if within < want {
+			t.Errorf("%s: %d of %d shares within ±1%% of their 10M (goodput/limit %.3f–%.3f), want at least %d", dir, within, n, sorted[0], sorted[n-1], want)
 		}
 		if j < 0.99 {
 			t.Errorf("%s: Jain's index %.4f over the shares' goodput/limit, want ≥ 0.99", dir, j)
