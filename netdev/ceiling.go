@@ -17,11 +17,12 @@ import (
 // a ceiling per direction (its class's ceil): while the link has idle
 // capacity, the share borrows it, up to the ceiling. The share classes of a
 // device hang from one link class (linkMinor) held to the NIC's capacity, from
-// which they borrow: what one share leaves idle goes to the others that want
-// it, lent round-robin a quantum at a time, and each class's quantum (its
-// flow children's, which HTB lends to) is in proportion to its floor, so
-// borrowers split the excess by their floors (two of 100M and 300M: about
-// 1:3; a share with several busy flow children gets a quantum for each).
+// which they borrow. What the floors leave of the link is assured to the
+// borrowers in proportion to their floors, by their classes' rates
+// (excess.go: two of 100M and 300M alone on a 1G link are assured 250M and
+// 750M); what a share leaves idle goes to the others that want it, lent
+// round-robin a quantum at a time, each class's quantum (its flow
+// children's, which HTB lends to) in proportion to its floor.
 // A share without a ceiling has rate = ceil = floor: a hard cap, as before.
 
 // classRates are a share class's floor (HTB rate) and ceiling (ceil), bits/s.

@@ -150,7 +150,7 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	// address.
 	if egress > 0 || ingress > 0 {
 		links := [2]uint64{p.linkRate(dev, names.CapEgressBandwidth), p.linkRate(dev, names.CapIngressBandwidth)}
-		if err := p.enforce(parent, key, egressRates, ingressRates, links, u); err != nil {
+		if err := p.enforce(ctx, parent, key, egressRates, ingressRates, links, u); err != nil {
 			return prepare.Prepared{}, err
 		}
 	}
@@ -312,7 +312,7 @@ func (p *NICPreparer) guardSources(parent netlink.Link, mac net.HardwareAddr, ad
 // none), recording in u what it made: its classes under the parent's lock
 // (shapeClass), then their queues and classifier entries outside it
 // (shapeQueues).
-func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress classRates, links [2]uint64, u *undoRecord) (err error) {
+func (p *NICPreparer) enforce(ctx context.Context, parent netlink.Link, key string, egress, ingress classRates, links [2]uint64, u *undoRecord) (err error) {
 	defer func() {
 		if err != nil {
 			// The next prepare looks at the parent's HTB and IFB
@@ -321,7 +321,7 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress c
 			p.setUp.forgetCompanion(companionIFB, parent.Attrs().Index)
 		}
 	}()
-	classes, err := p.shapeClasses(parent, key, egress, ingress, links, u)
+	classes, err := p.shapeClasses(ctx, parent, key, egress, ingress, links, u)
 	if err != nil {
 		return err
 	}
@@ -337,8 +337,10 @@ func (p *NICPreparer) enforce(parent netlink.Link, key string, egress, ingress c
 }
 
 // shapeClasses makes the share's egress and ingress classes under the
-// parent's lock, recording each in u as soon as it exists.
-func (p *NICPreparer) shapeClasses(parent netlink.Link, key string, egress, ingress classRates, links [2]uint64, u *undoRecord) ([]shapedClass, error) {
+// parent's lock, recording each in u as soon as it exists, and sets the
+// rates of the borrowing shares on each device again with the new floor
+// among them (excess.go), before the share has a frame.
+func (p *NICPreparer) shapeClasses(ctx context.Context, parent netlink.Link, key string, egress, ingress classRates, links [2]uint64, u *undoRecord) ([]shapedClass, error) {
 	unlock, err := p.lockParent(parent)
 	if err != nil {
 		return nil, err
@@ -370,6 +372,11 @@ func (p *NICPreparer) shapeClasses(parent netlink.Link, key string, egress, ingr
 			return nil, fmt.Errorf("ingress: %w", err)
 		}
 		classes = append(classes, sc)
+	}
+	for _, sc := range classes {
+		if err := p.assureExcess(ctx, sc.classDev.Attrs().Index); err != nil {
+			return classes, fmt.Errorf("%s: %w", sc.dir, err)
+		}
 	}
 	return classes, nil
 }

@@ -83,6 +83,9 @@ type NICPreparer struct {
 	// nestedRemoved counts the links each share's pod nested on its
 	// parent that WatchNestedLinks removed, by the share's MAC.
 	nestedRemoved map[string]uint64
+	// excess holds each device's share classes, by ifindex, whose
+	// borrowers are assured their parts of the excess (excess.go).
+	excess map[int]*excessDevice
 	// borrowed follows borrowing shares' counters between scrapes
 	// (borrowmetrics.go).
 	borrowed map[bpf.Key]*borrowedCounter
@@ -215,6 +218,7 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 		p.recordRestored(ctx, a, addrs)
 		p.migrateVLANAddrs(ctx, a, u)
 		p.reserveMinors(key, u.Parent, u.EgressMinor, u.IngressMinor, u.FlowClasses)
+		p.restoreExcess(key, a, u)
 		p.mu.Lock()
 		p.labels[u.MAC] = labelsOf(a).withDropBase(u)
 		if p.held[u.Parent] == nil {

@@ -65,6 +65,9 @@ func (p *NICPreparer) shapeClass(dev netlink.Link, key string, rates classRates,
 		return shapedClass{}, err
 	}
 	sc := shapedClass{classDev: classDev, pick: pick, rates: rates, dir: dir}
+	if under == linkHandle {
+		p.noteExcessShare(classDev, key, pick.minor, rates, linkRate)
+	}
 	// Attached (and checked to be first on the hook) once per device
 	// while it is set up, not by every share.
 	if what := "classifier-" + dir.String(); !p.setUp.has(what, dev.Attrs().Index) {

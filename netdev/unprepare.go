@@ -98,6 +98,7 @@ func (p *NICPreparer) unprepare(ctx context.Context, a prepare.Allocation, raw j
 	p.publishRetired(retired)
 	p.ipam.release(key)
 	p.releaseShare(key)
+	p.releaseExcess(ctx, key, u.Parent)
 	p.mu.Lock()
 	delete(p.labels, u.MAC)
 	delete(p.nestedRemoved, u.MAC)
