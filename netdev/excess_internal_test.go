@@ -11,7 +11,9 @@ import (
 // the excess.
 func TestAssuredRates(t *testing.T) {
 	const M = 1_000_000
-	borrow := func(floor, ceil uint64) *excessShare { return &excessShare{rates: classRates{floor: floor * M, ceil: ceil * M}} }
+	borrow := func(floor, ceil uint64) *excessShare {
+		return &excessShare{rates: classRates{floor: floor * M, ceil: ceil * M}}
+	}
 	for _, c := range []struct {
 		name     string
 		shares   map[string]*excessShare
