@@ -191,7 +191,7 @@ OVERRATE_RUNS ?= 20
 SOAK_PODS ?= 20 100 250
 soak: build ## the long soak on the real node: agent kills under churn, then 20, 100 and 250 share pods at once
 	@if [ "$$(id -u)" = 0 ]; then export CARVE_NET_REQUIRED=1; fi; \
-	CARVE_MANY_SHARES=100 CARVE_BORROW_SOAK=1 $(GO) test -count=1 -v -run '^(TestManySharesHoldTheirRates|TestBorrowingSharesOnAndOff)$$' ./netdev/
+	CARVE_MANY_SHARES=100 CARVE_MANY_SHARES_COMPARE=1 CARVE_BORROW_SOAK=1 $(GO) test -count=1 -v -run '^(TestManySharesHoldTheirRates|TestBorrowingSharesOnAndOff)$$' ./netdev/
 	@export CARVE_HELM=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \
 	trap 'deploy/cluster/down.sh' EXIT; \
 	kubeconfig=$$(deploy/cluster/up.sh | tail -n1); \

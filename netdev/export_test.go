@@ -7,6 +7,15 @@ import "github.com/carve-dra/carve/bpf"
 // have addresses too) carry the address-keyed path in tests.
 func KeyByAddress(p *NICPreparer) { p.addressKeys = true }
 
+// PlainQueues gives the shares p prepares from now on the design before
+// flow isolation: one bounded FIFO under the share's class, no flow
+// children (issue 37's reference).
+func PlainQueues(p *NICPreparer) {
+	p.mu.Lock()
+	p.plainQueues = true
+	p.mu.Unlock()
+}
+
 // HeldShares is how many shares p counts on parent.
 func HeldShares(p *NICPreparer, parent string) int {
 	p.mu.Lock()

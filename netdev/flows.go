@@ -71,8 +71,17 @@ const childRate = 8000
 func (p *NICPreparer) setQueues(link netlink.Link, key string, minor uint16, rates classRates) (flows bool, err error) {
 	rateBits := rates.floor
 	p.mu.Lock()
-	noFQCodel := p.noFQCodel
+	noFQCodel, plain := p.noFQCodel, p.plainQueues
 	p.mu.Unlock()
+	if plain {
+		// The design before flow isolation, as the reference of
+		// issue 37's measurements (PlainQueues): one bounded FIFO.
+		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, minor), Handle: leafHandle(minor)}
+		if err := replaceLeafFIFO(p.h, p.route, attrs, fifoLimit(rates.ceil)); err != nil {
+			return false, fmt.Errorf("leaf of class 1:%x on %s: %w", minor, link.Attrs().Name, err)
+		}
+		return false, nil
+	}
 	if !noFQCodel {
 		attrs := netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(1, minor), Handle: leafHandle(minor)}
 		err := p.h.QdiscReplace(shareFQCodel(attrs))

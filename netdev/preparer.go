@@ -94,6 +94,10 @@ type NICPreparer struct {
 	addressKeys bool
 	// noFQCodel is set once adding fq_codel failed: leaves are bfifos.
 	noFQCodel bool
+	// plainQueues gives each share's class one bounded FIFO and no flow
+	// children: the design before flow isolation, for tests that measure
+	// against it (PlainQueues in export_test.go).
+	plainQueues bool
 	// queuesSet holds, by block, the rates its flow children and their
 	// leaves were last set for by this agent (setQueues): a parked
 	// block taken for a share of the same rates keeps them as they are.
