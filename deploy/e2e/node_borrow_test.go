@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+const (
+	borrowParent = "carve-e2b0"
+	borrowServer = "carve-e2b-srv"
+	borrowIP     = "10.87.0.1"
+	borrowClass  = "nic-borrow-e2e.carve.dev"
+)
+
+// TestNodeBorrowingShares (issue 42) on the real node: a NIC whose link rate
+// the node config fixes at 1G each way, and a DeviceClass whose claims may
+// borrow up to the link (maxCeiling: link). Two pods, floors 100M and 300M,
+// each saturating its share with one TCP flow (iperf3), ingress then egress:
+// both at once, each gets at least its floor and the two fill the link, the
+// excess over the floors splitting by them (1:3 within 10%); then each
+// alone reaches the link. Rates at L2 are the receiver's goodput over
+// 0.956 (1448 bytes of payload a 1514-byte frame).
+func TestNodeBorrowingShares(t *testing.T) {
+	cs := client(t)
+	env := clusterEnv(t)
+	ctx := context.Background()
+	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
+	trafficServer(t, borrowParent, "carve-e2b1", borrowServer, borrowIP, "5201", "5202")
+	buildAgentImage(t, "carve:e2e")
+	buildNetTestImage(t)
+	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
+kind: NodeConfig
+netdev:
+  include: ["%s"]
+  includeVirtual: true
+  bandwidth:
+  - interface: "%s"
+    egress: 1G
+    ingress: 1G
+  pools:
+  - name: borrow
+    cidr: 10.87.0.0/24
+    gateway: %s
+`, borrowParent, borrowParent, borrowIP))
+	dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: borrowClass}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.driver == "carve.dev" && device.attributes["carve.dev"].kind == "nic"`}}},
+		Config: []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: "carve.dev", Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","allowedPools":["borrow"],"maxCeiling":"link"}`)}}}}},
+	}}
+	_ = cs.ResourceV1().DeviceClasses().Delete(ctx, borrowClass, metav1.DeleteOptions{})
+	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.ResourceV1().DeviceClasses().Delete(context.Background(), borrowClass, metav1.DeleteOptions{}) })
+	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["borrow"],"interfaceName":"net1"}`
+	pods := []struct{ name, floor, port string }{{"bw100", "100M", "5201"}, {"bw300", "300M", "5202"}}
+	for _, p := range pods {
+		sharePod{name: p.name, parent: borrowParent, class: borrowClass, capacity: bothWays(p.floor), netCfg: netCfg, image: "carve-net-test:e2e"}.start(t, cs)
+	}
+	for _, p := range pods {
+		waitFor(t, "pod "+p.name, 90*time.Second, podRunning(cs, testNS, p.name))
+	}
+	const link, met = 1e9, 0.956
+	var report strings.Builder
+	for _, reverse := range []bool{true, false} {
+		dir := map[bool]string{false: "egress", true: "ingress"}[reverse]
+		results := make([]chan iperfResult, len(pods))
+		for i, p := range pods {
+			results[i] = startIperfOmitting(p.name, borrowIP, p.port, 2, 5, reverse)
+		}
+		l2 := make([]float64, len(pods))
+		for i, p := range pods {
+			r := <-results[i]
+			if r.err != nil {
+				t.Fatalf("iperf3 in %s (%s): %v", p.name, dir, r.err)
+			}
+			l2[i] = r.bps / met
+		}
+		low, high := l2[0], l2[1]
+		split := (low - 100e6) / (high - 300e6)
+		fmt.Fprintf(&report, "%s, both: %.1f and %.1f Mbit/s at L2, %.3f of the link, excess split %.3f\n", dir, low/1e6, high/1e6, (low+high)/link, split)
+		if low < 0.99*100e6 || high < 0.99*300e6 {
+			t.Errorf("%s: %.1f and %.1f Mbit/s at L2, want each at least its floor (100M, 300M) within 1%%", dir, low/1e6, high/1e6)
+		}
+		if sum := (low + high) / link; sum < 0.95 {
+			t.Errorf("%s: the two together %.3f of the link at L2, want at least 0.95", dir, sum)
+		}
+		if split < 0.300 || split > 0.367 {
+			t.Errorf("%s: the excess split %.3f, want the floors' 0.333 within 10%% (0.300–0.367)", dir, split)
+		}
+		for _, p := range pods {
+			r := <-startIperfOmitting(p.name, borrowIP, p.port, 1, 3, reverse)
+			if r.err != nil {
+				t.Fatalf("iperf3 in %s alone (%s): %v", p.name, dir, r.err)
+			}
+			alone := r.bps / met / link
+			fmt.Fprintf(&report, "%s, %s alone: %.3f of its ceiling (the link) at L2\n", dir, p.name, alone)
+			if alone < 0.99 || alone > 1.01 {
+				t.Errorf("%s, %s alone: %.3f of its ceiling at L2, want within 1%%", dir, p.name, alone)
+			}
+		}
+	}
+	t.Logf("borrowing shares on the real node, floors 100M and 300M, link 1G:\n%s", report.String())
+}
