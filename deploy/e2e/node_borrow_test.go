@@ -61,7 +61,9 @@ netdev:
 	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cs.ResourceV1().DeviceClasses().Delete(context.Background(), borrowClass, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cs.ResourceV1().DeviceClasses().Delete(context.Background(), borrowClass, metav1.DeleteOptions{})
+	})
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["borrow"],"interfaceName":"net1"}`
 	pods := []struct{ name, floor, port string }{{"bw100", "100M", "5201"}, {"bw300", "300M", "5202"}}
 	for _, p := range pods {
