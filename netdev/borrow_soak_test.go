@@ -23,7 +23,7 @@ import (
 // whole second a share sends throughout, its class sends at least its floor
 // within 1% and at most its ceiling within 1%, at L2 as HTB counts it; over the seconds in which
 // every sending share is saturated (their floors plus what the link has
-// left), Jain's index over excess/floor is reported. Egress.
+// left), Jain's index over excess/floor must be at least 0.95. Egress.
 func TestBorrowingSharesOnAndOff(t *testing.T) {
 	if os.Getenv("CARVE_BORROW_SOAK") == "" {
 		t.Skip("set CARVE_BORROW_SOAK=1 to run (make soak)")
@@ -157,8 +157,10 @@ func TestBorrowingSharesOnAndOff(t *testing.T) {
 	if len(over) > 0 {
 		t.Errorf("ceilings overrun:\n%s", strings.Join(over, "\n"))
 	}
-	if len(jains) > 0 && median(jains) < 0.95 {
-		t.Errorf("Jain's index over excess/floor: median %.3f, want at least 0.95", median(jains))
+	// Every saturated second (issue 42); the excess is assured by rate
+	// since (excess.go): before, the worst second read 0.918.
+	if len(jains) > 0 && first(jains) < 0.95 {
+		t.Errorf("Jain's index over excess/floor: %.3f in the worst saturated second (median %.3f), want at least 0.95 in every one", first(jains), median(jains))
 	}
 }
 
