@@ -32,20 +32,24 @@ func BenchmarkBorrowing(b *testing.B) {
 	b.Run("udpflood/egress", borrowUDPFlood)
 }
 
-// borrowBench is a bench on a 1G NIC with a borrowing and a hard-capped
-// share of each floor.
-func borrowBench(b *testing.B, floors ...string) (borrowers, caps []*share, env *bench) {
-	env = newBench(b)
+// borrowBench is two benches, each a node with a NIC of 1G: on env a
+// borrowing share of each floor, on capEnv a hard-capped one. Each NIC's
+// shares are alone on it, as the rows say: a share idle beside borrowers
+// has its floor lent round-robin to whichever has a queue at its turn, not
+// in proportion to their floors (excess.go).
+func borrowBench(b *testing.B, floors ...string) (borrowers, caps []*share, env, capEnv *bench) {
+	env, capEnv = newBench(b), newBench(b)
 	env.dev.Device = linkCapacity("1G")
+	capEnv.dev.Device = linkCapacity("1G")
 	for i, f := range floors {
 		borrowers = append(borrowers, env.add(fmt.Sprintf("borrow%d", i), f, f, &v1alpha1.NetworkConfig{Pools: []string{"test"}, MaxCeiling: "link"}))
-		caps = append(caps, env.add(fmt.Sprintf("cap%d", i), f, f, nil))
+		caps = append(caps, capEnv.add(fmt.Sprintf("cap%d", i), f, f, nil))
 	}
-	return borrowers, caps, env
+	return borrowers, caps, env, capEnv
 }
 
 func borrowPair(b *testing.B, dir bpf.Direction) {
-	borrowers, caps, env := borrowBench(b, "100M", "300M")
+	borrowers, caps, env, capEnv := borrowBench(b, "100M", "300M")
 	floors := []float64{100e6, 300e6}
 	var over, capped [2]float64
 	var sum, split float64
@@ -56,7 +60,7 @@ func borrowPair(b *testing.B, dir bpf.Direction) {
 		over[1] += hi / floors[1]
 		sum += (lo + hi) / 1e9
 		split += (lo - floors[0]) / (hi - floors[1])
-		_, ref := env.measureAfter("tcp", dir, caps, time.Second, 3*time.Second)
+		_, ref := capEnv.measureAfter("tcp", dir, caps, time.Second, 3*time.Second)
 		capped[0] += ref[0] / floors[0]
 		capped[1] += ref[1] / floors[1]
 	}
@@ -70,12 +74,12 @@ func borrowPair(b *testing.B, dir bpf.Direction) {
 }
 
 func borrowAlone(b *testing.B, dir bpf.Direction) {
-	borrowers, caps, env := borrowBench(b, "100M")
+	borrowers, caps, env, capEnv := borrowBench(b, "100M")
 	var alone, capped float64
 	for b.Loop() {
 		_, l2 := env.measureAfter("tcp", dir, borrowers, 3*time.Second, 3*time.Second)
 		alone += l2[0] / limitMet / 1e9
-		_, ref := env.measureAfter("tcp", dir, caps, time.Second, 3*time.Second)
+		_, ref := capEnv.measureAfter("tcp", dir, caps, time.Second, 3*time.Second)
 		capped += ref[0] / limitMet / 100e6
 	}
 	n := float64(b.N)
@@ -84,11 +88,11 @@ func borrowAlone(b *testing.B, dir bpf.Direction) {
 }
 
 func borrowUDPFlood(b *testing.B) {
-	borrowers, caps, env := borrowBench(b, "100M", "300M")
+	borrowers, caps, env, capEnv := borrowBench(b, "100M", "300M")
 	var floor, capped float64
 	for b.Loop() {
 		floor += env.tcpBesideFlood(b, borrowers[0], borrowers[1]) / 300e6
-		capped += env.tcpBesideFlood(b, caps[0], caps[1]) / 300e6
+		capped += capEnv.tcpBesideFlood(b, caps[0], caps[1]) / 300e6
 	}
 	n := float64(b.N)
 	b.ReportMetric(floor/n, "floor300-l2-ratio")
