@@ -330,7 +330,8 @@ func TestBorrowingSharePingStaysShort(t *testing.T) {
 // and 750M; a hard cap of 200M prepared beside them takes its floor out of
 // their excess before its prepare returns (200M and 600M), and gives it back
 // at its unprepare. An agent restarted with the borrowers (Restore) sets
-// their rates again at the next change on the device. Both directions.
+// their rates again at the next change on the device, leaving out what a
+// share class it does not know is assured. Both directions.
 func TestBorrowersRatesFollowTheDevicesShares(t *testing.T) {
 	b := newBench(t)
 	b.dev.Device = linkCapacity("1G")
@@ -404,6 +405,20 @@ func TestBorrowersRatesFollowTheDevicesShares(t *testing.T) {
 	b.p = b.newPreparer("test", b.tp.Subnet, b.tp.ServerIP)
 	b.p.Restore([]prepare.Allocation{low.alloc, high.alloc}, []json.RawMessage{low.undo, high.undo})
 	want("after a restart", rates(low, high), 250, 750)
+	// A share class this agent does not know (another agent's, in a
+	// rolling update) of 100M on each device: its rate counts as a
+	// floor.
+	for _, name := range devices {
+		dev, err := node.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		foreign := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: dev.Attrs().Index, Parent: netlink.MakeHandle(1, 1), Handle: netlink.MakeHandle(1, 0xfe00)},
+			netlink.HtbClassAttrs{Rate: 100e6, Ceil: 100e6, Buffer: 100000, Cbuffer: 100000})
+		if err := node.ClassAdd(foreign); err != nil {
+			t.Fatal(err)
+		}
+	}
 	third := b.add("third", "100M", "100M", cfg)
-	want("a third borrower after the restart", rates(low, high, third), 200, 600, 200)
+	want("a third borrower after the restart, beside another agent's 100M", rates(low, high, third), 180, 540, 180)
 }

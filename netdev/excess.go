@@ -34,7 +34,9 @@ import (
 // HTB rate is floor + E·floor/Σ(borrowers' floors), never past its
 // ceiling (what a ceiling leaves goes to the others, in the same
 // proportion), where E is the link class's rate less the unshared class's
-// and every share's floor on the device, hard caps included. The rates sum
+// and every share's floor on the device, hard caps included, and less the
+// rate of any share class the agent does not know (another agent's during a
+// rolling update, read from the kernel each time). The rates sum
 // to the link: HTB gives each its part by its rate, queue or not, and what
 // a share leaves idle is still lent round-robin to those that want it.
 // Measured with the same two shares at 250M and 750M: 0.333 in each
@@ -159,10 +161,11 @@ func (d *excessDevice) borrowers() int {
 }
 
 // assuredRates is each borrowing share's rate on a device whose link class
-// is of linkRate, unshared of it assured to traffic of no share: floor plus
-// its part of the excess, by key. Shares not borrowing are left out (their
-// rate is their floor).
-func assuredRates(shares map[string]*excessShare, linkRate, unshared uint64) map[string]uint64 {
+// is of linkRate, reserved of it assured elsewhere (to traffic of no share,
+// to share classes this agent does not know): floor plus its part of the
+// excess, by key. Shares not borrowing are left out (their rate is their
+// floor).
+func assuredRates(shares map[string]*excessShare, linkRate, reserved uint64) map[string]uint64 {
 	var floors uint64
 	var open []string
 	for key, s := range shares {
@@ -175,10 +178,10 @@ func assuredRates(shares map[string]*excessShare, linkRate, unshared uint64) map
 	for _, key := range open {
 		out[key] = shares[key].rates.floor
 	}
-	if linkRate <= unshared+floors || len(open) == 0 {
+	if linkRate <= reserved+floors || len(open) == 0 {
 		return out // nothing over the floors to assure
 	}
-	excess := float64(linkRate - unshared - floors)
+	excess := float64(linkRate - reserved - floors)
 	sort.Strings(open) // the same rounding every time
 	// Water-filling: a share whose part would pass its ceiling gets its
 	// ceiling, and what it leaves is shared again among the rest.
@@ -223,7 +226,18 @@ func (p *NICPreparer) assureExcess(ctx context.Context, ifindex int) error {
 		p.mu.Unlock()
 		return nil
 	}
-	want := assuredRates(d.shares, d.linkRate, d.linkRate*p.unsharedPercent()/100)
+	ours := make(map[uint16]bool, len(d.shares))
+	for _, s := range d.shares {
+		ours[s.minor] = true
+	}
+	name, linkRate := d.name, d.linkRate
+	p.mu.Unlock()
+	foreign, err := p.foreignFloors(ifindex, name, ours)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	want := assuredRates(d.shares, linkRate, linkRate*p.unsharedPercent()/100+foreign)
 	type change struct {
 		key   string
 		minor uint16
@@ -236,7 +250,6 @@ func (p *NICPreparer) assureExcess(ctx context.Context, ifindex int) error {
 			changes = append(changes, change{key: key, minor: s.minor, rates: s.rates, rate: rate})
 		}
 	}
-	name := d.name
 	p.mu.Unlock()
 	// Lowered first: the link's assured rates never sum past it.
 	sort.Slice(changes, func(i, j int) bool { return changes[i].rate < changes[j].rate })
@@ -261,6 +274,32 @@ func (p *NICPreparer) assureExcess(ctx context.Context, ifindex int) error {
 		klog.FromContext(ctx).V(4).Info("Assured the borrowing shares their parts of the excess", "device", name, "changed", len(changes))
 	}
 	return errors.Join(errs...)
+}
+
+// foreignFloors is what the share classes on the device of ifindex that
+// this agent does not know (not among ours, by minor) are assured, bits/s:
+// another agent's during a rolling update, or one whose record was lost.
+// Their rates count as floors, so that the excess handed out never takes
+// what they are assured. Parked classes are left out: they send nothing.
+func (p *NICPreparer) foreignFloors(ifindex int, name string, ours map[uint16]bool) (uint64, error) {
+	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex, Name: name}}
+	classes, err := p.h.ClassList(link, rootHandle)
+	if err != nil {
+		return 0, fmt.Errorf("list classes of %s: %w", name, err)
+	}
+	var sum uint64
+	for _, c := range classes {
+		h, ok := c.(*netlink.HtbClass)
+		if !ok || h.Attrs().Parent != linkHandle || parkedClass(h) {
+			continue
+		}
+		_, minor := netlink.MajorMinor(h.Attrs().Handle)
+		if minor == linkMinor || minor == unsharedMinor || ours[minor] {
+			continue
+		}
+		sum += h.Rate * 8
+	}
+	return sum, nil
 }
 
 // assuredClass is the share class 1:minor on link, under the link class,
