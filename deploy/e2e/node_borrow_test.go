@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,7 +28,8 @@ const (
 // each saturating its share with one TCP flow (iperf3), ingress then egress:
 // both at once, each gets at least its floor and the two fill the link, the
 // excess over the floors splitting by them (1:3 within 10%); then each
-// alone reaches the link. Rates at L2 are the receiver's goodput over
+// alone reaches the link. Last, the 100M one floods UDP and the 300M one's
+// TCP still gets at least its floor (egress). Rates at L2 are the receiver's goodput over
 // 0.956 (1448 bytes of payload a 1514-byte frame).
 func TestNodeBorrowingShares(t *testing.T) {
 	cs := client(t)
@@ -37,20 +39,7 @@ func TestNodeBorrowingShares(t *testing.T) {
 	trafficServer(t, borrowParent, "carve-e2b1", borrowServer, borrowIP, "5201", "5202")
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
-	installChart(t, env, stateDir, fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
-kind: NodeConfig
-netdev:
-  include: ["%s"]
-  includeVirtual: true
-  bandwidth:
-  - interface: "%s"
-    egress: 1G
-    ingress: 1G
-  pools:
-  - name: borrow
-    cidr: 10.87.0.0/24
-    gateway: %s
-`, borrowParent, borrowParent, borrowIP))
+	installChart(t, env, stateDir, nicNodeConfigAt(borrowParent, "    egress: 1G\n    ingress: 1G\n", "borrow", "10.87.0.0/24", borrowIP, ""))
 	dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: borrowClass}, Spec: resourceapi.DeviceClassSpec{
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 			Expression: `device.driver == "carve.dev" && device.attributes["carve.dev"].kind == "nic"`}}},
@@ -111,6 +100,25 @@ netdev:
 				t.Errorf("%s, %s alone: %.3f of its ceiling at L2, want within 1%%", dir, p.name, alone)
 			}
 		}
+	}
+	// A borrower flooding UDP (iperf3 offering 2G) leaves its neighbour's
+	// TCP its floor: egress.
+	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
+	flood := exec.Command(kubectl, "--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pods[0].name, "-c", "main", "--",
+		"iperf3", "-c", borrowIP, "-p", pods[0].port, "-u", "-b", "2G", "-t", "7")
+	if err := flood.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	r := <-startIperfOmitting(pods[1].name, borrowIP, pods[1].port, 1, 3, false)
+	_ = flood.Wait()
+	if r.err != nil {
+		t.Fatalf("iperf3 in %s beside the flood: %v", pods[1].name, r.err)
+	}
+	beside := r.bps / met / 300e6
+	fmt.Fprintf(&report, "egress, %s's TCP beside %s flooding UDP: %.3f of its floor at L2\n", pods[1].name, pods[0].name, beside)
+	if beside < 0.99 {
+		t.Errorf("egress, %s's TCP beside a UDP flood: %.3f of its floor at L2, want at least 0.99", pods[1].name, beside)
 	}
 	t.Logf("borrowing shares on the real node, floors 100M and 300M, link 1G:\n%s", report.String())
 }

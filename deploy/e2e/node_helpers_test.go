@@ -271,6 +271,12 @@ func scrapeAgent(t testing.TB) string {
 // line indented as netdev's fields are ("  pools:" items or
 // "  maxSharesPerNIC: 2").
 func nicNodeConfig(parent, pool, cidr, gateway, extra string) string {
+	return nicNodeConfigAt(parent, "    egress: 10G\n", pool, cidr, gateway, extra)
+}
+
+// nicNodeConfigAt is nicNodeConfig with the parent's bandwidth entry's
+// rates as YAML lines (indented as "    egress: 1G").
+func nicNodeConfigAt(parent, rates, pool, cidr, gateway, extra string) string {
 	return fmt.Sprintf(`apiVersion: carve.dev/v1alpha1
 kind: NodeConfig
 netdev:
@@ -278,12 +284,11 @@ netdev:
   includeVirtual: true
   bandwidth:
   - interface: "%s"
-    egress: 10G
-  pools:
+%s  pools:
   - name: %s
     cidr: %s
     gateway: %s
-%s`, parent, parent, pool, cidr, gateway, extra)
+%s`, parent, parent, rates, pool, cidr, gateway, extra)
 }
 
 // sharePod is a pod holding a claim of its own name: a bandwidth share of
