@@ -13,6 +13,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/carve-dra/carve/bpf"
 )
 
 const (
@@ -28,8 +30,10 @@ const (
 // each saturating its share with one TCP flow (iperf3), ingress then egress:
 // both at once, each gets at least its floor and the two fill the link, the
 // excess over the floors splitting by them (1:3 within 10%); then each
-// alone reaches the link. Last, the 100M one floods UDP and the 300M one's
-// TCP still gets at least its floor (egress). Rates at L2 are the receiver's goodput over
+// alone reaches the link. Then, egress: the 300M one starting beside the
+// 100M one alone on the link is back at its floor within 200 ms of its
+// first frames (10 ms samples of the classifier's bytes); and with the 100M
+// one flooding UDP, the 300M one's TCP still gets at least its floor. Rates at L2 are the receiver's goodput over
 // 0.956 (1448 bytes of payload a 1514-byte frame).
 func TestNodeBorrowingShares(t *testing.T) {
 	cs := client(t)
@@ -101,6 +105,15 @@ func TestNodeBorrowingShares(t *testing.T) {
 			}
 		}
 	}
+	// An idle share that starts sending beside a borrower of the link is
+	// back at its floor within 200 ms: its classifier bytes every 10 ms,
+	// from its first frames.
+	back, timeline := returnToFloor(t, pods[0].name, pods[1].name, pods[0].port, pods[1].port, 300e6)
+	fmt.Fprintf(&report, "egress, %s starting beside %s alone on the link: at its floor %v after its first frames\n", pods[1].name, pods[0].name, back.Round(time.Millisecond))
+	if back < 0 || back > 200*time.Millisecond {
+		t.Errorf("egress: %s back at its floor after %v, want within 200 ms; its rate at L2 every 10 ms:\n%s", pods[1].name, back, timeline)
+	}
+
 	// A borrower flooding UDP (iperf3 offering 2G) leaves its neighbour's
 	// TCP its floor: egress.
 	kubectl := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "bin", "kubectl")
@@ -121,4 +134,58 @@ func TestNodeBorrowingShares(t *testing.T) {
 		t.Errorf("egress, %s's TCP beside a UDP flood: %.3f of its floor at L2, want at least 0.99", pods[1].name, beside)
 	}
 	t.Logf("borrowing shares on the real node, floors 100M and 300M, link 1G:\n%s", report.String())
+}
+
+// returnToFloor has pod borrower alone saturate its share's egress (TCP, 4
+// s), and after 1.5 s pod returner start its own: it samples the
+// returner's egress bytes in the classifier every 10 ms and returns how long
+// after its first frames a 10 ms window first carried floor bits/s within 1%
+// at L2 (-1: never), and the timeline.
+func returnToFloor(t *testing.T, borrower, returner, borrowerPort, returnerPort string, floor float64) (time.Duration, string) {
+	t.Helper()
+	shaper, err := bpf.OpenShaper(e2ePins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shaper.Close()
+	key := bpf.Key{MAC: shareMAC(t, returner), Dir: bpf.Egress}
+	long := startIperfOmitting(borrower, borrowIP, borrowerPort, 0, 4, false)
+	time.Sleep(1500 * time.Millisecond)
+	type sample struct {
+		at    time.Time
+		bytes uint64
+	}
+	var samples []sample
+	short := startIperfOmitting(returner, borrowIP, returnerPort, 0, 2, false)
+	for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(10 * time.Millisecond) {
+		st, err := shaper.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		samples = append(samples, sample{time.Now(), st[key].Bytes})
+	}
+	for _, ch := range []chan iperfResult{short, long} {
+		if r := <-ch; r.err != nil {
+			t.Fatalf("iperf3: %v", r.err)
+		}
+	}
+	var timeline strings.Builder
+	var first time.Time
+	back := time.Duration(-1)
+	for i := 1; i < len(samples); i++ {
+		dt := samples[i].at.Sub(samples[i-1].at)
+		bytes := samples[i].bytes - samples[i-1].bytes
+		if first.IsZero() {
+			if bytes == 0 {
+				continue
+			}
+			first = samples[i-1].at
+		}
+		rate := float64(bytes) * 8 / dt.Seconds() / 0.956
+		fmt.Fprintf(&timeline, "%4d ms %6.1f Mbit/s\n", samples[i].at.Sub(first).Milliseconds(), rate/1e6)
+		if back < 0 && dt >= 5*time.Millisecond && rate >= 0.99*floor {
+			back = samples[i].at.Sub(first)
+		}
+	}
+	return back, timeline.String()
 }
