@@ -243,7 +243,7 @@ func runIperf(pod string, args []string) chan iperfRun {
 
 // podPing pings to from the pod, n times 20 ms apart, and returns the round
 // trips; a lost probe counts as 1 s.
-func podPing(b *testing.B, pod, to string, n int) []time.Duration {
+func podPing(b testing.TB, pod, to string, n int) []time.Duration {
 	b.Helper()
 	out, _ := exec.Command(kubectlPath(), "--kubeconfig", os.Getenv("CARVE_KUBECONFIG"), "exec", "-n", testNS, pod, "-c", "main", "--",
 		"ping", "-c", strconv.Itoa(n), "-i", "0.02", "-W", "1", to).CombinedOutput()
