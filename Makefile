@@ -183,7 +183,8 @@ multinode-e2e: build ## the cross-node tests on a local cluster of 3 nodes (star
 # their shares both ways; before the cluster, netdev's hundred shares of
 # 10M saturated at once in test namespaces; after the kills, three shares of
 # 45M, 130M and 730M saturated at once OVERRATE_RUNS times each way, none
-# ever over its rate; then 20 borrowing pods switching on and off for 60 s.
+# ever over its rate; then 20 borrowing pods switching on and off for 60 s,
+# and the node's own traffic beside a borrowing pod.
 # make test runs SOAK_KILLS_SHORT kills of the first, and one run of the
 # three shares.
 SOAK_KILLS ?= 100
@@ -199,7 +200,7 @@ soak: build ## the long soak on the real node: agent kills under churn, then 20,
 	export CARVE_KUBECONFIG=$$kubeconfig CARVE_E2E_REQUIRED=1 CARVE_E2E_NODE_REQUIRED=1; \
 	CARVE_E2E_SOAK_KILLS=$(SOAK_KILLS) $(GO) test -count=1 -v -timeout 60m -run '^TestNodeAgentKillSoak$$' ./deploy/e2e/ || exit 1; \
 	CARVE_E2E_OVERRATE_RUNS=$(OVERRATE_RUNS) $(GO) test -count=1 -v -timeout 30m -run '^TestNodeSharesNeverOverTheirRate$$' ./deploy/e2e/ || exit 1; \
-	CARVE_E2E_BORROW_ONOFF=1 $(GO) test -count=1 -v -timeout 10m -run '^TestNodeBorrowingSharesOnAndOff$$' ./deploy/e2e/ || exit 1; \
+	CARVE_E2E_BORROW_ONOFF=1 $(GO) test -count=1 -v -timeout 10m -run '^(TestNodeBorrowingSharesOnAndOff|TestNodeUnsharedTrafficKeepsTheFloors)$$' ./deploy/e2e/ || exit 1; \
 	for n in $(SOAK_PODS); do \
 	  traffic=0; [ "$$n" = 100 ] && traffic=1; \
 	  CARVE_E2E_SHARE_PODS=$$n CARVE_E2E_SHARE_PODS_TRAFFIC=$$traffic $(GO) test -count=1 -v -timeout 30m -run '^TestNodeManySharePods$$' ./deploy/e2e/ || exit 1; \

@@ -44,7 +44,7 @@ const (
 // Rates at L2 are the receiver's goodput over 0.956 (1448 bytes of payload
 // a 1514-byte frame).
 func TestNodeBorrowingShares(t *testing.T) {
-	cs, _ := borrowNode(t)
+	cs, _ := borrowNode(t, "")
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["borrow"],"interfaceName":"net1"}`
 	pods := []struct{ name, floor, port string }{{"bw100", "100M", "5201"}, {"bw300", "300M", "5202"}}
 	for _, p := range pods {
@@ -200,8 +200,9 @@ func returnToFloor(t *testing.T, borrower, returner, borrowerPort, returnerPort 
 // borrowNode installs the chart on the real node for a borrowing test: a
 // NIC of 1G each way (a veth whose peer, in its own namespace, runs iperf3
 // servers on 5201 and 5202) with the pool "borrow", and the DeviceClass
-// borrowClass, whose claims may borrow up to the link.
-func borrowNode(t *testing.T) (kubernetes.Interface, map[string]string) {
+// borrowClass, whose claims may borrow up to the link; extra is more of the
+// node config's netdev (nicNodeConfig).
+func borrowNode(t *testing.T, extra string) (kubernetes.Interface, map[string]string) {
 	t.Helper()
 	cs := client(t)
 	env := clusterEnv(t)
@@ -210,7 +211,7 @@ func borrowNode(t *testing.T) (kubernetes.Interface, map[string]string) {
 	trafficServer(t, borrowParent, "carve-e2b1", borrowServer, borrowIP, "5201", "5202")
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
-	installChart(t, env, stateDir, nicNodeConfigAt(borrowParent, "    egress: 1G\n    ingress: 1G\n", "borrow", "10.87.0.0/24", borrowIP, ""))
+	installChart(t, env, stateDir, nicNodeConfigAt(borrowParent, "    egress: 1G\n    ingress: 1G\n", "borrow", "10.87.0.0/24", borrowIP, extra))
 	dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: borrowClass}, Spec: resourceapi.DeviceClassSpec{
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 			Expression: `device.driver == "carve.dev" && device.attributes["carve.dev"].kind == "nic"`}}},
@@ -239,7 +240,7 @@ func TestNodeBorrowingSharesOnAndOff(t *testing.T) {
 	if os.Getenv("CARVE_E2E_BORROW_ONOFF") != "1" {
 		t.Skip("set CARVE_E2E_BORROW_ONOFF=1 to run (make soak)")
 	}
-	cs, env := borrowNode(t)
+	cs, env := borrowNode(t, "")
 	floors := []string{"10M", "20M", "30M", "50M"}
 	ceilings := []string{"100M", "200M", "500M", "1G"}
 	type member struct{ name, floor, ceil string }
@@ -344,4 +345,66 @@ func podNetns(t testing.TB, env map[string]string, uid string) netns.NsHandle {
 	}
 	t.Fatalf("no task of sandbox %s", ids[0])
 	return 0
+}
+
+// TestNodeUnsharedTrafficKeepsTheFloors (issue 42; make soak,
+// CARVE_E2E_BORROW_ONOFF=1) is netdev's TestUnsharedTrafficHasItsClass on
+// the real node: with netdev.unsharedFloorPercent 5 on a 1G NIC, the node's
+// own bulk TCP on the parent (from an address of the node's own namespace)
+// beside a pod borrowing the link, both saturated, each way: the pod gets at
+// least its 300M floor and the node at least its 50M, within 1% at L2; the
+// node's traffic alone has the link.
+func TestNodeUnsharedTrafficKeepsTheFloors(t *testing.T) {
+	if os.Getenv("CARVE_E2E_BORROW_ONOFF") != "1" {
+		t.Skip("set CARVE_E2E_BORROW_ONOFF=1 to run (make soak)")
+	}
+	cs, env := borrowNode(t, "  unsharedFloorPercent: 5\n")
+	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["borrow"],"interfaceName":"net1"}`
+	sharePod{name: "bw300", parent: borrowParent, class: borrowClass, capacity: bothWays("300M"), netCfg: netCfg, image: "carve-net-test:e2e"}.start(t, cs)
+	waitFor(t, "pod bw300", 90*time.Second, podRunning(cs, testNS, "bw300"))
+	p, err := cs.CoreV1().Pods(testNS).Get(context.Background(), "bw300", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := podNetns(t, env, string(p.UID))
+	podIP := strings.Split(strings.Fields(podExec(t, testNS, "bw300", "main", "ip", "-4", "-o", "addr", "show", "net1"))[3], "/")[0]
+	server, err := netns.GetFromName(borrowServer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	host, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	// The node's own address on the parent (gone with the veth).
+	run(t, "ip", "addr", "add", "10.87.0.254/24", "dev", borrowParent, "nodad")
+	const met, link = 0.956, 1e9
+	for _, egress := range []bool{true, false} {
+		dir := map[bool]string{true: "egress", false: "ingress"}[egress]
+		hostFlow := nettest.Flow{From: host, To: server, ToAddr: borrowIP + ":5431"}
+		shareFlow := nettest.Flow{From: pod, To: server, ToAddr: borrowIP + ":5432"}
+		if !egress {
+			hostFlow = nettest.Flow{From: server, To: host, ToAddr: "10.87.0.254:5431"}
+			shareFlow = nettest.Flow{From: server, To: pod, ToAddr: podIP + ":5432"}
+		}
+		alone, err := nettest.RunFlows([]nettest.Flow{hostFlow}, time.Second, 2*time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := nettest.RunFlows([]nettest.Flow{hostFlow, shareFlow}, 2*time.Second, 3*time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeAlone, node, share := alone[0].Goodput()/met, res[0].Goodput()/met, res[1].Goodput()/met
+		t.Logf("%s: the node's TCP alone %.1f Mbit/s at L2; beside the pod borrowing the link: node %.1f, pod %.1f, together %.3f of the link",
+			dir, nodeAlone/1e6, node/1e6, share/1e6, (node+share)/link)
+		if nodeAlone < 0.95*link || nodeAlone > 1.01*link {
+			t.Errorf("%s: the node's traffic alone %.1f Mbit/s at L2, want the link (1G)", dir, nodeAlone/1e6)
+		}
+		if share < 0.99*300e6 || node < 0.99*50e6 {
+			t.Errorf("%s: the pod %.1f and the node %.1f Mbit/s at L2, want at least their floors, 300M and 50M", dir, share/1e6, node/1e6)
+		}
+	}
 }
