@@ -139,8 +139,18 @@ func TestAQM(t *testing.T) {
 	if state.Dropping == 0 || state.Owed == 0 || state.Count != 1 {
 		t.Fatalf("over the target for an interval: %+v", state)
 	}
+	// The owed drop lapses where the next frame comes a target's time
+	// (5 ms) after the dequeue, as in an emulated guest it may: then the
+	// drop is not counted, and the run goes on.
+	wantDrops := uint64(1)
+	dequeued := time.Now()
 	if ret, _, _ := classify(bulkFrame(false)); ret != 2 {
-		t.Fatalf("the next arriving frame: verdict %d, want TC_ACT_SHOT (2)", ret)
+		if gap := time.Since(dequeued); gap <= 5*time.Millisecond {
+			t.Fatalf("the next arriving frame: verdict %d, want TC_ACT_SHOT (2)", ret)
+		} else {
+			t.Logf("%v from the dequeue to the next frame, over the target: the owed drop lapsed", gap)
+			wantDrops = 0
+		}
 	}
 	// The control law: the next drop is due an interval/sqrt(2) later.
 	// An owed drop lapses where no frame of the class left for a
@@ -154,7 +164,7 @@ func TestAQM(t *testing.T) {
 		if state.Count < 2 || (try == 1 && state.Count != 2) || state.Owed == 0 {
 			t.Fatalf("an interval on, still over: %+v", state)
 		}
-		dequeued := time.Now()
+		dequeued = time.Now()
 		ret, out, data = classify(bulkFrame(true))
 		if ret == -1 && data[15]&3 == 3 && ipv4Checksum(data[14:34]) == 0 {
 			break
@@ -169,12 +179,23 @@ func TestAQM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c[Key{MAC: mac1.String(), Dir: Egress}]; got != (AQMCounters{Drops: 1, Marks: 1}) {
-		t.Errorf("counters %+v, want a drop and a mark", got)
+	if got := c[Key{MAC: mac1.String(), Dir: Egress}]; got != (AQMCounters{Drops: wantDrops, Marks: 1}) {
+		t.Errorf("counters %+v, want %d drops and a mark", got, wantDrops)
 	}
-	// Under the target: no longer dropping.
-	dequeue(time.Millisecond)
-	if state.Dropping != 0 || state.FirstAbove != 0 {
+	// Under the target: no longer dropping. The frame is stamped 1 ms
+	// before the run; in an emulated guest (make vmtest) the run can
+	// start past the target after that (once in CI, in the 6.1 guest),
+	// and only then is it tried again.
+	for try := 1; ; try++ {
+		began := time.Now()
+		dequeue(time.Millisecond)
+		if state.Dropping == 0 && state.FirstAbove == 0 {
+			break
+		}
+		if gap := time.Since(began); gap > 4*time.Millisecond && try < 5 {
+			t.Logf("try %d: %v from the stamp to the read of the state, over the target; again", try, gap)
+			continue
+		}
 		t.Fatalf("a frame under the target: %+v", state)
 	}
 
