@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"sort"
 
@@ -46,10 +47,13 @@ import (
 // parent's lock and before the answer (a new floor must hold from the
 // share's first frame, so the borrowers' rates come down first of all); at
 // unprepare, after the share's classes are parked (the others may take its
-// part up). A device with no borrowing share is never touched, so hard caps
-// alone cost nothing. The rates are not recorded: the kernel keeps them
-// across an agent's restart, and the next change on the device sets them
-// all from the agent's own shares, taken back at Restore.
+// part up). The class of the node's own traffic (unsharedFloorPercent) has a
+// floor and the link as ceiling, and takes its part as a borrower does. A
+// device with no borrowing share and no such class is never touched, so
+// hard caps alone cost nothing. The rates are not recorded: the kernel
+// keeps them across an agent's restart, and the next change on the device
+// sets them all from the agent's own shares, taken back at Restore (and
+// the unshared class's from its rate as the kernel has it).
 
 // excessShare is one share's class on a device, as the excess is assured.
 type excessShare struct {
@@ -128,8 +132,8 @@ func (p *NICPreparer) restoreExcessShare(devName, key string, minor uint16, rate
 }
 
 // forgetExcessShare drops key from every device and returns the devices
-// (by ifindex) that have a borrowing share left, whose rates are to be set
-// again.
+// (by ifindex) that have a borrowing share left, or an unshared class,
+// whose rates are to be set again.
 func (p *NICPreparer) forgetExcessShare(key string) []int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -143,7 +147,7 @@ func (p *NICPreparer) forgetExcessShare(key string) []int {
 			delete(p.excess, idx)
 			continue
 		}
-		if d.borrowers() > 0 {
+		if d.borrowers() > 0 || p.unsharedPercent() > 0 {
 			again = append(again, idx)
 		}
 	}
@@ -222,7 +226,7 @@ func assuredRates(shares map[string]*excessShare, linkRate, reserved uint64) map
 func (p *NICPreparer) assureExcess(ctx context.Context, ifindex int) error {
 	p.mu.Lock()
 	d := p.excess[ifindex]
-	if d == nil || d.linkRate == 0 || d.borrowers() == 0 {
+	if d == nil || d.linkRate == 0 || d.borrowers() == 0 && p.unsharedPercent() == 0 {
 		p.mu.Unlock()
 		return nil
 	}
@@ -232,27 +236,38 @@ func (p *NICPreparer) assureExcess(ctx context.Context, ifindex int) error {
 	}
 	name, linkRate := d.name, d.linkRate
 	p.mu.Unlock()
-	foreign, err := p.foreignFloors(ifindex, name, ours)
+	foreign, unsharedNow, err := p.foreignFloors(ifindex, name, ours)
 	if err != nil {
 		return err
 	}
 	p.mu.Lock()
-	want := assuredRates(d.shares, linkRate, linkRate*p.unsharedPercent()/100+foreign)
+	shares := d.shares
+	reserved := linkRate*p.unsharedPercent()/100 + foreign
+	if unsharedNow > 0 {
+		// The node's own traffic's class has a floor and the link as
+		// ceiling: it takes its part of the excess as a borrower does.
+		shares = make(map[string]*excessShare, len(d.shares)+1)
+		maps.Copy(shares, d.shares)
+		shares[unsharedKey] = &excessShare{minor: unsharedMinor, rates: classRates{floor: linkRate * p.unsharedPercent() / 100, ceil: linkRate}, assured: unsharedNow}
+		reserved = foreign
+	}
+	want := assuredRates(shares, linkRate, reserved)
 	type change struct {
 		key   string
 		minor uint16
 		rates classRates
 		rate  uint64
+		down  bool // lowered, or from a rate not known
 	}
 	var changes []change
 	for key, rate := range want {
-		if s := d.shares[key]; s.assured != rate {
-			changes = append(changes, change{key: key, minor: s.minor, rates: s.rates, rate: rate})
+		if s := shares[key]; s.assured != rate {
+			changes = append(changes, change{key: key, minor: s.minor, rates: s.rates, rate: rate, down: s.assured == 0 || rate < s.assured})
 		}
 	}
 	p.mu.Unlock()
 	// Lowered first: the link's assured rates never sum past it.
-	sort.Slice(changes, func(i, j int) bool { return changes[i].rate < changes[j].rate })
+	sort.SliceStable(changes, func(i, j int) bool { return changes[i].down && !changes[j].down })
 	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex, Name: name}}
 	var errs []error
 	for _, c := range changes {
@@ -265,7 +280,7 @@ func (p *NICPreparer) assureExcess(ctx context.Context, ifindex int) error {
 			continue
 		}
 		p.mu.Lock()
-		if s := d.shares[c.key]; s != nil && s.minor == c.minor {
+		if s := d.shares[c.key]; s != nil && s.minor == c.minor && c.key != unsharedKey {
 			s.assured = c.rate
 		}
 		p.mu.Unlock()
@@ -276,30 +291,37 @@ func (p *NICPreparer) assureExcess(ctx context.Context, ifindex int) error {
 	return errors.Join(errs...)
 }
 
+// unsharedKey names the unshared class (linkclass.go) among a device's
+// shares as the excess is assured: no share's key is empty.
+const unsharedKey = ""
+
 // foreignFloors is what the share classes on the device of ifindex that
 // this agent does not know (not among ours, by minor) are assured, bits/s:
 // another agent's during a rolling update, or one whose record was lost.
 // Their rates count as floors, so that the excess handed out never takes
 // what they are assured. Parked classes are left out: they send nothing.
-func (p *NICPreparer) foreignFloors(ifindex int, name string, ours map[uint16]bool) (uint64, error) {
+// unshared is the rate of the device's unshared class, 0 where it has none.
+func (p *NICPreparer) foreignFloors(ifindex int, name string, ours map[uint16]bool) (foreign, unshared uint64, err error) {
 	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex, Name: name}}
 	classes, err := p.h.ClassList(link, rootHandle)
 	if err != nil {
-		return 0, fmt.Errorf("list classes of %s: %w", name, err)
+		return 0, 0, fmt.Errorf("list classes of %s: %w", name, err)
 	}
-	var sum uint64
 	for _, c := range classes {
 		h, ok := c.(*netlink.HtbClass)
 		if !ok || h.Attrs().Parent != linkHandle || parkedClass(h) {
 			continue
 		}
 		_, minor := netlink.MajorMinor(h.Attrs().Handle)
-		if minor == linkMinor || minor == unsharedMinor || ours[minor] {
-			continue
+		switch {
+		case minor == unsharedMinor:
+			unshared = h.Rate * 8
+		case minor == linkMinor || ours[minor]:
+		default:
+			foreign += h.Rate * 8
 		}
-		sum += h.Rate * 8
 	}
-	return sum, nil
+	return foreign, unshared, nil
 }
 
 // assuredClass is the share class 1:minor on link, under the link class,

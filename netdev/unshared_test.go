@@ -17,7 +17,7 @@ import (
 // class of its own beside the shares, assured its part of the link: a share
 // borrowing the link and the node's bulk TCP on the same parent, both
 // saturated, each keep their floors (300M and 5% of the 1G link) and share
-// the link between them, each way; without a share sending, the node's
+// the link between them by their floors, each way; without a share sending, the node's
 // traffic has the whole link. On this bench the "link" (a veth) would carry
 // many times 1G: the link class is what makes it one, so the test shows
 // the node's traffic inside carve's hierarchy, not a wire's contention.
@@ -69,6 +69,11 @@ func TestUnsharedTrafficHasItsClass(t *testing.T) {
 		}
 		if sum := host + share; sum < 0.95*link || sum > 1.01*link {
 			t.Errorf("%s: together %.3f of the link, want 0.95–1.01", dir, sum/link)
+		}
+		// The node's class borrows as a share does: the excess over the
+		// floors splits by them, 50:300 (excess.go).
+		if r := (host - 50e6) / (share - 300e6); r < 0.9/6 || r > 1.1/6 {
+			t.Errorf("%s: the excess split %.3f between the node and the share, want their floors' 0.167 within 10%%", dir, r)
 		}
 	}
 	out, _ := b.tp.Exec("node", "tc", "-s", "class", "show", "dev", shaper, "classid", "1:2").CombinedOutput()

@@ -352,8 +352,8 @@ func podNetns(t testing.TB, env map[string]string, uid string) netns.NsHandle {
 // the real node: with netdev.unsharedFloorPercent 5 on a 1G NIC, the node's
 // own bulk TCP on the parent (from an address of the node's own namespace)
 // beside a pod borrowing the link, both saturated, each way: the pod gets at
-// least its 300M floor and the node at least its 50M, within 1% at L2; the
-// node's traffic alone has the link.
+// least its 300M floor and the node at least its 50M, within 1% at L2, and
+// the excess splits by their floors; the node's traffic alone has the link.
 func TestNodeUnsharedTrafficKeepsTheFloors(t *testing.T) {
 	if os.Getenv("CARVE_E2E_BORROW_ONOFF") != "1" {
 		t.Skip("set CARVE_E2E_BORROW_ONOFF=1 to run (make soak)")
@@ -405,6 +405,9 @@ func TestNodeUnsharedTrafficKeepsTheFloors(t *testing.T) {
 		}
 		if share < 0.99*300e6 || node < 0.99*50e6 {
 			t.Errorf("%s: the pod %.1f and the node %.1f Mbit/s at L2, want at least their floors, 300M and 50M", dir, share/1e6, node/1e6)
+		}
+		if r := (node - 50e6) / (share - 300e6); r < 0.9/6 || r > 1.1/6 {
+			t.Errorf("%s: the excess split %.3f between the node and the pod, want their floors' 0.167 within 10%%", dir, r)
 		}
 	}
 }
