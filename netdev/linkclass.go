@@ -96,7 +96,9 @@ var errNoLinkClass = errors.New("its classes were made by an older carve, with n
 // (the node's own, unshaped pods', unlimited shares'), where the node
 // config reserves it a floor (netdev.unsharedFloorPercent): beside the
 // share classes under the link class, assured its part of the link and
-// borrowing up to all of it. It is HTB's default class on the IFB; the
+// borrowing up to all of it; beside borrowing shares it is assured its part
+// of the excess by its floor, as they are (excess.go). It is HTB's default
+// class on the IFB; the
 // classifier sends the parent's unshared frames to it on both devices
 // (bpf.Shaper.SetUnsharedClass).
 const unsharedMinor = 2
