@@ -66,24 +66,7 @@ func TestBorrowingSharesOnAndOff(t *testing.T) {
 	// What each share's class sent, at L2 as HTB counts it (the
 	// classifier counts frames as they are queued, and a GSO
 	// super-packet's headers once).
-	sent := func() ([]uint64, error) {
-		classes, err := node.ClassList(shaper, netlink.MakeHandle(1, 0))
-		if err != nil {
-			return nil, err
-		}
-		bytes := map[uint32]uint64{}
-		for _, c := range classes {
-			if st := c.Attrs().Statistics; st != nil && st.Basic != nil {
-				bytes[c.Attrs().Handle] = st.Basic.Bytes
-			}
-		}
-		out := make([]uint64, len(minors))
-		for i, h := range minors {
-			out[i] = bytes[h]
-		}
-		return out, nil
-	}
-	res, err := nettest.RunOnOff(shares, 60*time.Second, 1e9, sent)
+	res, err := nettest.RunOnOff(shares, 60*time.Second, 1e9, nettest.ClassBytes(node, shaper, minors))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/vishvananda/netlink"
 )
 
 // OnOffShare is one share of an on-and-off run: its one TCP flow, and its
@@ -111,4 +113,27 @@ func RunOnOff(shares []OnOffShare, run time.Duration, link float64, sent func() 
 	}
 	sort.Float64s(res.Jains)
 	return res, nil
+}
+
+// ClassBytes returns a function that reads what each HTB class of handles
+// on dev has sent, in bytes at L2 as HTB counts them, through h (the zero
+// Handle: this process's namespace): RunOnOff's sent.
+func ClassBytes(h *netlink.Handle, dev netlink.Link, handles []uint32) func() ([]uint64, error) {
+	return func() ([]uint64, error) {
+		classes, err := h.ClassList(dev, netlink.MakeHandle(1, 0))
+		if err != nil {
+			return nil, fmt.Errorf("classes of %s: %w", dev.Attrs().Name, err)
+		}
+		bytes := map[uint32]uint64{}
+		for _, c := range classes {
+			if st := c.Attrs().Statistics; st != nil && st.Basic != nil {
+				bytes[c.Attrs().Handle] = st.Basic.Bytes
+			}
+		}
+		out := make([]uint64, len(handles))
+		for i, hd := range handles {
+			out[i] = bytes[hd]
+		}
+		return out, nil
+	}
 }

@@ -282,24 +282,7 @@ func TestNodeBorrowingSharesOnAndOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sent := func() ([]uint64, error) {
-		classes, err := netlink.ClassList(shaperDev, netlink.MakeHandle(1, 0))
-		if err != nil {
-			return nil, err
-		}
-		bytes := map[uint32]uint64{}
-		for _, c := range classes {
-			if st := c.Attrs().Statistics; st != nil && st.Basic != nil {
-				bytes[c.Attrs().Handle] = st.Basic.Bytes
-			}
-		}
-		out := make([]uint64, len(handles))
-		for i, h := range handles {
-			out[i] = bytes[h]
-		}
-		return out, nil
-	}
-	res, err := nettest.RunOnOff(shares, 60*time.Second, 1e9, sent)
+	res, err := nettest.RunOnOff(shares, 60*time.Second, 1e9, nettest.ClassBytes(&netlink.Handle{}, shaperDev, handles))
 	if err != nil {
 		t.Fatal(err)
 	}
