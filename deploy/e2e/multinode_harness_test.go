@@ -47,6 +47,7 @@ func multiNodeCluster(t testing.TB, minNodes int) *mnCluster {
 	if n < minNodes {
 		skip(fmt.Sprintf("the cluster has %d nodes made of namespaces, this test needs %d (make cluster-up NODES=%d)", n, minNodes, minNodes))
 	}
+	sharedHost(t)
 	return &mnCluster{env: env, nodes: n}
 }
 
@@ -172,7 +173,7 @@ func (c *mnCluster) installChart(t testing.TB, nodeConfig string, values ...stri
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("agent logs:\n%s", agentLogs())
+			t.Logf("agent logs, warnings and errors:\n%s", klogWarnings(agentLogs(), 30))
 		}
 	})
 	args := []string{"install", "carve", chartDir(), "--kubeconfig", kc,

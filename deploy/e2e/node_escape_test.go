@@ -45,6 +45,7 @@ const (
 // rawflood (deploy/e2e/rawflood), a static Go binary.
 func TestNodeShareEscapes(t *testing.T) {
 	cs := client(t)
+	quietHost(t)
 	env := clusterEnv(t)
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")

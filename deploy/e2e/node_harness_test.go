@@ -47,6 +47,7 @@ func clusterEnv(t testing.TB) map[string]string {
 		}
 		t.Skip("the cluster was started without a node (CARVE_CLUSTER_NODE=0)")
 	}
+	sharedHost(t)
 	return env
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,12 +76,15 @@ func installChartFrom(t testing.TB, env map[string]string, stateDir, chart, tag 
 		}
 	})
 	// Runs before the uninstall above (cleanups run last first): on
-	// failure, the agent's own account of what happened.
+	// failure, the agent's own account of what happened: its warnings and
+	// errors only, so that the test's own failure stays among the last
+	// lines, which are what a CI summary shows (60 lines of the agent's
+	// start-up once hid it).
 	t.Cleanup(func() {
 		if t.Failed() {
 			kubectl := filepath.Join(filepath.Dir(kc), "bin", "kubectl")
-			out, _ := execCommand(kubectl, "--kubeconfig", kc, "logs", "-n", chartNamespace, "-l", "app.kubernetes.io/name=carve", "--tail=60").CombinedOutput()
-			t.Logf("agent logs:\n%s", out)
+			out, _ := execCommand(kubectl, "--kubeconfig", kc, "logs", "-n", chartNamespace, "-l", "app.kubernetes.io/name=carve", "--tail=400").CombinedOutput()
+			t.Logf("agent logs, warnings and errors of the last 400 lines:\n%s", klogWarnings(string(out), 30))
 		}
 	})
 	args := []string{"install", "carve", chart, "--kubeconfig", kc,
@@ -324,4 +328,22 @@ func (s sharePod) start(t testing.TB, cs kubernetes.Interface) {
 // bothWays is a share's capacity of rate each way.
 func bothWays(rate string) map[resourceapi.QualifiedName]resource.Quantity {
 	return map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(rate), "ingressBandwidth": resource.MustParse(rate)}
+}
+
+// klogWarnings returns the klog lines of level W or E in logs, the last max
+// of them, or a line saying there were none.
+func klogWarnings(logs string, max int) string {
+	var kept []string
+	for _, l := range strings.Split(logs, "\n") {
+		if len(l) > 1 && (l[0] == 'W' || l[0] == 'E') && l[1] >= '0' && l[1] <= '9' {
+			kept = append(kept, l)
+		}
+	}
+	if len(kept) == 0 {
+		return "(none)"
+	}
+	if len(kept) > max {
+		kept = kept[len(kept)-max:]
+	}
+	return strings.Join(kept, "\n")
 }

@@ -46,6 +46,7 @@ func TestNodeSharesNeverOverTheirRate(t *testing.T) {
 		runs = n
 	}
 	cs := client(t)
+	quietHost(t)
 	env := clusterEnv(t)
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 	ports := make([]string, len(overRateShares))

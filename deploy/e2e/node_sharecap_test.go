@@ -29,6 +29,7 @@ const (
 // traffic held to their shares; once one goes, the third runs.
 func TestNodeShareLimit(t *testing.T) {
 	cs := client(t)
+	quietHost(t)
 	env := clusterEnv(t)
 	ctx := context.Background()
 	node := env["CARVE_NODE_NAME"]
