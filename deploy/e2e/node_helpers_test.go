@@ -330,9 +330,9 @@ func bothWays(rate string) map[resourceapi.QualifiedName]resource.Quantity {
 	return map[resourceapi.QualifiedName]resource.Quantity{"egressBandwidth": resource.MustParse(rate), "ingressBandwidth": resource.MustParse(rate)}
 }
 
-// klogWarnings returns the klog lines of level W or E in logs, the last max
+// klogWarnings returns the klog lines of level W or E in logs, the last keep
 // of them, or a line saying there were none.
-func klogWarnings(logs string, max int) string {
+func klogWarnings(logs string, keep int) string {
 	var kept []string
 	for _, l := range strings.Split(logs, "\n") {
 		if len(l) > 1 && (l[0] == 'W' || l[0] == 'E') && l[1] >= '0' && l[1] <= '9' {
@@ -342,8 +342,8 @@ func klogWarnings(logs string, max int) string {
 	if len(kept) == 0 {
 		return "(none)"
 	}
-	if len(kept) > max {
-		kept = kept[len(kept)-max:]
+	if len(kept) > keep {
+		kept = kept[len(kept)-keep:]
 	}
 	return strings.Join(kept, "\n")
 }
