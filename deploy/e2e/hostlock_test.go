@@ -50,7 +50,10 @@ var hostLock struct {
 }
 
 // quietHost gives the test the host to itself until it ends: no test of
-// the other cluster's process runs meanwhile.
+// the other cluster's process runs meanwhile. A test calls it after
+// clusterEnv or multiNodeCluster, which skip the tests of the other
+// cluster: before them, a test the process skips waited its turn for
+// nothing (91 s once).
 func quietHost(t testing.TB) { lockHost(t, true) }
 
 // sharedHost keeps measuring tests of the other process off the host until

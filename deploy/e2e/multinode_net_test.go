@@ -20,8 +20,8 @@ const mnNetCfg = `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","poo
 // limit within 1% of L2 (TCP goodput 0.946-0.966 of the limit, 0.956 the
 // limit met exactly over 1500-byte frames).
 func TestMultiNodeShares(t *testing.T) {
-	quietHost(t)
 	c := multiNodeCluster(t, 3)
+	quietHost(t)
 	cs := client(t)
 	c.importImages(t)
 	c.installChart(t, c.poolConfig())

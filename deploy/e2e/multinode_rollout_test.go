@@ -13,8 +13,8 @@ import (
 // on every node carries traffic; no second of any share's goodput is over
 // 1.01 of its limit while the agents are replaced.
 func TestMultiNodeRollout(t *testing.T) {
-	quietHost(t)
 	c := multiNodeCluster(t, 3)
+	quietHost(t)
 	cs := client(t)
 	c.importImages(t)
 	c.installChart(t, c.poolConfig())

@@ -44,8 +44,8 @@ const (
 // Rates at L2 are the receiver's goodput over 0.956 (1448 bytes of payload
 // a 1514-byte frame).
 func TestNodeBorrowingShares(t *testing.T) {
-	quietHost(t)
 	cs, _ := borrowNode(t, "")
+	quietHost(t)
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["borrow"],"interfaceName":"net1"}`
 	pods := []struct{ name, floor, port string }{{"bw100", "100M", "5201"}, {"bw300", "300M", "5202"}}
 	for _, p := range pods {
@@ -241,8 +241,8 @@ func TestNodeBorrowingSharesOnAndOff(t *testing.T) {
 	if os.Getenv("CARVE_E2E_BORROW_ONOFF") != "1" {
 		t.Skip("set CARVE_E2E_BORROW_ONOFF=1 to run (make soak)")
 	}
-	quietHost(t)
 	cs, env := borrowNode(t, "")
+	quietHost(t)
 	floors := []string{"10M", "20M", "30M", "50M"}
 	ceilings := []string{"100M", "200M", "500M", "1G"}
 	type member struct{ name, floor, ceil string }
@@ -343,8 +343,8 @@ func TestNodeUnsharedTrafficKeepsTheFloors(t *testing.T) {
 	if os.Getenv("CARVE_E2E_BORROW_ONOFF") != "1" {
 		t.Skip("set CARVE_E2E_BORROW_ONOFF=1 to run (make soak)")
 	}
-	quietHost(t)
 	cs, env := borrowNode(t, "  unsharedFloorPercent: 5\n")
+	quietHost(t)
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["borrow"],"interfaceName":"net1"}`
 	sharePod{name: "bw300", parent: borrowParent, class: borrowClass, capacity: bothWays("300M"), netCfg: netCfg, image: "carve-net-test:e2e"}.start(t, cs)
 	waitFor(t, "pod bw300", 90*time.Second, podRunning(cs, testNS, "bw300"))

@@ -45,8 +45,8 @@ const (
 // rawflood (deploy/e2e/rawflood), a static Go binary.
 func TestNodeShareEscapes(t *testing.T) {
 	cs := client(t)
-	quietHost(t)
 	env := clusterEnv(t)
+	quietHost(t)
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +50,7 @@ func TestNodeHookGuards(t *testing.T) {
 	claim("hook-hostnet")
 	hostPod := podWithImage("hook-hostnet", "carve-test:latest", &corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("hook-hostnet")})
 	hostPod.Spec.HostNetwork = true
-	routesBefore := run(t, "ip", "route", "show")
+	routesBefore := singleNodeRoutes(t)
 	startPod(t, cs, hostPod)
 	// Up to 3 minutes: in CI runs (never alone, nor after the same tests
 	// on a quiet machine, 9–22 s) this pod sat 75 s and once over 90 s
@@ -70,7 +71,7 @@ func TestNodeHookGuards(t *testing.T) {
 		}
 		return strings.Contains(why, "hostNetwork"), fmt.Errorf("pod not refused yet: %s", why)
 	})
-	if after := run(t, "ip", "route", "show"); after != routesBefore {
+	if after := singleNodeRoutes(t); after != routesBefore {
 		t.Errorf("the node's routes changed:\n%s\nthen\n%s", routesBefore, after)
 	}
 
@@ -136,4 +137,20 @@ func kubeletLogOf(pod string) string {
 		}
 	}
 	return strings.Join(lines[max(0, len(lines)-60):], "\n")
+}
+
+// singleNodeRoutes is the host's main routing table less the routes of the
+// multi-node cluster's links, which come and go with that cluster while
+// this one's tests run beside it (its teardown once fell in this test).
+func singleNodeRoutes(t testing.TB) string {
+	t.Helper()
+	var kept []string
+	for _, line := range strings.Split(run(t, "ip", "route", "show"), "\n") {
+		f := strings.Fields(line)
+		if i := slices.Index(f, "dev"); i >= 0 && i+1 < len(f) && multiNodeClusterLink(f[i+1]) {
+			continue
+		}
+		kept = append(kept, line)
+	}
+	return strings.Join(kept, "\n")
 }

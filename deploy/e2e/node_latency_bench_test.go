@@ -40,8 +40,8 @@ const (
 // side), and the share's drops and CE marks as `carve shares` counts them.
 func BenchmarkNodeLatencyUnderLoad(b *testing.B) {
 	cs := client(b)
-	quietHost(b)
 	env := clusterEnv(b)
+	quietHost(b)
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 	trafficServer(b, latParent, "carve-e2l1", latServer, latServerIP)
 	// A server of its own that answers in JSON: --get-server-output then

@@ -35,8 +35,8 @@ const (
 // and classifier entries.
 func TestNodeNetworkShares(t *testing.T) {
 	cs := client(t)
-	quietHost(t)
 	env := clusterEnv(t)
+	quietHost(t)
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 

@@ -46,8 +46,8 @@ func TestNodeSharesNeverOverTheirRate(t *testing.T) {
 		runs = n
 	}
 	cs := client(t)
-	quietHost(t)
 	env := clusterEnv(t)
+	quietHost(t)
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 	ports := make([]string, len(overRateShares))
 	for i, s := range overRateShares {

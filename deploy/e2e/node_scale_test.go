@@ -47,8 +47,8 @@ func TestNodeManySharePods(t *testing.T) {
 	}
 	traffic := os.Getenv("CARVE_E2E_SHARE_PODS_TRAFFIC") == "1"
 	cs := client(t)
-	quietHost(t)
 	env := clusterEnv(t)
+	quietHost(t)
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 	var ports []string

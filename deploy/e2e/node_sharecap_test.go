@@ -29,8 +29,8 @@ const (
 // traffic held to their shares; once one goes, the third runs.
 func TestNodeShareLimit(t *testing.T) {
 	cs := client(t)
-	quietHost(t)
 	env := clusterEnv(t)
+	quietHost(t)
 	ctx := context.Background()
 	node := env["CARVE_NODE_NAME"]
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")

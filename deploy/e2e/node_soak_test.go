@@ -47,8 +47,8 @@ func TestNodeAgentKillSoak(t *testing.T) {
 		t.Skip("set CARVE_E2E_SOAK_KILLS=N to run (make test: a few; make soak: 100)")
 	}
 	cs := client(t)
-	quietHost(t)
 	env := clusterEnv(t)
+	quietHost(t)
 	ctx := context.Background()
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 	trafficServer(t, soakParent, "carve-e2k1", soakServer, soakIP, "5201")

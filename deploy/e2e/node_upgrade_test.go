@@ -223,8 +223,8 @@ func sharesJSON(t testing.TB, stateDir string) ([]map[string]any, string, error)
 // links and pins for what is prepared.
 func TestNodeUpgrade(t *testing.T) {
 	cs := client(t)
-	quietHost(t)
 	env := clusterEnv(t)
+	quietHost(t)
 	stateDir := filepath.Join(filepath.Dir(os.Getenv("CARVE_KUBECONFIG")), "carve-state")
 	helm := os.Getenv("CARVE_HELM")
 	kc := os.Getenv("CARVE_KUBECONFIG")
