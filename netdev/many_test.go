@@ -36,13 +36,20 @@ func TestManySharesHoldTheirRates(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set CARVE_MANY_SHARES=N to run (make soak)")
 	}
-	want := n
+	bar := manyBar{within: n}
 	if v := os.Getenv("CARVE_MANY_SHARES_WITHIN"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f <= 0 || f > 1 {
-			t.Fatalf("CARVE_MANY_SHARES_WITHIN=%q: want the fraction of shares that must be within ±1%%, over 0 and at most 1", v)
+		if err != nil || f < 0 || f > 1 {
+			t.Fatalf("CARVE_MANY_SHARES_WITHIN=%q: want the fraction of shares that must be within ±1%%, from 0 to 1", v)
 		}
-		want = int(math.Ceil(f * float64(n)))
+		bar.within = int(math.Ceil(f * float64(n)))
+	}
+	if v := os.Getenv("CARVE_MANY_SHARES_LOW"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || f > 0.956 {
+			t.Fatalf("CARVE_MANY_SHARES_LOW=%q: want the goodput/limit nine in ten shares must reach, over 0 and at most 0.956 (the rate met)", v)
+		}
+		bar.low = f
 	}
 	var table strings.Builder
 	table.WriteString("| design | N | direction | within ±1% | min | max | Jain | CPU idle | CPU s per Gbit |\n|---|---|---|---|---|---|---|---|---|\n")
@@ -53,10 +60,10 @@ func TestManySharesHoldTheirRates(t *testing.T) {
 		t.Run("plain", func(t *testing.T) {
 			b := newBench(t)
 			netdev.PlainQueues(b.p)
-			perGbit["plain"] = runManyShares(t, b, n, "plain", 0, &table)
+			perGbit["plain"] = runManyShares(t, b, n, "plain", nil, &table)
 		})
 	}
-	perGbit["carve"] = runManyShares(t, newBench(t), n, "carve", want, &table)
+	perGbit["carve"] = runManyShares(t, newBench(t), n, "carve", &bar, &table)
 	t.Logf("%d shares of 10M saturated at once:\n%s", n, table.String())
 	if plain := perGbit["plain"]; plain != nil {
 		for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
@@ -70,7 +77,18 @@ func TestManySharesHoldTheirRates(t *testing.T) {
 // machine's CPU seconds per shaped Gbit/s by direction. Where want is not
 // 0, fewer than want shares within ±1%, or Jain's index under 0.99, fail
 // the test.
-func runManyShares(t *testing.T, b *bench, n int, design string, want int, table *strings.Builder) map[bpf.Direction]float64 {
+// manyBar is what the run must meet: within, the shares within ±1% of
+// their rate; low, where set, the goodput/limit that nine shares in ten
+// reach at least. make test holds the second: on this machine kind 100
+// shares are at the knee, and a run on a slower one read every share
+// 0.907-0.945, evenly (Jain 0.9999), 0 of 100 within ±1%; the regression
+// it guards against read 0.52-0.96 and 0-22 within.
+type manyBar struct {
+	within int
+	low    float64
+}
+
+func runManyShares(t *testing.T, b *bench, n int, design string, bar *manyBar, table *strings.Builder) map[bpf.Direction]float64 {
 	shares := make([]*share, n)
 	for i := range shares {
 		shares[i] = b.add(fmt.Sprintf("m%03d", i), "10M", "10M", nil)
@@ -101,7 +119,7 @@ func runManyShares(t *testing.T, b *bench, n int, design string, want int, table
 		// counters span both: scale the busy time to the window.
 		out[dir] = busy * 10 / 13 / (sum / 1e9 * 10)
 		fmt.Fprintf(table, "| %s | %d | %s | %d/%d | %.3f | %.3f | %.4f | %.2f | %.2f |\n", design, n, dir, within, n, sorted[0], sorted[n-1], j, idleFrac, out[dir])
-		if want == 0 {
+		if bar == nil {
 			continue
 		}
 		aqm, _ := b.shaper.AQM()
@@ -112,8 +130,11 @@ func runManyShares(t *testing.T, b *bench, n int, design string, want int, table
 				t.Logf("%s share %d: goodput/limit %.3f, queue drops %d, AQM drops %d", dir, i, r, drops[k], aqm[k].Drops)
 			}
 		}
-		if within < want {
-			t.Errorf("%s: %d of %d shares within ±1%% of their 10M (goodput/limit %.3f–%.3f), want at least %d", dir, within, n, sorted[0], sorted[n-1], want)
+		if within < bar.within {
+			t.Errorf("%s: %d of %d shares within ±1%% of their 10M (goodput/limit %.3f–%.3f), want at least %d", dir, within, n, sorted[0], sorted[n-1], bar.within)
+		}
+		if tenth := sorted[n/10]; bar.low > 0 && tenth < bar.low {
+			t.Errorf("%s: the %dth lowest share's goodput/limit %.3f, want nine shares in ten at least %.3f", dir, n/10+1, tenth, bar.low)
 		}
 		if j < 0.99 {
 			t.Errorf("%s: Jain's index %.4f over the shares' goodput/limit, want ≥ 0.99", dir, j)
