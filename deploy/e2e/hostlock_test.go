@@ -1,15 +1,13 @@
 package e2e
 
 import (
-	"bufio"
-	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // make e2e runs the multi-node tests beside the single node's, in a second
@@ -139,18 +137,21 @@ func settleHost(t testing.TB) {
 	start := time.Now()
 	var busy float64
 	for time.Since(start) < hostSettleMax {
-		a, err := cpuTicks()
+		idle0, total0, err := nettest.CPUTimes()
 		if err != nil {
 			t.Logf("host settle: %v", err)
 			return
 		}
 		time.Sleep(time.Second)
-		b, err := cpuTicks()
+		idle1, total1, err := nettest.CPUTimes()
 		if err != nil {
 			t.Logf("host settle: %v", err)
 			return
 		}
-		if busy = b.busyFraction(a); busy < hostSettledBusy {
+		if total1 > total0 {
+			busy = 1 - float64(idle1-idle0)/float64(total1-total0)
+		}
+		if busy < hostSettledBusy {
 			if waited := time.Since(start); waited > 2*time.Second {
 				t.Logf("waited %.1f s for the host to settle (%.0f%% busy over the last second)", waited.Seconds(), 100*busy)
 			}
@@ -158,46 +159,4 @@ func settleHost(t testing.TB) {
 		}
 	}
 	t.Logf("the host is still %.0f%% busy after %v: measuring anyway", 100*busy, hostSettleMax)
-}
-
-type cpuSample struct{ total, idle uint64 }
-
-// cpuTicks reads the all-CPUs line of /proc/stat.
-func cpuTicks() (cpuSample, error) {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return cpuSample{}, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	if !sc.Scan() {
-		return cpuSample{}, fmt.Errorf("/proc/stat: empty")
-	}
-	fields := strings.Fields(sc.Text())
-	if len(fields) < 6 || fields[0] != "cpu" {
-		return cpuSample{}, fmt.Errorf("/proc/stat: first line %q", sc.Text())
-	}
-	var s cpuSample
-	for i, f := range fields[1:] {
-		v, err := strconv.ParseUint(f, 10, 64)
-		if err != nil {
-			return cpuSample{}, fmt.Errorf("/proc/stat: %q: %w", f, err)
-		}
-		if i >= 8 { // guest and guest_nice are already in user and nice
-			break
-		}
-		s.total += v
-		if i == 3 || i == 4 { // idle, iowait
-			s.idle += v
-		}
-	}
-	return s, nil
-}
-
-func (b cpuSample) busyFraction(a cpuSample) float64 {
-	total := b.total - a.total
-	if total == 0 {
-		return 0
-	}
-	return 1 - float64(b.idle-a.idle)/float64(total)
 }
