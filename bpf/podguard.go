@@ -69,7 +69,10 @@ func (s *Shaper) PinPodGuard(name string, g PodShare) error {
 	var objs struct {
 		Guard *ebpf.Program `ebpf:"pod_guard"`
 	}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: s.pinDir}}); err != nil {
+	// The policy's program array is this classifier's own, open already:
+	// no pin to open and check at every prepare.
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: s.pinDir}, MapReplacements: map[string]*ebpf.Map{"pod_guard_policy": s.objs.PodGuardPolicy}}
+	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		return fmt.Errorf("load the pod guard of %s: %w", name, err)
 	}
 	defer objs.Guard.Close()

@@ -199,3 +199,19 @@ func TestARecreatedSandboxReplacesItsEntry(t *testing.T) {
 		t.Errorf("pod entries after ten sandboxes of one share and one of another: %v; want the last sandbox's only", got)
 	}
 }
+
+// BenchmarkPinPodGuard measures what a prepare pays for its share's pod
+// guard: the load of pod_guard with the share's constants and its pin.
+func BenchmarkPinPodGuard(b *testing.B) {
+	needRoot(b)
+	dir := testPinDir(b)
+	s := openShaper(b, dir)
+	defer s.Close()
+	defer func() { _ = UnpinPodGuard(dir, "cvbench") }()
+	b.ResetTimer()
+	for range b.N {
+		if err := s.PinPodGuard("cvbench", PodShare{Parent: 1, MAC: mac1.String(), CheckIPv4: true, CheckIPv6: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
