@@ -148,8 +148,11 @@ func BenchmarkPrepareNetworkClaim(b *testing.B) {
 // or a UDP flood (iperf3) at twice its rate; 10M and 100M shares, each way.
 // It reports the ping's p50 and p99 round trip (ms), the bulk TCP flows'
 // own smoothed RTT from TCP_INFO (p50 over flows and 100 ms samples, ms),
-// their goodput over the limit, what the share's class let out over the
-// limit (frame bytes, as HTB counts them, in the same window), Jain's fairness index over them, how many
+// their goodput over the limit (what the receivers took in order), what
+// their senders saw delivered over the limit (nettest.Result.Delivered:
+// goodput that the window's edges do not move), what the share's class let
+// out over the limit (frame bytes, as HTB counts them, in the same
+// window), Jain's fairness index over the flows' delivered rates, how many
 // of the share's frames went through its sparse child (bpf/flows.h), and
 // how many of its frames its queues dropped.
 func BenchmarkLatencyUnderLoad(b *testing.B) {
@@ -169,7 +172,7 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 	env := newBench(b)
 	s := env.add("lat", limit, limit, nil)
 	key := bpf.Key{MAC: s.mac, Dir: dir}
-	var p50, p99, srtt, goodput, sent, wireRate, jain, sparse, lost, drops, aqmDrops, marks float64
+	var p50, p99, srtt, goodput, delivered, sent, wireRate, jain, sparse, lost, drops, aqmDrops, marks float64
 	for b.Loop() {
 		// The load's flows, each to its own port.
 		var flows []nettest.Flow
@@ -208,14 +211,18 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 				_, err := nettest.RunIperfUDP(flows, 1400, []float64{2 * rate(limit)}, time.Second, 3*time.Second, nil)
 				loaded <- outcome{err: err}
 			default:
+				// Each counter over its own interval: the reads
+				// take milliseconds through netlink, outside the
+				// flows' window.
 				var at, wire []uint64
+				var atT, wireT []time.Time
 				r, err := nettest.RunFlows(flows, warm, 3*time.Second, func() {
-					at = append(at, env.classSent(dir))
-					wire = append(wire, env.receivedOnWire(b, s, dir))
+					at, atT = append(at, env.classSent(dir)), append(atT, time.Now())
+					wire, wireT = append(wire, env.receivedOnWire(b, s, dir)), append(wireT, time.Now())
 				})
 				if err == nil {
-					sent += float64(at[1]-at[0]) * 8 / r[0].Duration.Seconds() / rate(limit)
-					wireRate += float64(wire[1]-wire[0]) * 8 / r[0].Duration.Seconds() / rate(limit)
+					sent += float64(at[1]-at[0]) * 8 / atT[1].Sub(atT[0]).Seconds() / rate(limit)
+					wireRate += float64(wire[1]-wire[0]) * 8 / wireT[1].Sub(wireT[0]).Seconds() / rate(limit)
 				}
 				loaded <- outcome{tcp: r, err: err}
 			}
@@ -242,15 +249,17 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 		sparse += float64(after - before)
 		if len(out.tcp) > 0 {
 			var all []time.Duration
-			var sum, sq float64
+			var inOrder, sum, sq float64
 			for _, r := range out.tcp {
 				all = append(all, r.SRTT...)
-				sum += r.Goodput()
-				sq += r.Goodput() * r.Goodput()
+				inOrder += r.Goodput()
+				sum += r.DeliveredRate()
+				sq += r.DeliveredRate() * r.DeliveredRate()
 			}
 			slices.Sort(all)
 			srtt += float64(nettest.Quantile(all, 0.5)) / 1e6
-			goodput += sum / rate(limit)
+			goodput += inOrder / rate(limit)
+			delivered += sum / rate(limit)
 			jain += sum * sum / (float64(len(out.tcp)) * sq)
 		}
 	}
@@ -261,6 +270,7 @@ func latencyUnderLoad(b *testing.B, load string, dir bpf.Direction, limit string
 	if strings.HasPrefix(load, "tcp") {
 		b.ReportMetric(srtt/nf, "bulk-srtt-p50-ms")
 		b.ReportMetric(goodput/nf, "goodput/limit")
+		b.ReportMetric(delivered/nf, "delivered/limit")
 		b.ReportMetric(sent/nf, "sent/limit")
 		b.ReportMetric(wireRate/nf, "wire/limit")
 		b.ReportMetric(jain/nf, "jain")
