@@ -175,7 +175,11 @@ func benchPrepare(b *testing.B, concurrency int, firstShare bool) {
 			}
 			// Claims come and go: each round takes claims not used
 			// for the last two rounds at least (a pool of fresh
-			// ones, cycled), as pods with their own claims do.
+			// ones, cycled), as pods with their own claims do. A
+			// claim is new until the pool comes round (make bench's
+			// 1 s runs never get there): a claim prepared again has
+			// its status written already, which carve does not
+			// write again, so a longer run measures re-prepares.
 			// Shares of one 25G NIC, 10M each: they all fit.
 			pool := make([]kubeletstub.Claim, max(3*concurrency, minSamples+10))
 			for i := range pool {

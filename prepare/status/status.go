@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -57,9 +58,17 @@ func (w ClaimStatusWriter) ReportDevices(ctx context.Context, driver string, cla
 		if current.UID != claim.UID {
 			return fmt.Errorf("claim was replaced")
 		}
+		merged := mergeDeviceStatus(current.Status.Devices, entries)
+		if sameEntries(current.Status.Devices, merged) {
+			// Prepared again (a kubelet restart re-prepares every
+			// claim of the node): the status says it already, and a
+			// patch that changes nothing still costs the API server
+			// its decoding, validation and managed fields.
+			return nil
+		}
 		patch, err := json.Marshal(map[string]any{
 			"metadata": map[string]any{"resourceVersion": current.ResourceVersion},
-			"status":   map[string]any{"devices": mergeDeviceStatus(current.Status.Devices, entries)},
+			"status":   map[string]any{"devices": merged},
 		})
 		if err != nil {
 			return err
@@ -71,6 +80,25 @@ func (w ClaimStatusWriter) ReportDevices(ctx context.Context, driver string, cla
 		return fmt.Errorf("update status of claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
 	return nil
+}
+
+// sameEntries says whether a and b hold the same entries, in any order.
+func sameEntries(a, b []resourceapi.AllocatedDeviceStatus) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	used := make([]bool, len(b))
+next:
+	for i := range a {
+		for j := range b {
+			if !used[j] && equality.Semantic.DeepEqual(a[i], b[j]) {
+				used[j] = true
+				continue next
+			}
+		}
+		return false
+	}
+	return true
 }
 
 // mergeDeviceStatus replaces the entries with the same driver, pool, device
