@@ -229,3 +229,50 @@ func TestAQM(t *testing.T) {
 		t.Error("the share's children entry is left after DeleteShare")
 	}
 }
+
+// A share's AQM entries, one per bulk child, are written together and
+// deleted together; an entry another share holds by now at one of its
+// minors stays.
+func TestShareQueueEntriesComeAndGo(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const ifindex, minor = 7, 0x10
+	if err := s.SetShare(Egress, mac1, 0x10000|minor); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetShareQueue(Egress, mac1, ShareQueue{BitsPerSec: 100e6, ClassIfindex: ifindex, Minor: minor}); err != nil {
+		t.Fatal(err)
+	}
+	own, _ := makeKey(Egress, mac1)
+	keyOf := func(i int) shaperAqmKey {
+		return shaperAqmKey{Ifindex: ifindex, Minor: minor + FlowBulkFirst + uint16(i)}
+	}
+	for i := range FlowBulkChildren {
+		var v shaperAqmVal
+		if err := s.objs.AqmState.Lookup(keyOf(i), &v); err != nil || v.Share != own || v.RoundNs == 0 {
+			t.Fatalf("bulk child %d's AQM entry: %+v, %v", i, v, err)
+		}
+	}
+	other, _ := makeKey(Egress, mac2)
+	taken := keyOf(3)
+	if err := s.objs.AqmState.Put(taken, shaperAqmVal{Share: other, RoundNs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteShare(Egress, mac1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range FlowBulkChildren {
+		var v shaperAqmVal
+		err := s.objs.AqmState.Lookup(keyOf(i), &v)
+		if i == 3 {
+			if err != nil || v.Share != other {
+				t.Errorf("the entry another share holds: %+v, %v; want it kept", v, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("bulk child %d's AQM entry is left after DeleteShare: %+v", i, v)
+		}
+	}
+}

@@ -53,11 +53,14 @@ func (s *Shaper) SetShareQueue(dir Direction, mac net.HardwareAddr, q ShareQueue
 	}
 	bps := q.BitsPerSec / 8
 	round := uint64(aqmRoundFrame) * 1e9 * 5 / 2 / bps
-	for i := range FlowBulkChildren {
-		ak := shaperAqmKey{Ifindex: uint32(q.ClassIfindex), Minor: q.Minor + FlowBulkFirst + uint16(i)}
-		if err := s.objs.AqmState.Put(&ak, &shaperAqmVal{Share: k, RoundNs: round}); err != nil {
-			return fmt.Errorf("the AQM entry of share %s's class 1:%x: %w", mac, ak.Minor, err)
-		}
+	keys := make([]shaperAqmKey, FlowBulkChildren)
+	vals := make([]shaperAqmVal, FlowBulkChildren)
+	for i := range keys {
+		keys[i] = shaperAqmKey{Ifindex: uint32(q.ClassIfindex), Minor: q.Minor + FlowBulkFirst + uint16(i)}
+		vals[i] = shaperAqmVal{Share: k, RoundNs: round}
+	}
+	if err := putAll(s.objs.AqmState, keys, vals); err != nil {
+		return fmt.Errorf("the AQM entries of share %s's classes 1:%x on: %w", mac, keys[0].Minor, err)
 	}
 	if err := s.objs.ShareChildren.Put(&k, &shaperBulkChildren{BytesPerSec: bps, ClassIfindex: uint32(q.ClassIfindex)}); err != nil {
 		return fmt.Errorf("the children entry of share %s: %w", mac, err)
@@ -79,19 +82,59 @@ func (s *Shaper) deleteShareQueue(k *shaperShareKey, classid uint32) error {
 		return err
 	}
 	if classid != 0 {
+		var owned []shaperAqmKey
 		for i := range FlowBulkChildren {
 			ak := shaperAqmKey{Ifindex: c.ClassIfindex, Minor: uint16(classid) + FlowBulkFirst + uint16(i)}
 			var v shaperAqmVal
 			// Only the share's own: the minor may be another's by now.
 			if s.objs.AqmState.Lookup(&ak, &v) == nil && v.Share == *k {
-				if err := s.objs.AqmState.Delete(&ak); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-					return err
-				}
+				owned = append(owned, ak)
 			}
+		}
+		if err := deleteAll(s.objs.AqmState, owned); err != nil {
+			return err
 		}
 	}
 	if err := s.objs.ShareChildren.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return err
+	}
+	return nil
+}
+
+// putAll writes the entries in one system call where the kernel has batch
+// operations for the map's type (hash maps since 5.6), else one by one: a
+// share's eight AQM entries in each direction were sixteen calls a prepare.
+func putAll[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	if _, err := m.BatchUpdate(keys, vals, nil); !errors.Is(err, ebpf.ErrNotSupported) {
+		return err
+	}
+	for i := range keys {
+		if err := m.Put(&keys[i], &vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteAll deletes the entries, which exist, as putAll writes them; one
+// found missing already (a concurrent delete) is no error.
+func deleteAll[K any](m *ebpf.Map, keys []K) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := m.BatchDelete(keys, nil)
+	if err == nil {
+		return nil
+	}
+	// A batch stops at a key that is gone; the rest are deleted one by
+	// one, as where the kernel has no batches.
+	if !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	for i := range keys {
+		if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
 	}
 	return nil
 }
