@@ -60,8 +60,11 @@ func getClass(sh *nl.SocketHandle, ifindex int, handle uint32) (classState, erro
 		}
 		st.exists = true
 		for _, a := range attrs {
+			if a.Attr.Type != nl.TCA_STATS2 && a.Attr.Type != nl.TCA_OPTIONS {
+				continue // the kind, the older stats, HTB's xstats
+			}
 			nested, err := nl.ParseRouteAttr(a.Value)
-			if err != nil && (a.Attr.Type == nl.TCA_STATS2 || a.Attr.Type == nl.TCA_OPTIONS) {
+			if err != nil {
 				return classState{}, fmt.Errorf("%s: %w", what, err)
 			}
 			for _, n := range nested {
