@@ -320,13 +320,13 @@ func (p *NICPreparer) retireAtUnprepare(key string, u *undoRecord, egressRate, i
 	if u.Parent == "" || (u.EgressMinor == 0 && u.IngressMinor == 0) {
 		return nil, false
 	}
-	parent, err := p.h.LinkByName(u.Parent)
+	parent, err := p.linkRef(u.Parent)
 	if err != nil {
 		return nil, false
 	}
 	var out []retiredBlock
 	retire := func(dev string, minor *uint16, rate uint64) {
-		link, err := p.h.LinkByName(dev)
+		link, err := p.linkRef(dev)
 		if err != nil {
 			return
 		}

@@ -70,3 +70,31 @@ func TestRestoreReservesMinorsPerDevice(t *testing.T) {
 		t.Errorf("IFB's minors %v, want only 0x30", got)
 	}
 }
+
+// linkRef finds a link by name in the preparer's namespace, not the test's
+// own, with the index LinkByName gives; a name no link has is an error.
+func TestLinkRefInThePreparersNamespace(t *testing.T) {
+	tp := nettest.New(t)
+	// The parent's name is the node namespace's alone.
+	if _, err := netlink.LinkByName(tp.Parent); err == nil {
+		t.Skipf("the test's own namespace has a link %s too", tp.Parent)
+	}
+	p, err := NewNICPreparer(Options{HostNS: tp.Node, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := p.h.LinkByName(tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.linkRef(tp.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Attrs().Index != want.Attrs().Index || got.Attrs().Name != tp.Parent {
+		t.Errorf("linkRef(%s) = %d %q, want %d", tp.Parent, got.Attrs().Index, got.Attrs().Name, want.Attrs().Index)
+	}
+	if _, err := p.linkRef("cvnosuch0"); err == nil {
+		t.Error("linkRef of a name no link has: no error")
+	}
+}
