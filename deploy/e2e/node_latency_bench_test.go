@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/carve-dra/carve/bpf/nettest"
+	"github.com/carve-dra/carve/netdev"
 )
 
 const (
@@ -94,7 +97,12 @@ func nodeLatencyCase(b *testing.B, stateDir, pod, load, dir, limit string) {
 	}
 	before := shareCounters(b, stateDir, pod)
 	time.Sleep(warm * time.Second)
+	// What the shaper let out while the ping ran, inside iperf3's
+	// counted seconds: the class's own count, which no receiver's
+	// in-order bytes move (netdev's BenchmarkLatencyUnderLoad).
+	out0, t0 := shaperSent(b, dir), time.Now()
 	rtts := podPing(b, pod, latServerIP, 150)
+	out1, t1 := shaperSent(b, dir), time.Now()
 	var r iperfRun
 	if loaded != nil {
 		r = <-loaded
@@ -109,9 +117,41 @@ func nodeLatencyCase(b *testing.B, stateDir, pod, load, dir, limit string) {
 	b.ReportMetric(float64(after.Marks-before.Marks), "marks")
 	if strings.HasPrefix(load, "tcp") {
 		b.ReportMetric(r.goodput/rate(limit), "goodput/limit")
+		b.ReportMetric(float64(out1-out0)*8/t1.Sub(t0).Seconds()/rate(limit), "class-out/limit")
 		b.ReportMetric(nettest.Jain(r.flows), "jain")
 		b.ReportMetric(float64(percentile(r.rtts, 0.5).Microseconds())/1000, "bulk-srtt-p50-ms")
 	}
+}
+
+// shaperSent is what the latency parent's shaper in direction dir (its
+// egress shaper, its IFB) has let out of its top classes, in bytes as HTB
+// counts frames: the link class, or the share classes where there is none.
+// The other share on the parent is idle but for its ping meanwhile.
+func shaperSent(b *testing.B, dir string) uint64 {
+	b.Helper()
+	parent, err := netlink.LinkByName(latParent)
+	if err != nil {
+		b.Fatal(err)
+	}
+	name := netdev.EgressShaperName(parent.Attrs().Index)
+	if dir == "ingress" {
+		name = netdev.IFBName(parent.Attrs().Index)
+	}
+	dev, err := netlink.LinkByName(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	classes, err := netlink.ClassList(dev, netlink.MakeHandle(1, 0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sent uint64
+	for _, c := range classes {
+		if c.Attrs().Parent == netlink.HANDLE_ROOT && c.Attrs().Statistics != nil && c.Attrs().Statistics.Basic != nil {
+			sent += c.Attrs().Statistics.Basic.Bytes
+		}
+	}
+	return sent
 }
 
 // iperfRun is what an iperf3 client reported: goodput, each flow's, and
