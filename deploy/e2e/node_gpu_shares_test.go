@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -374,7 +375,7 @@ func TestNodeGPUShares(t *testing.T) {
 		// with GPU shares of their own, made and deleted in turn.
 		ctx, stop := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
-		var churned int
+		var churned atomic.Int32
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -396,7 +397,7 @@ func TestNodeGPUShares(t *testing.T) {
 				}
 				for ctx.Err() == nil {
 					if ok, _ := podRunning(cs, testNS, name)(); ok {
-						churned++
+						churned.Add(1)
 						break
 					}
 					time.Sleep(100 * time.Millisecond)
@@ -404,10 +405,14 @@ func TestNodeGPUShares(t *testing.T) {
 				_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 			}
 		}()
+		// At least 40 samples, and on until a churn pod has come up
+		// beside them: under load its start took longer than 40 kills
+		// (0 or 1 of them in some runs).
 		const samples = 40
 		var lat []time.Duration
 		victim := 0
-		for i := 0; i < samples; i++ {
+		began := time.Now()
+		for i := 0; i < samples || (churned.Load() == 0 && time.Since(began) < time.Minute); i++ {
 			victim = newVictim(t, uidA, victim)
 			d, ok := killedWithin(t, g, victim, bPID)
 			if !ok {
@@ -426,12 +431,12 @@ func TestNodeGPUShares(t *testing.T) {
 		g.setProcesses(t, nil)
 		t.Logf("policing kill latency on the real node (processes file written → process dead), %d samples, %d GPU-share pods prepared beside them:\n"+
 			"| samples | p50 | p90 | p99 | max | bound |\n|---|---|---|---|---|---|\n| %d | %v | %v | %v | %v | %v |",
-			len(lat), churned, len(lat), percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.9).Round(time.Millisecond),
+			len(lat), churned.Load(), len(lat), percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.9).Round(time.Millisecond),
 			percentile(lat, 0.99).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond), policingBound)
 		if p50 := percentile(lat, 0.5); p50 > policingBound {
 			t.Errorf("median kill latency %v over the documented bound %v", p50, policingBound)
 		}
-		if churned == 0 {
+		if churned.Load() == 0 {
 			t.Error("no other GPU share was prepared while the kills were measured")
 		}
 		waitFor(t, "the kill's Event on pod A", 30*time.Second, func() (bool, error) {
