@@ -10,8 +10,16 @@ import (
 // TestMultiNodeRollout: helm upgrade of the agent on three nodes completes,
 // from hostNetwork true to false and back (the DaemonSet's surge pod finds
 // no host port taken: the hostNetwork chart declares none), while a share
-// on every node carries traffic; no second of any share's goodput is over
-// 1.01 of its limit while the agents are replaced.
+// on every node carries traffic; no stretch of a share's frames on the wire
+// (each node's port on the tenants' segment bridge, every 100 ms) carries
+// more than 1.01 of its limit by more than its class's burst while the
+// agents are replaced. That bound holds any second to 1.01 of the limit
+// plus the burst (8 ms of the rate): after a TCP timeout's 200-300 ms of
+// silence, a second here read 1.009 at L2, the token bucket's, so the
+// second is logged, not judged alone. iperf3's own seconds are logged: its
+// receiver counts in-order bytes as the application reads them, which a
+// delayed read or a filled hole moves from one second to the next (one CI
+// run read 1.029 in a second the wire cannot have carried).
 func TestMultiNodeRollout(t *testing.T) {
 	c := multiNodeCluster(t, 3)
 	quietHost(t)
@@ -31,10 +39,16 @@ func TestMultiNodeRollout(t *testing.T) {
 	// The traffic runs 30 s (an upgrade took 7-13 s here) and must outlast
 	// the upgrade, or its seconds would not cover all of it.
 	const traffic = 30
+	limit := rate("100M")
+	// The HTB burst of a 100M class (netdev's htbBuffer: 8 ms of the
+	// rate), with a frame's worth.
+	const burst = 100000 + 1514
 	for _, hostNetwork := range []string{"false", "true"} {
 		res := make([]chan iperfResult, 3)
+		wires := make([]*wireSampler, 3)
 		trafficStart := time.Now()
 		for i := range res {
+			wires[i] = sampleWire(t, "", fmt.Sprintf("cvmn-s%d", i+1), limit)
 			res[i] = startIperfTo(fmt.Sprintf("mnroll%d", i+1), server, fmt.Sprint(5201+i), traffic, false)
 		}
 		time.Sleep(3 * time.Second)
@@ -47,17 +61,22 @@ func TestMultiNodeRollout(t *testing.T) {
 		}
 		for i, ch := range res {
 			r := <-ch
+			st := wires[i].finish()
 			if r.err != nil {
 				t.Fatalf("iperf3 in mnroll%d: %v", i+1, r.err)
 			}
 			top := 0.0
 			for _, bps := range r.intervals {
-				top = max(top, bps/rate("100M"))
+				top = max(top, bps/limit)
 			}
-			t.Logf("node %d during the upgrade: goodput %.3f of the limit, highest second %.3f", i+1, r.bps/rate("100M"), top)
-			if top > 1.01 {
-				t.Errorf("node %d: a second at %.3f of the share's limit during the upgrade to hostNetwork=%s, over 1.01", i+1, top, hostNetwork)
+			t.Logf("node %d during the upgrade: iperf3 goodput %.3f of the limit, highest second %.3f; wire, every 100 ms: %d samples (%d uncertain, left out), "+
+				"beyond 1.01 of the limit at most %.0f bytes (the class's burst: %d), over a second or more at most %.3f, longest silence %v",
+				i+1, r.bps/limit, top, st.samples, st.uncertain, st.overBurst, burst, st.maxSecond/limit, st.longestSilence)
+			if st.overBurst > burst {
+				t.Errorf("node %d: during the upgrade to hostNetwork=%s a stretch carried %.0f bytes beyond 1.01 of the share's limit, more than its class's burst of %d",
+					i+1, hostNetwork, st.overBurst, burst)
 			}
+
 		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
+	"github.com/carve-dra/carve/netdev"
 )
 
 const (
@@ -41,8 +41,9 @@ const (
 // first frames (10 ms samples of the classifier's bytes); and with the 100M
 // one flooding UDP, the 300M one's TCP still gets at least its floor. A
 // ping from the 300M one saturated alone keeps p99 within 5 ms, each way.
-// Rates at L2 are the receiver's goodput over 0.956 (1448 bytes of payload
-// a 1514-byte frame).
+// The shares' rates at L2 are what their classes let out (classMeter); the
+// flood's neighbour's, the receiver's goodput over 0.956 (1448 bytes of
+// payload a 1514-byte frame).
 func TestNodeBorrowingShares(t *testing.T) {
 	cs, _ := borrowNode(t, "")
 	quietHost(t)
@@ -56,38 +57,42 @@ func TestNodeBorrowingShares(t *testing.T) {
 	}
 	const link, met = 1e9, 0.956
 	var report strings.Builder
+	names := []string{pods[0].name, pods[1].name}
 	for _, reverse := range []bool{true, false} {
 		dir := map[bool]string{false: "egress", true: "ingress"}[reverse]
+		meter := shareClassMeter(t, names, map[bool]bpf.Direction{false: bpf.Egress, true: bpf.Ingress}[reverse])
 		results := make([]chan iperfResult, len(pods))
 		for i, p := range pods {
-			results[i] = startIperfOmitting(p.name, borrowIP, p.port, 2, 5, reverse)
+			results[i] = startIperfOmitting(p.name, borrowIP, p.port, 0, 7, reverse)
 		}
-		l2 := make([]float64, len(pods))
+		l2 := meter.rates(t, 2500*time.Millisecond, 4*time.Second)
+		goodput := make([]float64, len(pods))
 		for i, p := range pods {
 			r := <-results[i]
 			if r.err != nil {
 				t.Fatalf("iperf3 in %s (%s): %v", p.name, dir, r.err)
 			}
-			l2[i] = r.bps / met
+			goodput[i] = r.bps / met
 		}
 		low, high := l2[0], l2[1]
 		split := (low - 100e6) / (high - 300e6)
-		fmt.Fprintf(&report, "%s, both: %.1f and %.1f Mbit/s at L2, %.3f of the link, excess split %.3f\n", dir, low/1e6, high/1e6, (low+high)/link, split)
+		fmt.Fprintf(&report, "%s, both: %.1f and %.1f Mbit/s at L2, %.3f of the link, excess split %.3f (iperf3's in-order goodput over %.3f: %.1f and %.1f)\n",
+			dir, low/1e6, high/1e6, (low+high)/link, split, met, goodput[0]/1e6, goodput[1]/1e6)
 		if low < 0.99*100e6 || high < 0.99*300e6 {
 			t.Errorf("%s: %.1f and %.1f Mbit/s at L2, want each at least its floor (100M, 300M) within 1%%", dir, low/1e6, high/1e6)
 		}
-		if sum := (low + high) / link; sum < 0.95 {
-			t.Errorf("%s: the two together %.3f of the link at L2, want at least 0.95", dir, sum)
+		if sum := (low + high) / link; sum < 0.95 || sum > 1.01 {
+			t.Errorf("%s: the two together %.3f of the link at L2, want 0.95 to 1.01", dir, sum)
 		}
 		if split < 0.300 || split > 0.367 {
 			t.Errorf("%s: the excess split %.3f, want the floors' 0.333 within 10%% (0.300–0.367)", dir, split)
 		}
-		for _, p := range pods {
-			r := <-startIperfOmitting(p.name, borrowIP, p.port, 1, 3, reverse)
-			if r.err != nil {
+		for i, p := range pods {
+			res := startIperfOmitting(p.name, borrowIP, p.port, 0, 5, reverse)
+			alone := meter.rates(t, 1500*time.Millisecond, 3*time.Second)[i] / link
+			if r := <-res; r.err != nil {
 				t.Fatalf("iperf3 in %s alone (%s): %v", p.name, dir, r.err)
 			}
-			alone := r.bps / met / link
 			fmt.Fprintf(&report, "%s, %s alone: %.3f of its ceiling (the link) at L2\n", dir, p.name, alone)
 			if alone < 0.99 || alone > 1.01 {
 				t.Errorf("%s, %s alone: %.3f of its ceiling at L2, want within 1%%", dir, p.name, alone)
@@ -95,19 +100,21 @@ func TestNodeBorrowingShares(t *testing.T) {
 		}
 	}
 	// A ping from a borrowing share saturated alone on the link (past its
-	// floor, so its flow children borrow too) keeps p99 within 5 ms: 100
-	// probes 20 ms apart, each way.
+	// floor, so its flow children borrow too) keeps p99 within 5 ms: 200
+	// probes 20 ms apart, each way. The p99 of 200 is the third highest
+	// (nearest rank): of 100 probes it would be the highest, one probe's
+	// delay by the 2-core host's scheduler, not the share's queue (a CI
+	// run read p50 109µs and one probe of 100 at 6.4 ms).
 	for _, reverse := range []bool{false, true} {
 		dir := map[bool]string{false: "egress", true: "ingress"}[reverse]
-		bulk := startIperfOmitting(pods[1].name, borrowIP, pods[1].port, 0, 4, reverse)
+		bulk := startIperfOmitting(pods[1].name, borrowIP, pods[1].port, 0, 7, reverse)
 		time.Sleep(1500 * time.Millisecond)
-		rtts := podPing(t, pods[1].name, borrowIP, 100)
+		rtts := podPing(t, pods[1].name, borrowIP, 200)
 		if r := <-bulk; r.err != nil {
 			t.Fatalf("iperf3 in %s under the ping (%s): %v", pods[1].name, dir, r.err)
 		}
-		slices.Sort(rtts)
-		p50, p99 := rtts[len(rtts)/2], rtts[len(rtts)*99/100]
-		fmt.Fprintf(&report, "%s, a ping from %s saturated alone: p50 %v, p99 %v\n", dir, pods[1].name, p50, p99)
+		p50, p99 := percentile(rtts, 0.50), percentile(rtts, 0.99)
+		fmt.Fprintf(&report, "%s, a ping from %s saturated alone: p50 %v, p99 %v, highest %v\n", dir, pods[1].name, p50, p99, rtts[len(rtts)-1])
 		if p99 > 5*time.Millisecond {
 			t.Errorf("%s: a ping from %s saturated alone on the link: p99 %v, want at most 5 ms", dir, pods[1].name, p99)
 		}
@@ -142,6 +149,68 @@ func TestNodeBorrowingShares(t *testing.T) {
 		t.Errorf("egress, %s's TCP beside a UDP flood: %.3f of its floor at L2, want at least 0.99", pods[1].name, beside)
 	}
 	t.Logf("borrowing shares on the real node, floors 100M and 300M, link 1G:\n%s", report.String())
+}
+
+// classMeter reads the bytes each pod's share class has let out in one
+// direction, as HTB counts them at L2 (its flow children's included): the
+// rates of the borrowing test are judged by what the shaper gave each share.
+// iperf3's receiver counts in-order bytes as its application reads them,
+// which moves out-of-order data held at a window's start into the window:
+// one run read the two shares at 1.019 of the link that way.
+type classMeter struct{ read func() ([]uint64, error) }
+
+func shareClassMeter(t *testing.T, pods []string, dir bpf.Direction) classMeter {
+	t.Helper()
+	shaper, err := bpf.OpenShaper(e2ePins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shaper.Close()
+	classes := mustShares(t, shaper)
+	handles := make([]uint32, len(pods))
+	for i, pod := range pods {
+		classid, ok := classes[bpf.Key{MAC: shareMAC(t, pod), Dir: dir}]
+		if !ok {
+			t.Fatalf("%s: no class for direction %v in the classifier", pod, dir)
+		}
+		handles[i] = classid
+	}
+	parent, err := netlink.LinkByName(borrowParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := netdev.EgressShaperName(parent.Attrs().Index)
+	if dir == bpf.Ingress {
+		name = netdev.IFBName(parent.Attrs().Index)
+	}
+	dev, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return classMeter{read: nettest.ClassBytes(&netlink.Handle{}, dev, handles)}
+}
+
+// rates waits settle (the flows' slow start), then returns each share's
+// bits/s at L2 over the next window, timed between the two reads.
+func (m classMeter) rates(t *testing.T, settle, window time.Duration) []float64 {
+	t.Helper()
+	time.Sleep(settle)
+	before, err := m.read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	time.Sleep(window)
+	after, err := m.read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dt := time.Since(start).Seconds()
+	out := make([]float64, len(before))
+	for i := range before {
+		out[i] = float64(after[i]-before[i]) * 8 / dt
+	}
+	return out
 }
 
 // returnToFloor has pod borrower alone saturate its share's egress (TCP, 4

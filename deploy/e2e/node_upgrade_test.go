@@ -10,13 +10,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -53,150 +50,6 @@ func previousRelease(t testing.TB, commit string) string {
 		t.Fatalf("build release %s: %v\n%s", commit[:12], err, stderr)
 	}
 	return strings.TrimSpace(lastLine(string(out)))
-}
-
-// wireSampler reads the bytes a link in a namespace received, every 100 ms:
-// the frames that reached the far end of a share's parent, at L2.
-type wireSampler struct {
-	mu sync.Mutex
-	// at is when a sample was read: the middle of the netlink call; slow
-	// marks a call that took over 2 ms (the thread was descheduled), whose
-	// reading time is too uncertain to divide by.
-	at      []time.Time
-	slow    []bool
-	bytes   []uint64
-	limit   float64
-	stop    chan struct{}
-	stopped chan struct{}
-}
-
-func sampleWire(t testing.TB, ns, link string, limit float64) *wireSampler {
-	t.Helper()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nl, err := netlink.NewHandleAt(h)
-	h.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &wireSampler{limit: limit, stop: make(chan struct{}), stopped: make(chan struct{})}
-	go func() {
-		defer close(s.stopped)
-		defer nl.Close()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			before := time.Now()
-			l, err := nl.LinkByName(link)
-			after := time.Now()
-			if err == nil && l.Attrs().Statistics != nil {
-				s.mu.Lock()
-				s.at = append(s.at, before.Add(after.Sub(before)/2))
-				s.slow = append(s.slow, after.Sub(before) > 2*time.Millisecond)
-				s.bytes = append(s.bytes, l.Attrs().Statistics.RxBytes)
-				s.mu.Unlock()
-			}
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return s
-}
-
-// over lists the intervals whose rate was over frac of limit, by when they
-// ended, relative to t0.
-func (s *wireSampler) over(limit, frac float64, t0 time.Time) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for i := 1; i < len(s.at); i++ {
-		if s.slow[i] || s.slow[i-1] {
-			continue
-		}
-		bps := float64(s.bytes[i]-s.bytes[i-1]) * 8 / s.at[i].Sub(s.at[i-1]).Seconds()
-		if bps > frac*limit {
-			// With the two intervals before it: a burst after a lull
-			// is the token bucket's, a run of them a leak.
-			ctx := ""
-			for k := max(i-2, 1); k < i; k++ {
-				ctx += fmt.Sprintf("%.3f ", float64(s.bytes[k]-s.bytes[k-1])*8/s.at[k].Sub(s.at[k-1]).Seconds()/limit)
-			}
-			out = append(out, fmt.Sprintf("%.1fs:%.3f (after %s)", s.at[i].Sub(t0).Seconds(), bps/limit, strings.TrimSpace(ctx)))
-		}
-	}
-	return out
-}
-
-// wireStats is what the samples say: the highest rate over any one
-// interval, and the longest run of intervals with nothing received.
-type wireStats struct {
-	samples, uncertain int
-	// overBurst is the most bytes any stretch between two samples carried
-	// beyond 1.01 of the limit; a token bucket lets out up to its burst
-	// after a lull, so conformance is overBurst within the class's burst.
-	overBurst float64
-	// maxSecond is the highest rate over any stretch of a second or more.
-	maxSecond      float64
-	maxBps         float64
-	maxAt          time.Time
-	longestSilence time.Duration
-}
-
-func (s *wireSampler) finish() wireStats {
-	close(s.stop)
-	<-s.stopped
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var st wireStats
-	st.samples = len(s.at)
-	var silentSince time.Time
-	for i := 1; i < len(s.at); i++ {
-		dt := s.at[i].Sub(s.at[i-1]).Seconds()
-		d := s.bytes[i] - s.bytes[i-1]
-		if s.slow[i] || s.slow[i-1] {
-			st.uncertain++
-		} else if bps := float64(d) * 8 / dt; bps > st.maxBps {
-			st.maxBps, st.maxAt = bps, s.at[i]
-		}
-		if d == 0 {
-			if silentSince.IsZero() {
-				silentSince = s.at[i-1]
-			}
-			if gap := s.at[i].Sub(silentSince); gap > st.longestSilence {
-				st.longestSilence = gap
-			}
-		} else {
-			silentSince = time.Time{}
-		}
-	}
-	// Every stretch between two trusted samples: what it carried beyond
-	// 1.01 of the limit (bytes), and over a second or more its rate.
-	for i := 0; i < len(s.at); i++ {
-		if s.slow[i] {
-			continue
-		}
-		for j := i + 1; j < len(s.at); j++ {
-			if s.slow[j] {
-				continue
-			}
-			dt := s.at[j].Sub(s.at[i]).Seconds()
-			got := float64(s.bytes[j] - s.bytes[i])
-			if ex := got - 1.01*s.limit/8*dt; ex > st.overBurst {
-				st.overBurst = ex
-			}
-			if dt >= 1 {
-				if bps := got * 8 / dt; bps > st.maxSecond {
-					st.maxSecond = bps
-				}
-			}
-		}
-	}
-	return st
 }
 
 // sharesJSON runs the current `carve shares -o json` against the node's
