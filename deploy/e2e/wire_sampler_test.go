@@ -193,3 +193,20 @@ func (s *wireSampler) finish() wireStats {
 	}
 	return st
 }
+
+// shareBurstBound is the most a share's class of rateBits can let out
+// beyond its rate at once, in bytes at L2: HTB's burst (netdev's
+// htbBuffer: 8 ms of the rate, at least 16 KiB), then one more of the
+// pod's super-packets, which HTB lets out whole while the class still has
+// a token and charges after (netdev/gso.go: about 4 ms of the rate, at
+// least 2 segments, of 1514-byte frames). After a TCP timeout's silence the
+// class's bucket is full: a CI run read 99,750 bytes beyond 1.01 of a 100M
+// share's rate in one 100 ms stretch, against a burst of 100,000.
+func shareBurstBound(rateBits float64) int {
+	burst := max(int(rateBits/8*8/1000), 16*1024)
+	segs := max(int(rateBits/8*4/1000/1500), 2)
+	if segs*1500 >= 64<<10 {
+		segs = (64<<10)/1448 + 1 // the kernel's own limit, 64 KiB of payload
+	}
+	return burst + segs*1514
+}
