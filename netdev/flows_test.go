@@ -88,6 +88,106 @@ func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 	b.checkParentClean(t)
 }
 
+// A fresh share's flow children must not lend it their own buckets: HTB
+// lets a class with tokens of its own send without asking its parent, and
+// a class starts with its bucket full. With each child's bucket the share's
+// burst, a fresh 100M share whose eight flows started at once sent 783-883
+// KB beyond its rate in its first 12 ms (the share's own burst is 100 KB).
+// Over every stretch of the first 1.5 s, sampled every 2 ms, the share's
+// children together send no more beyond the rate than the share's burst,
+// the children's own buckets and one super-packet a child (HTB charges a
+// packet after letting it out whole): 565 KB. Each way.
+func TestFreshShareHoldsItsRateFromItsFirstFrames(t *testing.T) {
+	for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
+		t.Run(map[bpf.Direction]string{bpf.Egress: "egress", bpf.Ingress: "ingress"}[dir], func(t *testing.T) {
+			freshShareBurst(t, dir)
+		})
+	}
+}
+
+func freshShareBurst(t *testing.T, dir bpf.Direction) {
+	// A bench of its own: classStats sees one share's children.
+	b := newBench(t)
+	node, err := netlink.NewHandleAt(b.tp.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	skipWithFQCodel(t, node, b.tp.Parent)
+	const rate = 100e6
+	// netdev's htbBuffer (8 ms of the rate), the children's own buckets
+	// (childOwnBurst, sparseOwnBurst) and a super-packet of the pod's
+	// (gsoMaxSegs: 4 ms of the rate, 33 segments) a child.
+	const bound = 100000 + (bpf.FlowBulkChildren+2)*1514 + (bpf.FlowBulkChildren+1)*33*1514
+	{
+		s := b.add("fresh", "100M", "100M", nil)
+		var flows []nettest.Flow
+		for i := range bpf.FlowBulkChildren {
+			port := fmt.Sprint(5401 + i)
+			f := nettest.Flow{From: s.pod, To: b.tp.Server, ToAddr: b.tp.ServerIP + ":" + port}
+			if dir == bpf.Ingress {
+				f = nettest.Flow{From: b.tp.Server, To: s.pod, ToAddr: s.ip + ":" + port}
+			}
+			flows = append(flows, f)
+		}
+		children := func() uint64 {
+			var n uint64
+			for off, c := range b.classStats(t, node, dir) {
+				if off >= bpf.FlowSparseChild && off < bpf.FlowBulkFirst+bpf.FlowBulkChildren {
+					n += c.Bytes
+				}
+			}
+			return n
+		}
+		base := children()
+		done := make(chan error, 1)
+		go func() {
+			_, err := nettest.RunFlows(flows, 0, 1500*time.Millisecond, nil)
+			done <- err
+		}()
+		type sample struct {
+			at    time.Time
+			bytes uint64
+		}
+		var samples []sample
+		for start := time.Now(); time.Since(start) < 1500*time.Millisecond; time.Sleep(2 * time.Millisecond) {
+			samples = append(samples, sample{time.Now(), children() - base})
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		most, sent := 0.0, samples[len(samples)-1].bytes
+		for i := range samples {
+			for j := i + 1; j < len(samples); j++ {
+				ex := float64(samples[j].bytes-samples[i].bytes) - rate/8*samples[j].at.Sub(samples[i].at).Seconds()
+				most = max(most, ex)
+			}
+		}
+		t.Logf("%s: a fresh 100M share, 8 flows at once: at most %.0f bytes beyond its rate over any stretch of %d samples (bound %d); %d bytes in all", dir, most, len(samples), bound, sent)
+		if sent < rate/8 {
+			t.Errorf("%s: the share's children sent %d bytes in 1.5 s: the flows did not run", dir, sent)
+		}
+		if most > bound {
+			t.Errorf("%s: a fresh share sent %.0f bytes beyond its rate, over the %d its burst, its children's own buckets and a super-packet each allow", dir, most, bound)
+		}
+	}
+}
+
+// skipWithFQCodel skips where the kernel has fq_codel: it is the share's
+// leaf there, and the share's class has no children.
+func skipWithFQCodel(t *testing.T, node *netlink.Handle, parentName string) {
+	t.Helper()
+	parent, err := node.LinkByName(parentName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := netlink.NewFqCodel(netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x99, 0)})
+	if err := node.QdiscAdd(probe); err == nil {
+		_ = node.QdiscDel(probe)
+		t.Skip("this kernel has fq_codel: it is the share's leaf, and the share's class has no children")
+	}
+}
+
 // classPackets is what the share's flow children have sent, by offset from
 // the share's class (bpf.FlowSparseChild, bpf.FlowBulkFirst), on the
 // direction's device: the egress shaper, or the IFB.
