@@ -23,18 +23,7 @@ import (
 // share's class. (The latency and fairness this buys are measured by
 // BenchmarkLatencyUnderLoad, not asserted here.)
 func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
-	b := newBench(t)
-	node, err := netlink.NewHandleAt(b.tp.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	parent, _ := node.LinkByName(b.tp.Parent)
-	probe := netlink.NewFqCodel(netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x99, 0)})
-	if err := node.QdiscAdd(probe); err == nil {
-		_ = node.QdiscDel(probe)
-		t.Skip("this kernel has fq_codel: it is the share's leaf, and the share's class has no children")
-	}
+	b, node := flowChildrenBench(t)
 	s := b.add("flows", "10M", "10M", nil)
 	for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 		var flows []nettest.Flow
@@ -96,7 +85,7 @@ func TestSparseFlowsGetTheirOwnClass(t *testing.T) {
 // Over every stretch of the first 1.5 s, sampled every 2 ms, the share's
 // children together send no more beyond the rate than the share's burst,
 // the children's own buckets and one super-packet a child (HTB charges a
-// packet after letting it out whole): 565 KB. Each way.
+// packet after letting it out whole): 662 KB. Each way.
 func TestFreshShareHoldsItsRateFromItsFirstFrames(t *testing.T) {
 	for _, dir := range []bpf.Direction{bpf.Egress, bpf.Ingress} {
 		t.Run(map[bpf.Direction]string{bpf.Egress: "egress", bpf.Ingress: "ingress"}[dir], func(t *testing.T) {
@@ -107,18 +96,13 @@ func TestFreshShareHoldsItsRateFromItsFirstFrames(t *testing.T) {
 
 func freshShareBurst(t *testing.T, dir bpf.Direction) {
 	// A bench of its own: classStats sees one share's children.
-	b := newBench(t)
-	node, err := netlink.NewHandleAt(b.tp.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	skipWithFQCodel(t, node, b.tp.Parent)
+	b, node := flowChildrenBench(t)
 	const rate = 100e6
-	// netdev's htbBuffer (8 ms of the rate), the children's own buckets
-	// (childOwnBurst, sparseOwnBurst) and a super-packet of the pod's
+	// The share's burst (netdev's htbBuffer: 8 ms of the rate), the
+	// children's own buckets (a frame a bulk child, childOwnBurst; the
+	// share's burst for the sparse child) and a super-packet of the pod's
 	// (gsoMaxSegs: 4 ms of the rate, 33 segments) a child.
-	const bound = 100000 + (bpf.FlowBulkChildren+2)*1514 + (bpf.FlowBulkChildren+1)*33*1514
+	const bound = 100000 + 100000 + bpf.FlowBulkChildren*1514 + (bpf.FlowBulkChildren+1)*33*1514
 	{
 		s := b.add("fresh", "100M", "100M", nil)
 		var flows []nettest.Flow
@@ -173,19 +157,21 @@ func freshShareBurst(t *testing.T, dir bpf.Direction) {
 	}
 }
 
-// skipWithFQCodel skips where the kernel has fq_codel: it is the share's
-// leaf there, and the share's class has no children.
-func skipWithFQCodel(t *testing.T, node *netlink.Handle, parentName string) {
+// flowChildrenBench is a bench for a share's flow children, with a handle
+// in the node's namespace; it skips where the kernel has fq_codel, which
+// is the share's leaf there, and the share's class has no children.
+func flowChildrenBench(t *testing.T) (*bench, *netlink.Handle) {
 	t.Helper()
-	parent, err := node.LinkByName(parentName)
+	b := newBench(t)
+	if b.hasFQCodel(t) {
+		t.Skip("this kernel has fq_codel: it is the share's leaf, and the share's class has no children")
+	}
+	node, err := netlink.NewHandleAt(b.tp.Node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe := netlink.NewFqCodel(netlink.QdiscAttrs{LinkIndex: parent.Attrs().Index, Parent: netlink.HANDLE_ROOT, Handle: netlink.MakeHandle(0x99, 0)})
-	if err := node.QdiscAdd(probe); err == nil {
-		_ = node.QdiscDel(probe)
-		t.Skip("this kernel has fq_codel: it is the share's leaf, and the share's class has no children")
-	}
+	t.Cleanup(node.Close)
+	return b, node
 }
 
 // classPackets is what the share's flow children have sent, by offset from

@@ -275,14 +275,24 @@ func TestNodeGPUShares(t *testing.T) {
 		for time.Now().Before(deadline) {
 			if left, _ := filepath.Glob(filepath.Join(shares, "mps", "*")); len(left) == 0 {
 				// With the last daemon, its cgroup goes: the host is
-				// left as the test found it.
+				// left as the test found it. The agent removes the
+				// cgroup from each hierarchy after the daemons'
+				// directory, in its runtime's namespaces: a CI run
+				// that looked at once found it gone from the first
+				// four hierarchies and not yet from the other six.
 				var groups []string
-				for _, pat := range []string{"/sys/fs/cgroup/carve-mps", "/sys/fs/cgroup/*/carve-mps"} {
-					m, _ := filepath.Glob(pat)
-					groups = append(groups, m...)
+				for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+					groups = groups[:0]
+					for _, pat := range []string{"/sys/fs/cgroup/carve-mps", "/sys/fs/cgroup/*/carve-mps"} {
+						m, _ := filepath.Glob(pat)
+						groups = append(groups, m...)
+					}
+					if len(groups) == 0 || time.Now().After(end) {
+						break
+					}
 				}
 				if len(groups) > 0 {
-					t.Errorf("the MPS daemons' cgroup is left after the last claim: %v", groups)
+					t.Errorf("the MPS daemons' cgroup is left 10 s after the last claim's directory: %v", groups)
 				}
 				return
 			}
