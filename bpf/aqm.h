@@ -182,7 +182,7 @@ static __always_inline int aqm_mark(struct __sk_buff *skb)
 }
 
 // A drop or mark the dequeue owes a bulk child is hinted in bit 0 of the
-// child's last[] time in its share's share_children entry, which the
+// child's last[] time in its share's share_flowsets entry, which the
 // classifier reads for every frame anyway: only a frame of a child with the
 // hint looks up the child's CoDel state (aqm_enqueue). A hint lost to a
 // race costs a drop; a stale one, a lookup. An older classifier never sets
@@ -244,7 +244,8 @@ static __always_inline void aqm_dequeue(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns();
 	__u64 sojourn = ((((now >> AQM_TIME_SHIFT) & AQM_TIME_MASK) - ((ts >> 40) & AQM_TIME_MASK)) & AQM_TIME_MASK)
 			<< AQM_TIME_SHIFT;
-	struct bulk_children *c = bpf_map_lookup_elem(&share_children, &a->share);
+	struct share_flowset *set = bpf_map_lookup_elem(&share_flowsets, &a->share);
+	struct bulk_children *c = set ? &set->c : NULL;
 	__u64 bps = c ? c->bytes_per_sec : 0;
 	__u32 busy = aqm_busy(c, now);
 	// A GSO or GRO super-packet is a round's frame too: each busy child

@@ -225,8 +225,10 @@ func TestAQM(t *testing.T) {
 		t.Errorf("the AQM state of 1:%x is left after DeleteShare", child)
 	}
 	var children shaperBulkChildren
-	if k, _ := makeKey(Egress, mac1); s.objs.ShareChildren.Lookup(&k, &children) == nil {
-		t.Error("the share's children entry is left after DeleteShare")
+	var set shaperShareFlowset
+	k, _ := makeKey(Egress, mac1)
+	if s.objs.ShareChildren.Lookup(&k, &children) == nil || s.objs.ShareFlowsets.Lookup(&k, &set) == nil {
+		t.Error("the share's children entry or flow set is left after DeleteShare")
 	}
 }
 

@@ -62,7 +62,12 @@ func (s *Shaper) SetShareQueue(dir Direction, mac net.HardwareAddr, q ShareQueue
 	if err := putAll(s.objs.AqmState, keys, vals); err != nil {
 		return fmt.Errorf("the AQM entries of share %s's classes 1:%x on: %w", mac, keys[0].Minor, err)
 	}
-	if err := s.objs.ShareChildren.Put(&k, &shaperBulkChildren{BytesPerSec: bps, ClassIfindex: uint32(q.ClassIfindex)}); err != nil {
+	children := shaperBulkChildren{BytesPerSec: bps, ClassIfindex: uint32(q.ClassIfindex)}
+	if err := s.objs.ShareFlowsets.Put(&k, &shaperShareFlowset{C: children}); err != nil {
+		return fmt.Errorf("the children entry of share %s: %w", mac, err)
+	}
+	// For an older agent after a rollback: its programs read only this.
+	if err := s.objs.ShareChildren.Put(&k, &children); err != nil {
 		return fmt.Errorf("the children entry of share %s: %w", mac, err)
 	}
 	if err := s.objs.ShareQueues.Put(&k, &shaperShareQueue{BytesPerSec: bps}); err != nil {
@@ -74,8 +79,15 @@ func (s *Shaper) SetShareQueue(dir Direction, mac net.HardwareAddr, q ShareQueue
 // deleteShareQueue removes the children and AQM entries of the share k,
 // whose class is classid.
 func (s *Shaper) deleteShareQueue(k *shaperShareKey, classid uint32) error {
-	var c shaperBulkChildren
-	if err := s.objs.ShareChildren.Lookup(k, &c); err != nil {
+	var set shaperShareFlowset
+	c := &set.C
+	err := s.objs.ShareFlowsets.Lookup(k, &set)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		// An older agent's share not copied yet (OpenShaper copies
+		// them), or no flow isolation.
+		err = s.objs.ShareChildren.Lookup(k, c)
+	}
+	if err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
 		}
@@ -95,10 +107,62 @@ func (s *Shaper) deleteShareQueue(k *shaperShareKey, classid uint32) error {
 			return err
 		}
 	}
-	if err := s.objs.ShareChildren.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return err
+	for _, m := range []*ebpf.Map{s.objs.ShareFlowsets, s.objs.ShareChildren} {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
 	}
 	return nil
+}
+
+// copyOlderChildren gives each share an older agent made with flow
+// isolation (a share_children entry and no share_flowsets one) its
+// share_flowsets entry, which this build's programs read: without it, its
+// frames would all go to its first bulk child, unstamped. Its flows start
+// afresh, as after any restart of their share's state.
+func (s *Shaper) copyOlderChildren() (int, error) {
+	var (
+		k       shaperShareKey
+		c       shaperBulkChildren
+		missing []shaperShareKey
+		sets    []shaperShareFlowset
+	)
+	it := s.objs.ShareChildren.Iterate()
+	for it.Next(&k, &c) {
+		var set shaperShareFlowset
+		if err := s.objs.ShareFlowsets.Lookup(&k, &set); errors.Is(err, ebpf.ErrKeyNotExist) {
+			missing = append(missing, k)
+			sets = append(sets, shaperShareFlowset{C: shaperBulkChildren{BytesPerSec: c.BytesPerSec, ClassIfindex: c.ClassIfindex}})
+		} else if err != nil {
+			return 0, fmt.Errorf("the flow set of share %s: %w", net.HardwareAddr(k.Mac[:]), err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read share_children: %w", err)
+	}
+	for i := range missing {
+		// No overwrite: a prepare since the read has written its own.
+		if err := s.objs.ShareFlowsets.Update(&missing[i], &sets[i], ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return i, fmt.Errorf("copy the children entry of share %s: %w", net.HardwareAddr(missing[i].Mac[:]), err)
+		}
+	}
+	// This build writes and deletes both entries of a share together:
+	// a flow set alone is of a share an older agent (after a rollback)
+	// removed since.
+	var stale []shaperShareKey
+	var set shaperShareFlowset
+	it = s.objs.ShareFlowsets.Iterate()
+	for it.Next(&k, &set) {
+		if err := s.objs.ShareChildren.Lookup(&k, &c); errors.Is(err, ebpf.ErrKeyNotExist) {
+			stale = append(stale, k)
+		} else if err != nil {
+			return len(missing), fmt.Errorf("the children entry of share %s: %w", net.HardwareAddr(k.Mac[:]), err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return len(missing), fmt.Errorf("read share_flowsets: %w", err)
+	}
+	return len(missing), deleteAll(s.objs.ShareFlowsets, stale)
 }
 
 // putAll writes the entries in one system call where the kernel has batch

@@ -1,6 +1,6 @@
 package bpf
 
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return -type share_queue -type flow_key -type flow_val -type bulk_children -type aqm_key -type aqm_val -type aqm_counters shaper shaper.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -target bpfel -type share_key -type share_val -type share_counters -type share_rate -type netns_key -type netns_val -type learned_key -type learned_on_parent_key -type drop_key -type addr_key -type addr_owner -type egress_shaper -type shaper_return -type share_queue -type flow_key -type flow_val -type bulk_children -type flow_slot -type share_flowset -type aqm_key -type aqm_val -type aqm_counters shaper shaper.c
 
 import (
 	"errors"
@@ -156,6 +156,9 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 		return nil, errors.Join(fmt.Errorf("put the pod guards' policy: %w", err), s.objs.Close())
 	}
 	if err := s.pinDequeued(); err != nil {
+		return nil, errors.Join(err, s.objs.Close())
+	}
+	if _, err := s.copyOlderChildren(); err != nil {
 		return nil, errors.Join(err, s.objs.Close())
 	}
 	// Maps an older classifier pinned that this one no longer has.

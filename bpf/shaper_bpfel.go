@@ -92,6 +92,15 @@ type shaperFlowKey struct {
 	Hash uint32
 }
 
+type shaperFlowSlot struct {
+	_      structs.HostLayout
+	Hash   uint32
+	Bulk   uint16
+	Child  uint16
+	Vclock uint64
+	Seen   uint64
+}
+
 type shaperFlowVal struct {
 	_      structs.HostLayout
 	Vclock uint64
@@ -139,6 +148,12 @@ type shaperShareCounters struct {
 	Packets uint64
 }
 
+type shaperShareFlowset struct {
+	_     structs.HostLayout
+	C     shaperBulkChildren
+	Slots [16]shaperFlowSlot
+}
+
 type shaperShareKey struct {
 	_   structs.HostLayout
 	Mac [6]uint8
@@ -183,6 +198,7 @@ const (
 	shaperMapShareChildren    = "share_children"
 	shaperMapShareEthertypes  = "share_ethertypes"
 	shaperMapShareFlows       = "share_flows"
+	shaperMapShareFlowsets    = "share_flowsets"
 	shaperMapShareNetns       = "share_netns"
 	shaperMapShareQueues      = "share_queues"
 	shaperMapShareRates       = "share_rates"
@@ -277,6 +293,7 @@ type shaperMapSpecs struct {
 	ShareChildren   *ebpf.MapSpec `ebpf:"share_children"`
 	ShareEthertypes *ebpf.MapSpec `ebpf:"share_ethertypes"`
 	ShareFlows      *ebpf.MapSpec `ebpf:"share_flows"`
+	ShareFlowsets   *ebpf.MapSpec `ebpf:"share_flowsets"`
 	ShareNetns      *ebpf.MapSpec `ebpf:"share_netns"`
 	ShareQueues     *ebpf.MapSpec `ebpf:"share_queues"`
 	ShareRates      *ebpf.MapSpec `ebpf:"share_rates"`
@@ -333,6 +350,7 @@ type shaperMaps struct {
 	ShareChildren   *ebpf.Map `ebpf:"share_children"`
 	ShareEthertypes *ebpf.Map `ebpf:"share_ethertypes"`
 	ShareFlows      *ebpf.Map `ebpf:"share_flows"`
+	ShareFlowsets   *ebpf.Map `ebpf:"share_flowsets"`
 	ShareNetns      *ebpf.Map `ebpf:"share_netns"`
 	ShareQueues     *ebpf.Map `ebpf:"share_queues"`
 	ShareRates      *ebpf.Map `ebpf:"share_rates"`
@@ -361,6 +379,7 @@ func (m *shaperMaps) Close() error {
 		m.ShareChildren,
 		m.ShareEthertypes,
 		m.ShareFlows,
+		m.ShareFlowsets,
 		m.ShareNetns,
 		m.ShareQueues,
 		m.ShareRates,

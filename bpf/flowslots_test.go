@@ -1,0 +1,171 @@
+package bpf
+
+import (
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/carve-dra/carve/bpf/nettest"
+)
+
+// A flow-isolated share keeps its first flows in its own entry's slots and
+// the rest in share_flows: every flow is in exactly one of them, keeps its
+// bulk child from frame to frame wherever it is, and the first eight bulk
+// flows get eight children. Forty flows are more than the sixteen slots;
+// once the first forty have been idle for FLOW_IDLE_NS, new flows take
+// their slots.
+func TestFlowSlots(t *testing.T) {
+	needRoot(t)
+	s := openShaper(t, testPinDir(t))
+	defer s.Close()
+	const class = 0x10010
+	if err := s.SetShare(Egress, mac1, class); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetShareQueue(Egress, mac1, ShareQueue{BitsPerSec: 100e6, ClassIfindex: 7, Minor: 0x10}); err != nil {
+		t.Fatal(err)
+	}
+	frame := func(src string) []byte {
+		f := make([]byte, 1514) // two of them turn a flow bulk
+		copy(f, ipFrame(mac2, mac1, src, "10.9.0.1", false))
+		return f
+	}
+	send := func(src string, repeat uint32) uint32 {
+		t.Helper()
+		var out skbCtx
+		ret, err := s.objs.ClassifyEgress.Run(&ebpf.RunOptions{Data: frame(src), Context: skbCtx{}, ContextOut: &out, Repeat: repeat})
+		nettest.SkipIfLacks(t, err, nettest.BPF("BPF_PROG_RUN"))
+		if err != nil || int32(ret) != -1 {
+			t.Fatalf("flow %s: returned %d, %v; want TCX_NEXT (-1)", src, int32(ret), err)
+		}
+		return out.Priority
+	}
+	const flows = 40
+	first := make([]uint32, flows)
+	for i := range flows {
+		src := fmt.Sprintf("10.9.1.%d", i+1)
+		first[i] = send(src, 4)
+		if first[i] < class+FlowBulkFirst || first[i] >= class+FlowBulkFirst+FlowBulkChildren {
+			t.Fatalf("flow %s: class %#x after four full frames, want a bulk child of %#x", src, first[i], class)
+		}
+	}
+	seen := map[uint32]bool{}
+	for _, p := range first[:FlowBulkChildren] {
+		seen[p] = true
+	}
+	if len(seen) != FlowBulkChildren {
+		t.Errorf("the first %d bulk flows got %d children (%#x), want one each", FlowBulkChildren, len(seen), first[:FlowBulkChildren])
+	}
+	for i := range flows {
+		if p := send(fmt.Sprintf("10.9.1.%d", i+1), 2); p != first[i] {
+			t.Errorf("flow %d moved from child %#x to %#x", i, first[i], p)
+		}
+	}
+	slotted, inMap := s.flowPlaces(t, mac1)
+	t.Logf("%d flows: %d in the share's slots, %d in share_flows", flows, len(slotted), inMap)
+	if len(slotted)+inMap != flows {
+		t.Errorf("%d flows in slots and %d in share_flows, want %d in all: each in one place", len(slotted), inMap, flows)
+	}
+	if len(slotted) < FlowBulkChildren {
+		t.Errorf("only %d of %d flows in the share's slots, want at least %d", len(slotted), flows, FlowBulkChildren)
+	}
+
+	time.Sleep(150 * time.Millisecond) // FLOW_IDLE_NS and more
+	for i := range flows {
+		send(fmt.Sprintf("10.9.2.%d", i+1), 4)
+	}
+	after, _ := s.flowPlaces(t, mac1)
+	taken := 0
+	for hash := range after {
+		if !slotted[hash] {
+			taken++
+		}
+	}
+	if taken < len(slotted) {
+		t.Errorf("new flows took %d of the %d slots idle flows held, want all", taken, len(slotted))
+	}
+}
+
+// flowPlaces returns the hashes of the flows in mac's egress slots, and
+// how many of its flows share_flows holds.
+func (s *Shaper) flowPlaces(t *testing.T, mac net.HardwareAddr) (map[uint32]bool, int) {
+	t.Helper()
+	k, _ := makeKey(Egress, mac)
+	var set shaperShareFlowset
+	if err := s.objs.ShareFlowsets.Lookup(&k, &set); err != nil {
+		t.Fatal(err)
+	}
+	slotted := map[uint32]bool{}
+	for _, sl := range set.Slots {
+		if sl.Hash != 0 {
+			slotted[sl.Hash] = true
+		}
+	}
+	var fk shaperFlowKey
+	var fv shaperFlowVal
+	n := 0
+	it := s.objs.ShareFlows.Iterate()
+	for it.Next(&fk, &fv) {
+		if net.HardwareAddr(fk.Mac[:]).String() == mac.String() && fk.Dir == uint8(Egress) {
+			n++
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return slotted, n
+}
+
+// An older agent's flow-isolated share has a share_children entry only;
+// opening the maps gives it its flow set, so its flows keep their own
+// children and stamps. A flow set with no children entry is of a share an
+// older agent removed after a rollback, and goes.
+func TestOlderChildrenCopiedOnOpen(t *testing.T) {
+	needRoot(t)
+	dir := testPinDir(t)
+	s := openShaper(t, dir)
+	older, _ := makeKey(Egress, mac1)
+	removed, _ := makeKey(Egress, mac2)
+	if err := s.SetShare(Egress, mac1, 0x10010); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.objs.ShareChildren.Put(&older, &shaperBulkChildren{BytesPerSec: 100e6 / 8, ClassIfindex: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.objs.ShareQueues.Put(&older, &shaperShareQueue{BytesPerSec: 100e6 / 8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.objs.ShareFlowsets.Put(&removed, &shaperShareFlowset{C: shaperBulkChildren{BytesPerSec: 1, ClassIfindex: 9}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openShaper(t, dir)
+	defer s.Close()
+	var set shaperShareFlowset
+	if err := s.objs.ShareFlowsets.Lookup(&older, &set); err != nil {
+		t.Fatalf("the older share's flow set after reopening: %v", err)
+	}
+	if set.C.BytesPerSec != 100e6/8 || set.C.ClassIfindex != 7 {
+		t.Errorf("the older share's flow set: %+v, want its children entry's rate and class device", set.C)
+	}
+	if err := s.objs.ShareFlowsets.Lookup(&removed, &set); err == nil {
+		t.Error("a flow set with no children entry is left after reopening")
+	}
+	f := make([]byte, 1514)
+	copy(f, ipFrame(mac2, mac1, "10.9.0.5", "10.9.0.1", false))
+	var out skbCtx
+	_, err := s.objs.ClassifyEgress.Run(&ebpf.RunOptions{Data: f, Context: skbCtx{}, ContextOut: &out, Repeat: 4})
+	nettest.SkipIfLacks(t, err, nettest.BPF("BPF_PROG_RUN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Priority < 0x10010+FlowBulkFirst || out.Priority >= 0x10010+FlowBulkFirst+FlowBulkChildren {
+		t.Errorf("the older share's bulk flow went to %#x, want a bulk child", out.Priority)
+	}
+}
