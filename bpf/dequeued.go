@@ -55,9 +55,11 @@ func pinReplacing(prog *ebpf.Program, path string) error {
 var ErrNoDequeuedProgram = errors.New("no share_dequeued program pinned")
 
 // AttachDequeued puts the program pinned under pinDir on the ingress of
-// ifindex, in the caller's current netns (see Attach), unless a
-// share_dequeued is there already: the hook runs once per container.
-func AttachDequeued(pinDir string, ifindex int) error {
+// ifindex, in the caller's current netns (see Attach), as how says (a
+// cls_bpf filter, replaced in place, or a TCX program), unless a TCX
+// share_dequeued is there already (an earlier container's, or an older
+// hook's): the hook runs once per container.
+func AttachDequeued(pinDir string, ifindex int, how PodHook) error {
 	if ifindex <= 0 {
 		return fmt.Errorf("bad ifindex %d", ifindex)
 	}
@@ -90,6 +92,9 @@ func AttachDequeued(pinDir string, ifindex int) error {
 		if err == nil && info.Name == shaperProgShareDequeued {
 			return nil
 		}
+	}
+	if how == PodHookFilter {
+		return attachLegacy(ifindex, prog, shaperProgShareDequeued, hookParent(ebpf.AttachTCXIngress))
 	}
 	err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
 	if err != nil && !errors.Is(err, unix.EEXIST) {

@@ -22,9 +22,8 @@ import (
 // That instance only hands them to the policy, one program the classifier
 // loads and keeps in a pinned program array, by a tail call: it verifies
 // in microseconds, where the whole policy took 4-7 ms of every prepare; the runtime hook attaches it once
-// the interface is in the pod, and pins the link on the host, so that no
-// process of the pod holds anything that could detach it. Unprepare removes
-// both pins; the link goes with the interface.
+// the interface is in the pod (PodHook says how). Unprepare removes the
+// pins; the filter or link goes with the interface.
 
 // podGuardDir holds the pod guards' pins under the agent's pin directory.
 const podGuardDir = "pod_guard"
@@ -104,10 +103,12 @@ const podGuardProg = "pod_guard"
 var ErrNoPodGuard = errors.New("no pod guard pinned for the share")
 
 // AttachPodGuard attaches the pod guard pinned for the share named name to
-// the egress of ifindex, in the caller's current netns, as a TCX link it
-// pins beside the program. Where the link is pinned already and still on
-// ifindex (the hook runs once per container), it does nothing.
-func AttachPodGuard(pinDir, name string, ifindex int) error {
+// the egress of ifindex, in the caller's current netns, as how says: a
+// cls_bpf filter (replaced in place: the hook runs once per container),
+// whose ifindex it records beside the program, or a TCX link it pins
+// there. Where a link is pinned already and still on ifindex (an earlier
+// container's, or an older hook's), it does nothing.
+func AttachPodGuard(pinDir, name string, ifindex int, how PodHook) error {
 	if ifindex <= 0 {
 		return fmt.Errorf("bad ifindex %d", ifindex)
 	}
@@ -137,7 +138,7 @@ func AttachPodGuard(pinDir, name string, ifindex int) error {
 	// interface holds the guard, and goes with it; the hook failed there
 	// for every share. There is no link to pin: the ifindex is recorded
 	// instead (podguard_legacy.go).
-	if forceLegacy {
+	if forceLegacy || how == PodHookFilter {
 		return attachPodGuardLegacy(pinDir, name, ifindex, prog)
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress, Anchor: link.Head()})
@@ -153,6 +154,24 @@ func AttachPodGuard(pinDir, name string, ifindex int) error {
 	}
 	return nil
 }
+
+// PodHook is how the hook puts a program (the pod guard, the ingress AQM's
+// share_dequeued) on a share's interface in its pod.
+type PodHook int
+
+const (
+	// PodHookFilter is a cls_bpf filter on the interface's clsact, which
+	// only a process with CAP_NET_ADMIN (or CAP_SYS_ADMIN) in the pod
+	// could delete; the hook starts no container of a share with either
+	// unless its class sets allowNetAdmin. It takes about 0.3 ms.
+	PodHookFilter PodHook = iota
+	// PodHookLink is a TCX link the hook pins on the host: nothing in the
+	// pod holds it, so nothing there can detach it, whatever its
+	// capabilities. Each attach waits for two RCU grace periods under the
+	// RTNL lock, 6-24 ms on this project's machines (p50 10 ms), which
+	// a share pod's first container waited for (issue 44).
+	PodHookLink
+)
 
 // Pod guard states (PodGuardState).
 const (

@@ -231,7 +231,7 @@ func TestCleanupDefunct(t *testing.T) {
 	if err := s.PinPodGuard("cvguard", PodShare{Parent: 7, MAC: mac1.String()}); err != nil {
 		t.Fatal(err)
 	}
-	if err := inNS(ns, func() error { return AttachPodGuard(dir, "cvguard", b.Attrs().Index) }); err != nil {
+	if err := inNS(ns, func() error { return AttachPodGuard(dir, "cvguard", b.Attrs().Index, PodHookLink) }); err != nil {
 		t.Fatal(err)
 	}
 

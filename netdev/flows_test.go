@@ -2,6 +2,7 @@ package netdev_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
@@ -272,6 +274,17 @@ func TestShareInterfaceQueueSettings(t *testing.T) {
 					n++
 				}
 				prog.Close()
+			}
+			// A class that lets no pod have CAP_NET_ADMIN gets a
+			// cls_bpf filter instead (bpf.PodHookFilter).
+			filters, err := netlink.FilterList(iface, netlink.HANDLE_MIN_INGRESS)
+			if err != nil && !errors.Is(err, unix.EINVAL) { // EINVAL: no clsact
+				return err
+			}
+			for _, f := range filters {
+				if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == bpf.LegacyFilterName("share_dequeued") {
+					n++
+				}
 			}
 			if want := map[bool]int{true: 1}[c.aqm && flowClasses]; n != want {
 				t.Errorf("egress %q ingress %q: share_dequeued attached %d times on the pod's interface, want %d", c.egress, c.ingress, n, want)

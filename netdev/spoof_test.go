@@ -1,6 +1,7 @@
 package netdev_test
 
 import (
+	"encoding/json"
 	"net"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/carve-dra/carve/bpf"
 	"github.com/carve-dra/carve/bpf/nettest"
+	"github.com/carve-dra/carve/prepare"
 	"github.com/carve-dra/carve/prepare/api/v1alpha1"
 	"github.com/carve-dra/carve/prepare/hook"
 )
@@ -279,21 +281,32 @@ func TestKernelARPRepliesForAStolenAddressNeverLeave(t *testing.T) {
 // and the server never learns the pod's MAC for it. The reply is counted
 // as the share's dropped frame. The same for a share with no bandwidth
 // limit, which has no class on the parent at all, and for a whole-device
-// claim (no share id).
+// claim (no share id). A pod gets CAP_NET_ADMIN only where its class sets
+// allowNetAdmin, and then its guard is a TCX link (bpf.PodHookLink); the
+// others' guard is a cls_bpf filter, which holds against such a pod just
+// the same (the first case).
 func TestSocketlessFramesOfAChangedMACNeverLeave(t *testing.T) {
+	netAdmin := &v1alpha1.NetworkConfig{AllowNetAdmin: true}
 	for _, c := range []struct {
 		name, rate  string
 		wholeDevice bool
-	}{{"share 20M", "20M", false}, {"share without a limit", "", false}, {"whole device", "", true}} {
+		cfg         *v1alpha1.NetworkConfig
+	}{
+		{"share 20M, filter guard", "20M", false, nil},
+		{"share 20M", "20M", false, netAdmin},
+		{"share without a limit", "", false, netAdmin},
+		{"whole device", "", true, netAdmin},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := newBench(t)
 			var a *share
 			if c.wholeDevice {
 				alloc := b.alloc("kernel-arp", "", "")
 				alloc.ShareID = nil
+				alloc.Config, _ = json.Marshal(prepare.EffectiveConfig{Network: c.cfg})
 				a = b.addAlloc("kernel-arp", alloc)
 			} else {
-				a = b.add("kernel-arp", c.rate, c.rate, nil)
+				a = b.add("kernel-arp", c.rate, c.rate, c.cfg)
 			}
 			socketlessARPOfAChangedMAC(t, b, a)
 		})
@@ -301,10 +314,13 @@ func TestSocketlessFramesOfAChangedMACNeverLeave(t *testing.T) {
 }
 
 func socketlessARPOfAChangedMAC(t *testing.T, b *bench, a *share) {
-	// Before 6.6 the guard is a cls_bpf filter with no link: its
+	// Before 6.6, and for a share whose class lets no pod have
+	// CAP_NET_ADMIN, the guard is a cls_bpf filter with no link: its
 	// interface is recorded instead, which cannot say when the interface
-	// goes (bpf/podguard_legacy.go).
-	noTCX := nettest.LacksTCX(t)
+	// goes (bpf/podguard_legacy.go). Such a pod cannot delete it; its
+	// namespace's end takes it, and the hook records it again in a
+	// recreated sandbox.
+	noTCX := nettest.LacksTCX(t) || !a.spec.AllowNetAdmin
 	if st, err := bpf.PodGuardState(b.pinDir, a.spec.HostName); err != nil || st != bpf.PodGuardAttached {
 		t.Errorf("the share's pod guard: %q, %v; want attached", st, err)
 	}

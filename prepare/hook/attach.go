@@ -145,9 +145,17 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 			return fmt.Errorf("rename %s to %s: %w", spec.HostName, spec.PodName, err)
 		}
 	}
+	// A share whose class lets its pods have CAP_NET_ADMIN gets its
+	// programs as TCX links, which no process of the pod can detach; the
+	// others as cls_bpf filters, which only such a process could delete
+	// and which take no RCU grace period to attach (bpf.PodHook).
+	how := bpf.PodHookFilter
+	if spec.AllowNetAdmin {
+		how = bpf.PodHookLink
+	}
 	if ps := spec.PodShare; ps != nil && ps.Guard {
 		// Before the interface is up: no frame leaves unchecked.
-		err := InNetns(podNS, func() error { return bpf.AttachPodGuard(ps.PinDir, spec.HostName, link.Attrs().Index) })
+		err := InNetns(podNS, func() error { return bpf.AttachPodGuard(ps.PinDir, spec.HostName, link.Attrs().Index, how) })
 		if err != nil {
 			return fmt.Errorf("the pod guard of %s: %w", spec.PodName, err)
 		}
@@ -203,7 +211,7 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 		}
 	}
 	if ps := spec.PodShare; ps != nil && ps.IngressAQM {
-		err := InNetns(podNS, func() error { return bpf.AttachDequeued(ps.PinDir, link.Attrs().Index) })
+		err := InNetns(podNS, func() error { return bpf.AttachDequeued(ps.PinDir, link.Attrs().Index, how) })
 		// An agent too old to pin the program made no AQM state
 		// either: the share runs without.
 		if err != nil && !errors.Is(err, bpf.ErrNoDequeuedProgram) {

@@ -36,7 +36,7 @@ type PodShareSpec struct {
 	IngressAQM bool `json:"ingressAQM,omitempty"`
 	// Guard says the agent pinned a pod guard for the share
 	// (bpf.PinPodGuard): the hook attaches it to the interface's egress
-	// in the pod and pins its link, and fails if it cannot.
+	// in the pod (bpf.PodHook), and fails if it cannot.
 	Guard bool `json:"guard,omitempty"`
 }
 
