@@ -296,11 +296,15 @@ func TestBorrowingSharePingStaysShort(t *testing.T) {
 			}
 			loaded := make(chan outcome, 1)
 			go func() {
-				r, err := nettest.RunFlows(flows, 2*time.Second, 2*time.Second, nil)
+				r, err := nettest.RunFlows(flows, 2*time.Second, 4*time.Second, nil)
 				loaded <- outcome{r, err}
 			}()
 			time.Sleep(2200 * time.Millisecond)
-			rtts, lost, err := nettest.EchoRTT(s.pod, b.tp.Server, b.tp.ServerIP+":5302", 20*time.Millisecond, 1500*time.Millisecond)
+			// 200 probes: the p99 is then the second highest, where 75
+			// made it the highest, and one probe the 2-core host's
+			// scheduler held failed the test (6.4 ms once, in a run of
+			// the whole package; 0.26-4.2 ms alone).
+			rtts, lost, err := nettest.EchoRTT(s.pod, b.tp.Server, b.tp.ServerIP+":5302", 18*time.Millisecond, 3600*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
 			}

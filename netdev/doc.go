@@ -8,18 +8,22 @@
 //
 // # The pod's interface
 //
-// A NIC allocation becomes the pod's own interface: at prepare time carve
-// creates a macvlan (vepa by default, private, or bridge for unlimited
-// shares; never passthru) or ipvlan (l2, l3, l3s) child of the parent NIC, in
-// the node's namespace and down, named cv<hash of claim/request/share> with a
-// MAC derived the same way, so that everything can be found and undone from
-// the allocation alone. The claim's CDI spec carries a createRuntime hook,
+// A NIC allocation becomes the pod's own interface: a macvlan (vepa by
+// default, private, or bridge for unlimited shares; never passthru) or
+// ipvlan (l2, l3, l3s) child of the parent NIC, named cv<hash of
+// claim/request/share> in carve's records, with a MAC derived the same way,
+// so that everything can be found and undone from the allocation alone. At
+// prepare time carve makes its classes, classifier entries and attach spec
+// (and asks the kernel once per kind whether it can make such a child); the
+// hook makes the interface itself, in the pod's namespace, where it costs
+// no RCU grace period (a move there waited 24 ms p50; an older agent's
+// prepare made it on the node, and the hook moves such a one). The claim's CDI spec carries a createRuntime hook,
 // `carve-hook netns-attach` (the runtime hooks are package prepare/hook,
 // built alone into cmd/carve-hook, a small static binary the agent installs
 // in its state directory; `carve hook netns-attach` where the image lacks
 // it), which the container runtime runs on the host for every container of
-// the pod (it is idempotent): it moves the interface into the pod's
-// namespace, names it (net1 by default), sets its MTU, addresses and routes
+// the pod (it is idempotent): it makes the interface in the pod's
+// namespace, named net1 by default, sets its MTU, addresses and routes
 // and brings it up. The interface name, addresses and MAC are reported in the
 // claim's status.devices (KEP-4817 network data); the container also sees
 // them as CARVE_<REQUEST>_INTERFACE, _ADDRESSES, _MAC and _PARENT.

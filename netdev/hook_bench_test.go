@@ -24,7 +24,7 @@ const hookBinEnv = "CARVE_HOOK_BIN"
 // BenchmarkHookExec measures what containerd pays per container start of a
 // pod with a NIC share: exec of the netns-attach hook, as the runtime runs
 // it (in the node's namespace, the OCI state on stdin), to exit. "first"
-// moves the share's interface into a new pod (the first container);
+// makes the share's interface in a new pod (the first container);
 // "steady" finds it there and only checks it (every later container). The
 // small static carve-hook is measured beside the same hook run from the
 // agent's binary (`carve hook netns-attach`, bin/carve from make build), the

@@ -1,6 +1,7 @@
 package netdev_test
 
 import (
+	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -82,5 +83,74 @@ func TestHookRemakesTheInterfaceForARecreatedSandbox(t *testing.T) {
 	}
 	if addrs, _ := h.AddrList(link, netlink.FAMILY_V4); len(addrs) != 1 {
 		t.Errorf("remade interface's addresses: %v", addrs)
+	}
+}
+
+// The agent's prepare makes no interface on the node; the hook makes it in
+// the pod, under its pod name, with the share's MAC, MTU, GSO limit and
+// carve's alias, where a move into the pod would wait for RCU grace periods.
+// One an older agent made on the node is moved in instead, and one the hook
+// made before it was killed, still without its alias, is taken for the
+// share's by its lower device on the node.
+func TestHookMakesTheInterfaceInThePod(t *testing.T) {
+	b := newBench(t)
+	node, _ := netlink.NewHandleAt(b.tp.Node)
+	defer node.Close()
+	a := b.alloc("made", "100M", "100M")
+	spec := b.prepareSpec(a, &v1alpha1.NetworkConfig{Pools: []string{"test"}})
+	if _, err := node.LinkByName(spec.HostName); err == nil {
+		t.Fatalf("prepare made %s on the node", spec.HostName)
+	}
+	pod := b.tp.NewPod("made")
+	if err := hook.AttachToPod(b.tp.Node, pod, spec); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := netlink.NewHandleAt(pod)
+	defer h.Close()
+	link, err := h.LinkByName(spec.PodName)
+	if err != nil {
+		t.Fatalf("no %s in the pod: %v", spec.PodName, err)
+	}
+	if link.Type() != "macvlan" || link.Attrs().Alias != hook.AliasOf(spec.HostName) || !strings.EqualFold(link.Attrs().HardwareAddr.String(), spec.MAC) ||
+		link.Attrs().MTU != spec.MTU || int(link.Attrs().GSOMaxSegs) != spec.GSOMaxSegs || link.Attrs().OperState == netlink.OperDown {
+		t.Errorf("the pod's %s: %s, alias %q, MAC %s, MTU %d, GSO %d segments, %s; want macvlan, %q, %s, %d, %d, up",
+			spec.PodName, link.Type(), link.Attrs().Alias, link.Attrs().HardwareAddr, link.Attrs().MTU, link.Attrs().GSOMaxSegs, link.Attrs().OperState,
+			hook.AliasOf(spec.HostName), spec.MAC, spec.MTU, spec.GSOMaxSegs)
+	}
+
+	// Killed between making it and naming it carve's: the next container's
+	// hook takes it, and names it.
+	if err := h.LinkSetAlias(link, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := hook.AttachToPod(b.tp.Node, pod, spec); err != nil {
+		t.Fatalf("the next container, the alias missing: %v", err)
+	}
+	if l, _ := h.LinkByName(spec.PodName); l == nil || l.Attrs().Alias != hook.AliasOf(spec.HostName) {
+		t.Errorf("the interface made before a kill is not named carve's again: %+v", l)
+	}
+
+	// An older agent's share: its interface on the node, moved in.
+	old := b.alloc("older", "", "")
+	oldSpec := b.prepareSpec(old, &v1alpha1.NetworkConfig{Pools: []string{"test"}})
+	parent, err := node.LinkByName(oldSpec.Parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac, _ := net.ParseMAC(oldSpec.MAC)
+	if err := hook.AddChild(node, parent, oldSpec.Mode, oldSpec.HostName, mac, oldSpec.MTU); err != nil {
+		t.Fatal(err)
+	}
+	oldPod := b.tp.NewPod("older")
+	if err := hook.AttachToPod(b.tp.Node, oldPod, oldSpec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.LinkByName(oldSpec.HostName); err == nil {
+		t.Errorf("the older agent's %s is still on the node", oldSpec.HostName)
+	}
+	oh, _ := netlink.NewHandleAt(oldPod)
+	defer oh.Close()
+	if l, err := oh.LinkByName(oldSpec.PodName); err != nil || !strings.EqualFold(l.Attrs().HardwareAddr.String(), oldSpec.MAC) {
+		t.Errorf("the older agent's interface in its pod: %v, %v", l, err)
 	}
 }

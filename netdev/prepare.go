@@ -136,9 +136,9 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 		}
 	}
 	// The interface's name and MAC derive from the share's key: a crash
-	// from here on is undone from the allocation alone (the interface,
-	// still in the node's namespace, names its parent).
-	if err := p.ensureChild(lower, cfg, u.Link, ShareMAC(key), mtu); err != nil {
+	// from here on is undone from the allocation alone. The hook makes
+	// the interface, in the pod (checkChild).
+	if err := p.checkChild(lower, cfg, u.Link, ShareMAC(key), mtu); err != nil {
 		return prepare.Prepared{}, err
 	}
 	crash.Point("nic-link-created")

@@ -94,6 +94,11 @@ type NICPreparer struct {
 	addressKeys bool
 	// noFQCodel is set once adding fq_codel failed: leaves are bfifos.
 	noFQCodel bool
+	// childKinds holds, by link kind (macvlan, ipvlan), what this
+	// kernel answered when asked to make one (checkChild): nil, or why
+	// it cannot; under childProbe.
+	childKinds map[string]error
+	childProbe sync.Mutex
 	// plainQueues gives each share's class one bounded FIFO and no flow
 	// children: the design before flow isolation, for tests that measure
 	// against it (PlainQueues in export_test.go).

@@ -27,7 +27,9 @@ import (
 // and dies with its process. A turnstile, a flock on the directory above,
 // keeps a measuring test that waits from being passed by the other
 // process's next shared turns: a shared turn takes it before its own lock,
-// and the measuring test holds it while it waits.
+// and the measuring test holds it while it waits. No process waits for the
+// turnstile while it holds the lock: a test that takes the host to itself
+// after its shared turn gives the turn up first.
 const (
 	hostLockDir       = "."
 	hostTurnstileDir  = ".."
@@ -67,6 +69,16 @@ func lockHost(t testing.TB, exclusive bool) {
 		return
 	}
 	start := time.Now()
+	if hostLock.held {
+		// An upgrade from the shared turn: let it go before the
+		// turnstile. Holding it there deadlocked both processes (a CI
+		// run hung until the multi-node tests' timeout): the other's
+		// measuring test held the turnstile while it waited for this
+		// shared lock to go, and this one waited for the turnstile.
+		if err := flock(hostLock.fd, syscall.LOCK_UN); err != nil {
+			t.Fatalf("host lock: %v", err)
+		}
+	}
 	turnstile, err := openDir(hostTurnstileDir)
 	if err != nil {
 		t.Fatalf("host lock: %v", err)

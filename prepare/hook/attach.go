@@ -134,7 +134,15 @@ func AttachToPod(hostNS, podNS netns.NsHandle, spec AttachSpec) error {
 
 	link, err := pod.LinkByName(spec.PodName)
 	if err == nil {
-		if err := checkIdentity(link, spec); err != nil {
+		if !madeWithoutAlias(host, pod, link, spec) {
+			if err := checkIdentity(link, spec); err != nil {
+				return err
+			}
+		}
+	} else if createdInPod(host, pod, spec) {
+		// Made in the pod under its pod name (createInPod): nothing to
+		// move or rename.
+		if link, err = createInPod(host, pod, podNS, spec); err != nil {
 			return err
 		}
 	} else {

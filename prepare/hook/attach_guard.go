@@ -112,20 +112,47 @@ func checkIdentity(link netlink.Link, spec AttachSpec) error {
 		spec.PodName, spec.HostName, link.Type(), link.Attrs().HardwareAddr, link.Attrs().Alias)
 }
 
-// bringIntoPod finds the share's interface on the node (and moves it into
-// the pod), or in the pod under its node name (a hook killed between move
-// and rename), or makes it again on the node from the spec when it is in
-// neither: a pod sandbox that was recreated took it away with its old
-// namespace, and without it every container start would fail from then on.
+// createdInPod says whether the hook makes the share's interface in the
+// pod (createInPod) rather than moves it there (bringIntoPod): where it is
+// neither on the node nor in the pod under its node name. This agent's prepare makes none there, since a move
+// into a namespace waits for RCU grace periods (24 ms p50 on this
+// project's machines) where making it there takes 0.5 ms; an older
+// agent's prepare did, and a hook killed between the move and the rename
+// left one in the pod under its node name.
+func createdInPod(host, pod *netlink.Handle, spec AttachSpec) bool {
+	if _, err := pod.LinkByName(spec.HostName); err == nil {
+		return false
+	}
+	_, err := host.LinkByName(spec.HostName)
+	return err != nil
+}
+
+// madeWithoutAlias says whether link, the pod's interface of the share's
+// pod name without carve's alias, is one createInPod made before it was
+// killed, and then gives it the alias: of the share's kind, its lower
+// device in another namespace (a process of the pod can make neither) at
+// the index of the share's lower device on the node.
+func madeWithoutAlias(host, pod *netlink.Handle, link netlink.Link, spec AttachSpec) bool {
+	if link.Attrs().Alias != "" || link.Type() != spec.Kind || link.Attrs().NetNsID < 0 {
+		return false
+	}
+	lower, err := lowerOf(host, spec)
+	if err != nil || link.Attrs().ParentIndex != lower.Attrs().Index {
+		return false
+	}
+	return pod.LinkSetAlias(link, AliasOf(spec.HostName)) == nil
+}
+
+// bringIntoPod finds the share's interface in the pod under its node name
+// (a hook killed between move and rename), or on the node, and moves it
+// into the pod (an interface an older agent's prepare made there).
 func bringIntoPod(host, pod *netlink.Handle, podNS netns.NsHandle, spec AttachSpec) (netlink.Link, error) {
 	if link, err := pod.LinkByName(spec.HostName); err == nil {
 		return link, checkIdentity(link, AttachSpec{HostName: spec.HostName, PodName: spec.HostName, MAC: spec.MAC})
 	}
 	onHost, err := host.LinkByName(spec.HostName)
 	if err != nil {
-		if onHost, err = recreateOnHost(host, spec); err != nil {
-			return nil, err
-		}
+		return nil, fmt.Errorf("find %s on the node: %w", spec.HostName, err)
 	}
 	if err := host.LinkSetNsFd(onHost, int(podNS)); err != nil {
 		return nil, fmt.Errorf("move %s into the pod: %w", spec.HostName, err)
@@ -137,37 +164,63 @@ func bringIntoPod(host, pod *netlink.Handle, podNS netns.NsHandle, spec AttachSp
 	return link, nil
 }
 
-// recreateOnHost makes the share's interface again on its parent, as the
-// preparer made it: same name, MAC and mode, so the classifier's entries
-// and the claim's status still describe it.
-func recreateOnHost(host *netlink.Handle, spec AttachSpec) (netlink.Link, error) {
-	if spec.Parent == "" || spec.Kind == "" {
-		return nil, fmt.Errorf("interface %s is neither on the node nor in the pod, and its attach spec is too old to make it again", spec.HostName)
-	}
-	lowerName := spec.Parent
+// lowerOf is the node's device the share's interface hangs from: its parent,
+// or the parent's VLAN device.
+func lowerOf(host *netlink.Handle, spec AttachSpec) (netlink.Link, error) {
 	parent, err := host.LinkByName(spec.Parent)
 	if err != nil {
-		return nil, fmt.Errorf("interface %s is gone and its parent %s too: %w", spec.HostName, spec.Parent, err)
+		return nil, fmt.Errorf("the parent %s of %s: %w", spec.Parent, spec.HostName, err)
 	}
-	if spec.VLAN != 0 {
-		lowerName = fmt.Sprintf("cv%d.%d", parent.Attrs().Index, spec.VLAN)
+	if spec.VLAN == 0 {
+		return parent, nil
 	}
-	lower, err := host.LinkByName(lowerName)
+	name := fmt.Sprintf("cv%d.%d", parent.Attrs().Index, spec.VLAN)
+	lower, err := host.LinkByName(name)
 	if err != nil {
-		return nil, fmt.Errorf("interface %s is gone and its lower device %s too: %w", spec.HostName, lowerName, err)
+		return nil, fmt.Errorf("the lower device %s of %s: %w", name, spec.HostName, err)
+	}
+	return lower, nil
+}
+
+// createInPod makes the share's interface in the pod's namespace under its
+// pod name, from the spec: the MAC, mode and MTU the preparer chose, and
+// carve's alias, which it can only set once the interface exists (a hook
+// killed in between leaves one checkIdentity still knows by its lower).
+func createInPod(host, pod *netlink.Handle, podNS netns.NsHandle, spec AttachSpec) (netlink.Link, error) {
+	if spec.Parent == "" || spec.Kind == "" {
+		return nil, fmt.Errorf("interface %s is neither on the node nor in the pod, and its attach spec is too old to make it", spec.HostName)
+	}
+	lower, err := lowerOf(host, spec)
+	if err != nil {
+		return nil, err
 	}
 	mac, _ := net.ParseMAC(spec.MAC)
-	// The old interface dies with its namespace asynchronously; until it
-	// is gone its MAC is still taken on the parent.
+	child, err := NewChild(lower, spec.Mode, spec.PodName, mac, spec.MTU)
+	if err != nil {
+		return nil, err
+	}
+	child.Attrs().Namespace = netlink.NsFd(int(podNS))
+	child.Attrs().GSOMaxSegs = uint32(max(spec.GSOMaxSegs, 0))
+	// An interface of the share's that an older sandbox of the pod took
+	// away dies with its namespace asynchronously; until it is gone its
+	// MAC is still taken on the parent.
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		err = AddChild(host, lower, spec.Mode, spec.HostName, mac, spec.MTU)
-		if err == nil || errors.Is(err, unix.EEXIST) {
-			return host.LinkByName(spec.HostName)
-		}
-		if !errors.Is(err, unix.EADDRINUSE) || time.Now().After(deadline) {
-			return nil, fmt.Errorf("make %s again for a recreated pod sandbox: %w", spec.HostName, err)
+		err = host.LinkAdd(child)
+		if err == nil || !errors.Is(err, unix.EADDRINUSE) || time.Now().After(deadline) {
+			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("create %s %s on %s in the pod: %w", spec.Kind, spec.PodName, lower.Attrs().Name, err)
+	}
+	link, err := pod.LinkByName(spec.PodName)
+	if err != nil {
+		return nil, fmt.Errorf("find %s in the pod: %w", spec.PodName, err)
+	}
+	if err := pod.LinkSetAlias(link, AliasOf(spec.HostName)); err != nil {
+		return nil, fmt.Errorf("mark %s as carve's share %s: %w", spec.PodName, spec.HostName, err)
+	}
+	return link, nil
 }

@@ -4,9 +4,10 @@
 //
 //   - netns-attach first refuses a container whose bundle gives it
 //     CAP_NET_ADMIN or CAP_SYS_ADMIN, unless the share's class allows it
-//     (allowNetAdmin); then it moves a NIC share's interface into the pod's
-//     network namespace, puts the share's pod guard (pinned by the agent)
-//     on its egress before it comes up, pinning the link on the host,
+//     (allowNetAdmin); then it makes a NIC share's interface in the pod's
+//     network namespace (moves it there, where an older agent made it on
+//     the node), puts the share's pod guard (pinned by the agent) on its
+//     egress before it comes up (bpf.PodHook),
 //     configures it (its GSO limit and EUI-64 link-local address
 //     included), puts the share's ingress AQM program on its ingress, and
 //     ties the pod's namespace to the share in the classifier's pinned
