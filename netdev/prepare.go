@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 
@@ -135,11 +136,32 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 			return prepare.Prepared{}, err
 		}
 	}
-	// The interface's name and MAC derive from the share's key: a crash
-	// from here on is undone from the allocation alone. The hook makes
-	// the interface, in the pod (checkChild).
+	// The interface's name and MAC derive from the share's key. The hook
+	// makes the interface, in the pod (checkChild).
 	if err := p.checkChild(lower, cfg, u.Link, ShareMAC(key), mtu); err != nil {
 		return prepare.Prepared{}, err
+	}
+	// The attach spec, first as the share's record on the node: a crash
+	// from here on is undone from it and the allocation (it names the
+	// parent, as the interface on the node did when prepare made one).
+	// Written again, complete, below; neither write waits for the disk.
+	specPath := p.specPath(u.Link)
+	spec := p.ownerOf(a)
+	spec.HostName, spec.Parent = u.Link, dev.NIC.Name
+	spec.Kind, spec.Mode, spec.VLAN = hook.ChildKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
+	mac := ShareMAC(key)
+	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
+	spec.GSOMaxSegs = gsoMaxSegs(egress, mtu)
+	spec.AllowNetAdmin = cfg.AllowNetAdmin
+	for _, r := range cfg.Routes {
+		spec.Routes = append(spec.Routes, hook.Route(r))
+	}
+	// A prepare again (the kubelet's retry) finds the complete one, whose
+	// pool addresses must stay until the pools read them.
+	if _, err := os.Stat(specPath); errors.Is(err, os.ErrNotExist) {
+		if err := hook.WriteAttachSpec(specPath, spec); err != nil {
+			return prepare.Prepared{}, err
+		}
 	}
 	crash.Point("nic-link-created")
 
@@ -156,19 +178,8 @@ func (p *NICPreparer) prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	crash.Point("nic-shaped")
 
-	// The attach spec, written once: what the hook does in the pod, and
-	// the share's addresses, static ones as given and one from each pool.
-	specPath := p.specPath(u.Link)
-	spec := p.ownerOf(a)
-	spec.HostName, spec.Parent = u.Link, dev.NIC.Name
-	spec.Kind, spec.Mode, spec.VLAN = hook.ChildKind(net1Mode(cfg)), net1Mode(cfg), cfg.VLAN
-	mac := ShareMAC(key)
-	spec.PodName, spec.MTU, spec.MAC = cmp.Or(cfg.InterfaceName, "net1"), mtu, mac.String()
-	spec.GSOMaxSegs = gsoMaxSegs(egress, mtu)
-	spec.AllowNetAdmin = cfg.AllowNetAdmin
-	for _, r := range cfg.Routes {
-		spec.Routes = append(spec.Routes, hook.Route(r))
-	}
+	// The attach spec, complete: what the hook does in the pod, and the
+	// share's addresses, static ones as given and one from each pool.
 	if p.opts.Shaper != nil && p.opts.PinDir != "" {
 		// Every share of a shaped parent, limited or not: a share
 		// without an egress class is then never charged to another.
