@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -62,4 +63,25 @@ func legacyPodGuardIfindex(pinDir, name string) (int, error) {
 		return 0, fmt.Errorf("the pod guard record of %s: %w", name, err)
 	}
 	return int(ifindex), nil
+}
+
+// FilterGuardNames lists the shares whose pod guard the hook attached as a
+// cls_bpf filter (podGuardFilterPath): unlike a TCX link's, such a record
+// cannot say when its interface is gone, so the agent judges it by its
+// share (netdev).
+func FilterGuardNames(pinDir string) ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(pinDir, podGuardDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if name, ok := strings.CutSuffix(e.Name(), "_clsbpf"); ok {
+			names = append(names, name)
+		}
+	}
+	return names, nil
 }

@@ -237,6 +237,11 @@ func (p *NICPreparer) Restore(allocs []prepare.Allocation, undos []json.RawMessa
 		p.mu.Unlock()
 	}
 	p.resumeReaper(ctx)
+	if p.opts.PinDir != "" {
+		if err := p.removeStaleFilterGuards(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Removing the pod guards of unprepared shares")
+		}
+	}
 	if p.opts.Shaper == nil {
 		return
 	}

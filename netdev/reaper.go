@@ -317,6 +317,9 @@ func (r *reaper) reap(items []reapItem) (failed []reapItem) {
 		if _, err := bpf.CleanupDefunct(p.opts.PinDir); err != nil {
 			logger.Error(err, "Removing defunct classifier links")
 		}
+		if err := p.removeStaleFilterGuards(klog.NewContext(context.Background(), logger)); err != nil {
+			logger.Error(err, "Removing the pod guards of unprepared shares")
+		}
 	}
 	var reaped []int
 	for i, it := range items {
@@ -459,4 +462,37 @@ func (p *NICPreparer) waitForNoPrepare(limit time.Duration) {
 	_ = wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, limit, true, func(context.Context) (bool, error) {
 		return p.preparing.Load() == 0, nil
 	})
+}
+
+// removeStaleFilterGuards unpins the pod guards the hook attached as
+// cls_bpf filters (bpf.PodHookFilter) whose share has no attach spec on the
+// node: an agent that knew no such guards unprepared it (a rollback). A
+// share's spec is written before its guard is pinned and removed after it
+// is unpinned, and a filter's record exists only once the hook ran, so no
+// share being prepared or served loses its guard. A TCX link's guard
+// says itself when its interface is gone (bpf.CleanupDefunct).
+func (p *NICPreparer) removeStaleFilterGuards(ctx context.Context) error {
+	names, err := bpf.FilterGuardNames(p.opts.PinDir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		if !validLinkName(name) {
+			continue
+		}
+		spec := p.specPath(name)
+		if _, err := os.Stat(spec); err == nil {
+			continue
+		}
+		if _, err := os.Stat(spec + reapingSuffix); err == nil {
+			continue
+		}
+		if err := bpf.UnpinPodGuard(p.opts.PinDir, name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		klog.FromContext(ctx).V(2).Info("Removed the pod guard of a share no longer prepared", "share", name)
+	}
+	return errors.Join(errs...)
 }
