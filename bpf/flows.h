@@ -79,7 +79,7 @@ struct {
 // entry (share_flowsets), beside its children: the frame of a flow in a
 // slot costs no lookup of its own. A flow (skb->hash) has two places, by
 // two parts of its hash; it takes one where that slot is free or its flow
-// has sent nothing for FLOW_IDLE_NS. A flow that finds neither, and every
+// is idle (its clock FLOW_IDLE_NS behind now). A flow that finds neither, and every
 // flow of hash 0, is kept in share_flows as before. Which of the two holds
 // a flow is settled by its first frame, and it stays there: a flow's frames
 // look in its two slots first, then in share_flows.
@@ -160,16 +160,19 @@ static __always_inline struct flow_slot *flow_slot_of(struct share_flowset *set,
 }
 
 // flow_slot_free is a slot of set the new flow of hash may take: one of its
-// two that is free or whose flow is idle; NULL where both are busy.
+// two that is free or whose flow is idle by flow_step's own rule (its clock
+// behind now by FLOW_IDLE_NS), so that a flow loses nothing to the new one
+// that it would not have lost anyway (a bulk flow keeps its child while its
+// clock is ahead, however long it pauses); NULL where both are busy.
 static __always_inline struct flow_slot *flow_slot_free(struct share_flowset *set, __u32 hash, __u64 now)
 {
 	if (!hash)
 		return NULL;
 	struct flow_slot *a = &set->slots[hash & (FLOW_SLOTS - 1)];
-	if (!a->hash || a->seen + FLOW_IDLE_NS < now)
+	if (!a->hash || a->vclock + FLOW_IDLE_NS < now)
 		return a;
 	struct flow_slot *b = &set->slots[(hash >> 16) & (FLOW_SLOTS - 1)];
-	if (!b->hash || b->seen + FLOW_IDLE_NS < now)
+	if (!b->hash || b->vclock + FLOW_IDLE_NS < now)
 		return b;
 	return NULL;
 }

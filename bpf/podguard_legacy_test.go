@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/carve-dra/carve/bpf/nettest"
 )
 
 // Where the kernel has no TCX (before 6.6; make vmtest's 6.1, where the hook
@@ -132,8 +134,9 @@ func TestPodHookFilter(t *testing.T) {
 	if ifindex, err := PodGuardIfindex(dir, "cvfilter"); err != nil || ifindex != fresh.Attrs().Index {
 		t.Errorf("PodGuardIfindex = %d, %v; want %d", ifindex, err, fresh.Attrs().Index)
 	}
+	// Before 6.6 the older hook's "links" are cls_bpf filters themselves.
 	for _, hook := range []uint32{netlink.HANDLE_MIN_EGRESS, netlink.HANDLE_MIN_INGRESS} {
-		if got := carveFilters(older, hook); len(got) != 0 {
+		if got := carveFilters(older, hook); len(got) != 0 && !nettest.LacksTCX(t) {
 			t.Errorf("filters added beside an older hook's links: %v", got)
 		}
 	}
