@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -35,6 +36,13 @@ func (p *NICPreparer) checkChild(lower netlink.Link, cfg v1alpha1.NetworkConfig,
 	if known, asked := p.childKinds[kind]; asked {
 		return known
 	}
+	// The other agent of a rolling update probes under the same name
+	// (two agents' first prepares at once: "file exists" in CI).
+	unlock, err := flockFile(filepath.Join(p.opts.StateDir, "netdev", ".lock-probe"), "the probe interface")
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	// A child of the kind on lower, down, gone at once: the one
 	// deletion (an RCU grace period) this agent pays for it. One left by
 	// an agent that died in between is removed first.
@@ -44,7 +52,7 @@ func (p *NICPreparer) checkChild(lower netlink.Link, cfg v1alpha1.NetworkConfig,
 			return fmt.Errorf("remove the stale probe interface %s: %w", probe, err)
 		}
 	}
-	err := hook.AddChild(p.h, lower, mode, probe, probeMAC(mac), mtu)
+	err = hook.AddChild(p.h, lower, mode, probe, probeMAC(mac), mtu)
 	switch {
 	case err == nil:
 		if l, lerr := p.h.LinkByName(probe); lerr == nil {

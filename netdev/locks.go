@@ -22,6 +22,8 @@ import (
 //     different parents runs in parallel.
 //   - The pool lock orders address allocation, which reads every attach
 //     spec on disk and writes the share's own.
+//   - The probe lock orders the one-off probes of a kind of child
+//     interface (checkChild), which both agents make under one name.
 // Interfaces, attach specs and classifier entries are the share's own and
 // need neither.
 
