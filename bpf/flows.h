@@ -93,8 +93,7 @@ struct flow_slot {
 	__u32 hash;  // the flow's skb->hash; 0: free
 	__u16 bulk;  // as flow_val's
 	__u16 child; // as flow_val's
-	__u64 vclock;
-	__u64 seen;  // when it last sent a frame
+	__u64 vclock; // also what frees the slot: flow_slot_free
 };
 
 // share_flowsets replaces share_children for this build's programs (a
@@ -233,7 +232,6 @@ static __always_inline int share_flows_classify(struct __sk_buff *skb, struct sh
 	struct flow_key fk = {};
 	if (slot) {
 		flow_step(&slot->vclock, &slot->bulk, &slot->child, len, byte_ns, now);
-		slot->seen = now;
 		bulk = slot->bulk;
 		childp = &slot->child;
 	} else {
@@ -257,7 +255,6 @@ static __always_inline int share_flows_classify(struct __sk_buff *skb, struct sh
 				slot->vclock = now + ((len * byte_ns) >> 8);
 				slot->bulk = b;
 				slot->child = 0;
-				slot->seen = now;
 				slot->hash = hash;
 				childp = &slot->child;
 			} else {

@@ -34,16 +34,7 @@ func TestPodGuardWithoutTCX(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	filters, err := h.FilterList(dev, netlink.HANDLE_MIN_EGRESS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, f := range filters {
-		if bf, ok := f.(*netlink.BpfFilter); ok && bf.DirectAction {
-			names = append(names, bf.Name)
-		}
-	}
+	names := directActionFilters(t, h, dev, netlink.HANDLE_MIN_EGRESS)
 	if len(names) != 1 || names[0] != LegacyFilterName(podGuardProg) {
 		t.Errorf("egress filters of the share's interface: %v, want one %s", names, LegacyFilterName(podGuardProg))
 	}
@@ -110,17 +101,7 @@ func TestPodHookFilter(t *testing.T) {
 	}
 	carveFilters := func(dev netlink.Link, hook uint32) []string {
 		t.Helper()
-		filters, err := h.FilterList(dev, hook)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, f := range filters {
-			if bf, ok := f.(*netlink.BpfFilter); ok && bf.DirectAction {
-				names = append(names, bf.Name)
-			}
-		}
-		return names
+		return directActionFilters(t, h, dev, hook)
 	}
 	if got := carveFilters(fresh, netlink.HANDLE_MIN_EGRESS); len(got) != 1 || got[0] != LegacyFilterName(podGuardProg) {
 		t.Errorf("egress filters of the fresh share's interface: %v, want one %s", got, LegacyFilterName(podGuardProg))
@@ -143,4 +124,21 @@ func TestPodHookFilter(t *testing.T) {
 	if ifindex, err := PodGuardIfindex(dir, "cvolder"); err != nil || ifindex != older.Attrs().Index {
 		t.Errorf("the older hook's link: PodGuardIfindex = %d, %v; want %d", ifindex, err, older.Attrs().Index)
 	}
+}
+
+// directActionFilters names dev's direct-action cls_bpf filters on hook
+// (netlink.HANDLE_MIN_EGRESS or HANDLE_MIN_INGRESS): carve's kind.
+func directActionFilters(t *testing.T, h *netlink.Handle, dev netlink.Link, hook uint32) []string {
+	t.Helper()
+	filters, err := h.FilterList(dev, hook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.DirectAction {
+			names = append(names, bf.Name)
+		}
+	}
+	return names
 }

@@ -98,7 +98,6 @@ type shaperFlowSlot struct {
 	Bulk   uint16
 	Child  uint16
 	Vclock uint64
-	Seen   uint64
 }
 
 type shaperFlowVal struct {
