@@ -12,11 +12,10 @@ import (
 )
 
 // taskStarts follows the node's containerd events and keeps when each task
-// started (the /tasks/start event's own timestamp, in nanoseconds). A pod
-// turns Ready only once the kubelet's generic PLEG, which relists the
-// runtime every second, has seen its container run, so a pod's time to
-// Ready carries up to a second of that grid; its container's start does
-// not, and is what a driver's cost moves.
+// started (the /tasks/start event's own timestamp, in nanoseconds): a pod's
+// start up to its container running, without the kubelet's status report
+// and the API server's write that Ready waits for besides (30-50 ms a pod
+// here), which no driver moves.
 type taskStarts struct {
 	env map[string]string
 	mu  sync.Mutex
