@@ -1,6 +1,7 @@
 package netdev_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -155,18 +156,24 @@ func podProcess(b *testing.B, env *bench, pod string) int {
 }
 
 // execHook runs the hook from a thread in the node's namespace, as the
-// runtime does, and times it from exec to exit. The container's bundle
-// gives it the runtime's default capabilities.
+// runtime does, and times it from exec to exit. The container's bundle is
+// a restricted pod's as containerd 2 wrote it (recorded in
+// prepare/hook/testdata: about 10 KB, most of it the seccomp profile), its
+// network namespace the pod process's.
 func execHook(node netns.NsHandle, bin string, args []string, spec string, pid int) (time.Duration, error) {
 	bundle := filepath.Join(filepath.Dir(spec), "bundle")
 	if err := os.MkdirAll(bundle, 0o755); err != nil {
 		return 0, err
 	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.2.0","process":{"capabilities":{"bounding":["CAP_CHOWN","CAP_NET_RAW","CAP_NET_BIND_SERVICE"]}}}`), 0o644); err != nil {
+	config, err := restrictedBundle(pid)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), config, 0o644); err != nil {
 		return 0, err
 	}
 	var took time.Duration
-	err := nettest.In(node, func() error {
+	err = nettest.In(node, func() error {
 		cmd := exec.Command(bin, append(args, "netns-attach", "--spec", spec)...)
 		cmd.Stdin = strings.NewReader(fmt.Sprintf(`{"ociVersion":"1.2.0","id":"c","status":"created","pid":%d,"bundle":%q}`, pid, bundle))
 		t0 := time.Now()
@@ -178,4 +185,41 @@ func execHook(node netns.NsHandle, bin string, args []string, spec string, pid i
 		return nil
 	})
 	return took, err
+}
+
+// restrictedBundle is the recorded restricted pod's config.json with its
+// network namespace the one of pid.
+func restrictedBundle(pid int) ([]byte, error) {
+	raw, err := os.ReadFile("../prepare/hook/testdata/restricted-pod-config.json")
+	if err != nil {
+		return nil, err
+	}
+	var cfg struct {
+		Linux struct {
+			Namespaces []map[string]string `json:"namespaces"`
+		} `json:"linux"`
+	}
+	var whole map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &whole); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return nil, err
+	}
+	var linux map[string]json.RawMessage
+	if err := json.Unmarshal(whole["linux"], &linux); err != nil {
+		return nil, err
+	}
+	for _, ns := range cfg.Linux.Namespaces {
+		if ns["type"] == "network" {
+			ns["path"] = fmt.Sprintf("/proc/%d/ns/net", pid)
+		}
+	}
+	if linux["namespaces"], err = json.Marshal(cfg.Linux.Namespaces); err != nil {
+		return nil, err
+	}
+	if whole["linux"], err = json.Marshal(linux); err != nil {
+		return nil, err
+	}
+	return json.Marshal(whole)
 }

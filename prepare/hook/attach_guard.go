@@ -30,12 +30,13 @@ func RunAttach(specFile, root string, ociState io.Reader) error {
 	if err != nil {
 		return err
 	}
-	sandbox, err := BundleNetns(root, state.Bundle)
+	bundle, err := ReadBundle(root, state.Bundle)
 	if err != nil {
 		return err
 	}
+	sandbox := bundle.Netns()
 	if !spec.AllowNetAdmin {
-		capName, err := BundleNetAdmin(root, state.Bundle)
+		capName, err := bundle.NetAdmin()
 		if err != nil {
 			return err
 		}

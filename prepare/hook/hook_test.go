@@ -2,6 +2,7 @@ package hook_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -92,20 +93,66 @@ func TestBundleNetns(t *testing.T) {
 	root := t.TempDir()
 	bundle := "/run/containerd/io.containerd.runtime.v2.task/k8s.io/c1"
 	must(t, os.MkdirAll(filepath.Join(root, bundle), 0o755))
-	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"ociVersion":"1.2.0","linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1234"}]}}`), 0o644))
-	if got, err := hook.BundleNetns(root, bundle); err != nil || got != "/var/run/netns/cni-1234" {
-		t.Errorf("BundleNetns = %q, %v", got, err)
+	netnsOf := func(bundle string) (string, error) {
+		b, err := hook.ReadBundle(root, bundle)
+		return b.Netns(), err
 	}
-	if got, err := hook.BundleNetns(root, "/no/such/bundle"); err != nil || got != "" {
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"ociVersion":"1.2.0","linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1234"}]}}`), 0o644))
+	if got, err := netnsOf(bundle); err != nil || got != "/var/run/netns/cni-1234" {
+		t.Errorf("Netns = %q, %v", got, err)
+	}
+	if got, err := netnsOf("/no/such/bundle"); err != nil || got != "" {
 		t.Errorf("a missing bundle: %q, %v", got, err)
 	}
 	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"linux":{"namespaces":[{"type":"pid"}]}}`), 0o644))
-	if got, err := hook.BundleNetns(root, bundle); err != nil || got != "" {
+	if got, err := netnsOf(bundle); err != nil || got != "" {
 		t.Errorf("no network namespace: %q, %v", got, err)
 	}
 	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), []byte(`{"linux":`), 0o644))
-	if _, err := hook.BundleNetns(root, bundle); err == nil || !strings.Contains(err.Error(), bundle) {
+	if _, err := netnsOf(bundle); err == nil || !strings.Contains(err.Error(), bundle) {
 		t.Errorf("a torn config.json: %v", err)
+	}
+}
+
+// A restricted pod's container, as containerd 2 wrote its bundle on this
+// project's local node (testdata, recorded): the sandbox's namespace, and
+// no capability that could reshape the pod's network (all dropped).
+func TestBundleOfARestrictedPod(t *testing.T) {
+	root := t.TempDir()
+	bundle := "/run/containerd/io.containerd.runtime.v2.task/k8s.io/c2"
+	must(t, os.MkdirAll(filepath.Join(root, bundle), 0o755))
+	raw, err := os.ReadFile("testdata/restricted-pod-config.json")
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), raw, 0o644))
+	b, err := hook.ReadBundle(root, bundle)
+	must(t, err)
+	if ns := b.Netns(); !strings.HasPrefix(ns, "/proc/") && !strings.Contains(ns, "netns") {
+		t.Errorf("Netns = %q, want the sandbox's", ns)
+	}
+	if c, err := b.NetAdmin(); err != nil || c != "" {
+		t.Errorf("NetAdmin = %q, %v; want none", c, err)
+	}
+	// The same bundle with NET_ADMIN added to one set.
+	var cfg map[string]any
+	must(t, json.Unmarshal(raw, &cfg))
+	caps := cfg["process"].(map[string]any)["capabilities"].(map[string]any)
+	caps["permitted"] = []string{"CAP_NET_ADMIN"}
+	raw, err = json.Marshal(cfg)
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(root, bundle, "config.json"), raw, 0o644))
+	if b, err = hook.ReadBundle(root, bundle); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := b.NetAdmin(); err != nil || c != "CAP_NET_ADMIN" {
+		t.Errorf("NetAdmin with CAP_NET_ADMIN permitted = %q, %v", c, err)
+	}
+	// Without a config.json, nothing says what the container may do.
+	must(t, os.Remove(filepath.Join(root, bundle, "config.json")))
+	if b, err = hook.ReadBundle(root, bundle); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.NetAdmin(); err == nil {
+		t.Error("NetAdmin of a bundle without config.json: no error")
 	}
 }
 
