@@ -19,53 +19,36 @@ type ipam struct {
 
 func newIPAM() *ipam { return &ipam{inUse: map[netip.Addr]string{}} }
 
-// allocate returns key's address from pool, the same one if key already
-// holds one there. skip are addresses held elsewhere (other nodes' shares
-// of a cluster-wide pool). hold, where not nil, records a candidate
-// cluster-wide and says false where another share holds it: the candidate
-// is then skipped too. hold is called without the lock, so that an
-// unprepare is not kept waiting on the API server; the candidate is marked
-// key's meanwhile.
-func (m *ipam) allocate(pool nodeconfig.AddressPool, key string, skip map[netip.Addr]bool, hold func(netip.Addr) (bool, error)) (netip.Prefix, error) {
+// pick marks and returns key's candidate in pool: the address key holds
+// there already (held true: a prepare again), else the first free one that
+// is neither skipped (held elsewhere) nor tried. A candidate of a
+// cluster-wide pool is the share's once the API server records it so
+// (allocateFromPools); until then it is marked key's here, so that no other
+// share of this agent takes it meanwhile.
+func (m *ipam) pick(pool nodeconfig.AddressPool, key string, skip, tried map[netip.Addr]bool) (netip.Prefix, bool, error) {
 	prefix, err := netip.ParsePrefix(pool.CIDR)
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("pool %s: %w", pool.Name, err)
+		return netip.Prefix{}, false, fmt.Errorf("pool %s: %w", pool.Name, err)
 	}
 	prefix = prefix.Masked()
 	var gw netip.Addr
 	if pool.Gateway != "" {
 		gw, _ = netip.ParseAddr(pool.Gateway)
 	}
-	tried := map[netip.Addr]bool{}
-	for {
-		a, held, ok := m.candidate(prefix, gw, key, skip, tried)
-		if !ok {
-			return netip.Prefix{}, fmt.Errorf("address pool %s (%s) is exhausted: %d addresses in use on this node, %d held by other nodes' shares, %d taken while trying",
-				pool.Name, pool.CIDR, m.countIn(prefix), len(skip), len(tried))
-		}
-		if hold == nil {
-			return netip.PrefixFrom(a, prefix.Bits()), nil
-		}
-		mine, err := hold(a)
-		if err == nil && mine {
-			return netip.PrefixFrom(a, prefix.Bits()), nil
-		}
-		if !held {
-			m.mu.Lock()
-			if m.inUse[a] == key {
-				delete(m.inUse, a)
-			}
-			m.mu.Unlock()
-		}
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		if held {
-			// Its record is another share's now: the pool's
-			// records are the truth.
-			return netip.Prefix{}, fmt.Errorf("address %s of pool %s, which this share held, is recorded as another share's", a, pool.Name)
-		}
-		tried[a] = true
+	a, held, ok := m.candidate(prefix, gw, key, skip, tried)
+	if !ok {
+		return netip.Prefix{}, false, fmt.Errorf("address pool %s (%s) is exhausted: %d addresses in use on this node, %d held by other nodes' shares, %d taken while trying",
+			pool.Name, pool.CIDR, m.countIn(prefix), len(skip), len(tried))
+	}
+	return netip.PrefixFrom(a, prefix.Bits()), held, nil
+}
+
+// drop unmarks a candidate pick gave key (not one key held before).
+func (m *ipam) drop(a netip.Addr, key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.inUse[a] == key {
+		delete(m.inUse, a)
 	}
 }
 
