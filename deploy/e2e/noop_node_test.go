@@ -51,12 +51,18 @@ func runNoopNodeDriver(t testing.TB, cs kubernetes.Interface, env map[string]str
 		_ = cs.ResourceV1().ResourceSlices().DeleteCollection(context.Background(), metav1.DeleteOptions{},
 			metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + noopDriverName})
 	})
-	devs := make([]resourceapi.Device, devices)
-	for i := range devs {
-		devs[i] = resourceapi.Device{Name: fmt.Sprintf("noop-%d", i)}
+	// A slice holds at most ResourceSliceMaxDevices (128): 250 pods'
+	// devices take two.
+	var slices []resourceslice.Slice
+	for i := range devices {
+		if i%resourceapi.ResourceSliceMaxDevices == 0 {
+			slices = append(slices, resourceslice.Slice{})
+		}
+		last := &slices[len(slices)-1]
+		last.Devices = append(last.Devices, resourceapi.Device{Name: fmt.Sprintf("noop-%d", i)})
 	}
 	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		node: {Slices: []resourceslice.Slice{{Devices: devs}}},
+		node: {Slices: slices},
 	}}); err != nil {
 		t.Fatalf("publish the do-nothing driver's devices: %v", err)
 	}
