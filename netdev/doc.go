@@ -170,7 +170,10 @@
 // block of minors picked); its flow children and leaves, its classifier
 // entries, and at unprepare the park of its blocks, are the share's alone
 // and run outside it, so a burst of shares on one parent does not queue on
-// some forty requests each (issue 44). A
+// some forty requests each (issue 44). Likewise the pool lock covers the
+// pick of a candidate address and its write to the share's attach spec,
+// not the API server's record of a cluster-wide pool's address, which is
+// taken outside it (allocateFromPools). A
 // steady-state prepare makes no qdisc or class dump: what carve set up on a
 // parent is remembered under its lock and looked at again after any failure.
 // Attach specs and claim files describe this boot only and are replaced
