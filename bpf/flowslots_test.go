@@ -14,6 +14,9 @@ import (
 // flowSlots is FLOW_SLOTS (bpf/flows.h).
 const flowSlots = len(shaperShareFlowset{}.Slots)
 
+// flowIdle is FLOW_IDLE_NS (bpf/flows.h).
+const flowIdle = 100 * time.Millisecond
+
 // A flow-isolated share keeps its first flows in its own entry's slots and
 // the rest in share_flows: every flow is in exactly one of them, keeps its
 // bulk child from frame to frame wherever it is, and the first eight bulk
@@ -28,7 +31,14 @@ func TestFlowSlots(t *testing.T) {
 	if err := s.SetShare(Egress, mac1, class); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetShareQueue(Egress, mac1, ShareQueue{BitsPerSec: 100e6, ClassIfindex: 7, Minor: 0x10}); err != nil {
+	// A flow turns bulk where its clock, at 1/FLOW_SPARSE_DIV of the
+	// share's rate, runs two full frames ahead of now. At 2 Mbit/s a full
+	// frame is 97 ms on that clock, so four frames are bulk unless the
+	// four runs take 190 ms: at 100 Mbit/s they had 3.9 ms, and a guest
+	// of make vmtest (6.1, emulated) took longer once.
+	const bitsPerSec = 2e6
+	frameClock := time.Duration(1514 * 8 * FlowSparseDiv * float64(time.Second) / bitsPerSec)
+	if err := s.SetShareQueue(Egress, mac1, ShareQueue{BitsPerSec: bitsPerSec, ClassIfindex: 7, Minor: 0x10}); err != nil {
 		t.Fatal(err)
 	}
 	frame := func(src string) []byte {
@@ -87,8 +97,10 @@ func TestFlowSlots(t *testing.T) {
 	// share_flows has two slots that other new flows took first. (Not
 	// every idle flow's slot need be taken: forty hashes can leave one
 	// out, as the per-boot hash seed decides; 6.1 in make vmtest did.)
+	// Six frames each put a flow's clock six frame times ahead; idle is
+	// FLOW_IDLE_NS past that.
 	_, before := s.flowSlots(t, mac1)
-	time.Sleep(150 * time.Millisecond) // FLOW_IDLE_NS and more
+	time.Sleep(6*frameClock + flowIdle + 50*time.Millisecond)
 	for i := range flows {
 		send(fmt.Sprintf("10.9.2.%d", i+1), 4)
 	}
@@ -156,10 +168,12 @@ func TestOlderChildrenCopiedOnOpen(t *testing.T) {
 	if err := s.SetShare(Egress, mac1, 0x10010); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.objs.ShareChildren.Put(&older, &shaperBulkChildren{BytesPerSec: 100e6 / 8, ClassIfindex: 7}); err != nil {
+	// 2 Mbit/s, so that four frames make a bulk flow however slowly the
+	// runs go (TestFlowSlots).
+	if err := s.objs.ShareChildren.Put(&older, &shaperBulkChildren{BytesPerSec: 2e6 / 8, ClassIfindex: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.objs.ShareQueues.Put(&older, &shaperShareQueue{BytesPerSec: 100e6 / 8}); err != nil {
+	if err := s.objs.ShareQueues.Put(&older, &shaperShareQueue{BytesPerSec: 2e6 / 8}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.objs.ShareFlowsets.Put(&removed, &shaperShareFlowset{C: shaperBulkChildren{BytesPerSec: 1, ClassIfindex: 9}}); err != nil {
@@ -175,7 +189,7 @@ func TestOlderChildrenCopiedOnOpen(t *testing.T) {
 	if err := s.objs.ShareFlowsets.Lookup(&older, &set); err != nil {
 		t.Fatalf("the older share's flow set after reopening: %v", err)
 	}
-	if set.C.BytesPerSec != 100e6/8 || set.C.ClassIfindex != 7 {
+	if set.C.BytesPerSec != 2e6/8 || set.C.ClassIfindex != 7 {
 		t.Errorf("the older share's flow set: %+v, want its children entry's rate and class device", set.C)
 	}
 	if err := s.objs.ShareFlowsets.Lookup(&removed, &set); err == nil {
