@@ -33,8 +33,11 @@ const (
 // them running and Ready, what carve's prepares took (the agent's own
 // histogram), and, after they are all deleted at once, when every claim
 // was unprepared and reclaimed. Its references, in the same run: as many
-// pods without a claim, and as many with a claim of a do-nothing DRA
-// driver (runNoopNodeDriver, issue 44), whose ratio is carve's own cost.
+// pods without a claim, as many with a claim of a device of their own of a
+// do-nothing DRA driver (runNoopNodeDriver, issue 44), and as many with a
+// 10M share of one device of that driver shaped as carve's NIC: the
+// scheduler allocates those as it does carve's, so that ratio is carve's
+// own cost on the node; each component's steps are reported for each.
 // With CARVE_E2E_SHARE_PODS_TRAFFIC=1 every
 // pod then saturates its share at once, egress and then ingress, and each
 // one's goodput is checked against its limit (checkManyTraffic). make soak
@@ -61,6 +64,7 @@ func TestNodeManySharePods(t *testing.T) {
 	buildAgentImage(t, "carve:e2e")
 	buildNetTestImage(t)
 	installChart(t, env, stateDir, nicNodeConfig(manyParent, "many", "10.82.0.0/24", manyIP, ""))
+	var nic resourceapi.Device
 	waitFor(t, "the NIC published", 60*time.Second, func() (bool, error) {
 		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + env["CARVE_NODE_NAME"]})
 		if err != nil {
@@ -69,6 +73,7 @@ func TestNodeManySharePods(t *testing.T) {
 		for _, s := range l.Items {
 			for _, d := range s.Spec.Devices {
 				if d.Name == "nic-"+manyParent {
+					nic = d
 					return true, nil
 				}
 			}
@@ -76,8 +81,9 @@ func TestNodeManySharePods(t *testing.T) {
 		return false, fmt.Errorf("no device nic-%s", manyParent)
 	})
 	netCfg := `{"apiVersion":"carve.dev/v1alpha1","kind":"NetworkConfig","pools":["many"],"interfaceName":"net1"}`
+	share := bothWays("10M")
 	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: testNS},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: shareClaimSpec(manyParent, bothWays("10M"), netCfg)}}
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: shareClaimSpec(manyParent, share, netCfg)}}
 	if _, err := cs.ResourceV1().ResourceClaimTemplates(testNS).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +94,9 @@ func TestNodeManySharePods(t *testing.T) {
 	// The references, in the same run: as many pods without a claim, and
 	// as many with a claim of the do-nothing driver (issue 44: all that
 	// DRA costs outside carve).
-	_, plainReady, plainAll := startAtOnce(t, cs, n, "plain", "")
+	var noopScheduled, noopReady, noopShareScheduled, noopShareReady map[string]time.Duration
+	var noopAll, noopShareAll time.Duration
+	plainScheduled, plainReady, plainAll := startAtOnce(t, cs, n, "plain", "")
 	// Their teardown is done when the kubelet has run its cleanup of
 	// each, which calls DRA unprepare even for a pod with no claim: the
 	// reference for the share pods' reclaim, and no teardown left to
@@ -99,24 +107,59 @@ func TestNodeManySharePods(t *testing.T) {
 	for i := 0; i < n; i++ {
 		_ = cs.CoreV1().Pods(testNS).Delete(ctx, podName("plain", i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 	}
-	waitFor(t, "the reference pods torn down", time.Duration(60+n)*time.Second, func() (bool, error) {
-		done := componentTimings(t, cs, env["CARVE_NODE_NAME"])[kubeletUnprepare].count - unprepares
-		return done >= n, fmt.Errorf("%d of %d cleaned up by the kubelet", done, n)
-	})
+	cleanedUp := func(label string, unprepares int) {
+		t.Helper()
+		waitFor(t, "the "+label+" pods torn down", time.Duration(60+n)*time.Second, func() (bool, error) {
+			done := componentTimings(t, cs, env["CARVE_NODE_NAME"])[kubeletUnprepare].count - unprepares
+			return done >= n, fmt.Errorf("%d of %d cleaned up by the kubelet", done, n)
+		})
+	}
+	// deleted deletes the n pods labelled label at once, and says when
+	// the pods were gone and their claims deleted from the API server,
+	// and when the kubelet had cleaned up after every one (each pod's
+	// DRA unprepare done): the pods are deleted with no grace, so the
+	// kubelet's part comes after both.
+	deleted := func(label string, done func(time.Duration) bool) (podsGone, claimsGone, cleaned time.Duration) {
+		t.Helper()
+		unprepares := componentTimings(t, cs, env["CARVE_NODE_NAME"])[kubeletUnprepare].count
+		del := time.Now()
+		podsGone, claimsGone = deleteAtOnce(t, cs, n, label, done)
+		cleanedUp(label, unprepares)
+		return podsGone, claimsGone, time.Since(del).Round(10 * time.Millisecond)
+	}
+	cleanedUp("plain", unprepares)
 	plainGone := time.Since(plainDel)
 
-	runNoopNodeDriver(t, cs, env, n)
-	_, noopReady, noopAll := startAtOnce(t, cs, n, "noop", noopDriverName)
-	noopPodsGone, noopClaimsGone := deleteAtOnce(t, cs, n, "noop", nil)
+	// Two do-nothing references: a device of its own for each pod, and
+	// a 10M share of one device shaped as carve's NIC, which the
+	// scheduler allocates as it does carve's shares.
+	node := env["CARVE_NODE_NAME"]
+	runNoopNodeDriver(t, cs, env, n, &nic, share)
+	noopSteps := stepsOf(t, cs, node, func() {
+		noopScheduled, noopReady, noopAll = startAtOnce(t, cs, n, "noop", noopDriverName)
+	})
+	noopPodsGone, noopClaimsGone, noopCleaned := deleted("noop", nil)
+	noopShareSteps := stepsOf(t, cs, node, func() {
+		noopShareScheduled, noopShareReady, noopShareAll = startAtOnce(t, cs, n, "noopshare", noopShareTemplate)
+	})
+	noopSharePodsGone, noopShareClaimsGone, noopShareCleaned := deleted("noopshare", nil)
 
-	before := componentTimings(t, cs, env["CARVE_NODE_NAME"])
-	scheduled, ready, readyAll := startAtOnce(t, cs, n, "many", "many")
-	after := componentTimings(t, cs, env["CARVE_NODE_NAME"])
-	t.Logf("%d pods on the real node, created at once:\n| pods | Ready p50 / all, no claim | Ready p50 / all, a claim of the do-nothing driver | with a 10M share: scheduled p50 / all | Ready p50 / p99 / all | all Ready, share / do-nothing (share / no claim) |\n|---|---|---|---|---|---|\n| %d | %v / %v | %v / %v | %v / %v | %v / %v / %v | %.2f (%.2f) |\n"+
-		"where the share pods' time went, each component's own histograms over the run (operations run concurrently: sums overlap):\n%s",
-		n, n, pct(plainReady, 0.5), plainAll.Round(10*time.Millisecond), pct(noopReady, 0.5), noopAll.Round(10*time.Millisecond),
-		pct(scheduled, 0.5), pct(scheduled, 1), pct(ready, 0.5), pct(ready, 0.99),
-		readyAll.Round(10*time.Millisecond), readyAll.Seconds()/noopAll.Seconds(), readyAll.Seconds()/plainAll.Seconds(), after.table(before))
+	var scheduled, ready map[string]time.Duration
+	var readyAll time.Duration
+	shareSteps := stepsOf(t, cs, node, func() {
+		scheduled, ready, readyAll = startAtOnce(t, cs, n, "many", "many")
+	})
+	row := func(sched, ready map[string]time.Duration, all time.Duration) string {
+		return fmt.Sprintf("%v / %v | %v / %v / %v", pct(sched, 0.5), pct(sched, 1), pct(ready, 0.5), pct(ready, 0.99), all.Round(10*time.Millisecond))
+	}
+	t.Logf("%d pods on the real node, created at once:\n| pods | kind | scheduled p50 / all | Ready p50 / p99 / all |\n|---|---|---|---|\n"+
+		"| %d | no claim | %s |\n| %d | do-nothing driver, a device each | %s |\n| %d | do-nothing driver, a 10M share of one device | %s |\n| %d | carve, a 10M share of one NIC | %s |\n"+
+		"all Ready, carve's shares over: the do-nothing driver's shares %.2f, its devices %.2f, no claim %.2f\n"+
+		"where the time went, each component's own histograms over each run (operations run concurrently: sums overlap):\n%s",
+		n, n, row(plainScheduled, plainReady, plainAll), n, row(noopScheduled, noopReady, noopAll),
+		n, row(noopShareScheduled, noopShareReady, noopShareAll), n, row(scheduled, ready, readyAll),
+		readyAll.Seconds()/noopShareAll.Seconds(), readyAll.Seconds()/noopAll.Seconds(), readyAll.Seconds()/plainAll.Seconds(),
+		stepTable([]string{"do-nothing, a device each", "do-nothing, a share", "carve, a share"}, noopSteps, noopShareSteps, shareSteps))
 
 	if traffic {
 		checkManyTraffic(t, n, stateDir)
@@ -125,15 +168,17 @@ func TestNodeManySharePods(t *testing.T) {
 	// All deleted at once: every claim unprepared and reclaimed.
 	beforeDel := componentTimings(t, cs, env["CARVE_NODE_NAME"])
 	var unprepared time.Duration
-	podsGone, claimsGone := deleteAtOnce(t, cs, n, "many", func(since time.Duration) bool {
+	podsGone, claimsGone, cleaned := deleted("many", func(since time.Duration) bool {
 		if unprepared == 0 && len(checkpointRecords(t, stateDir)) == 0 {
 			unprepared = since
 		}
 		return unprepared != 0
 	})
-	t.Logf("%d share pods deleted at once:\n| pods | no claim: every pod cleaned up by the kubelet | do-nothing driver: every pod gone / every claim deleted | with a share: every claim unprepared | every pod gone | every claim deleted | claims deleted, share / do-nothing |\n|---|---|---|---|---|---|---|\n| %d | %v | %v / %v | %v | %v | %v | %.2f |\n%s",
-		n, n, plainGone.Round(10*time.Millisecond), noopPodsGone, noopClaimsGone, unprepared, podsGone, claimsGone,
-		claimsGone.Seconds()/noopClaimsGone.Seconds(), componentTimings(t, cs, env["CARVE_NODE_NAME"]).table(beforeDel))
+	t.Logf("%d pods deleted at once, each kind's: every pod gone from the API server / every claim deleted / every pod cleaned up by the kubelet (its DRA unprepare done):\n| pods | no claim | do-nothing driver, a device each | do-nothing driver, a share | carve, a share (carve's checkpoint empty) | cleaned up, carve over the do-nothing driver's shares (its devices, no claim) |\n|---|---|---|---|---|---|\n| %d | cleaned up %v | %v / %v / %v | %v / %v / %v | %v / %v / %v (%v) | %.2f (%.2f, %.2f) |\n%s",
+		n, n, plainGone.Round(10*time.Millisecond), noopPodsGone, noopClaimsGone, noopCleaned, noopSharePodsGone, noopShareClaimsGone, noopShareCleaned,
+		podsGone, claimsGone, cleaned, unprepared,
+		cleaned.Seconds()/noopShareCleaned.Seconds(), cleaned.Seconds()/noopCleaned.Seconds(), cleaned.Seconds()/plainGone.Seconds(),
+		componentTimings(t, cs, env["CARVE_NODE_NAME"]).table(beforeDel))
 }
 
 // deleteAtOnce deletes the n pods labelled label at once and returns when
@@ -348,6 +393,44 @@ func (after timings) table(base timings) string {
 			mean = time.Duration(sum / float64(n) * float64(time.Second))
 		}
 		fmt.Fprintf(&b, "| %s | %d | %v | %.2fs |\n", r.row, n, mean.Round(100*time.Microsecond), sum)
+	}
+	return b.String()
+}
+
+// stepsOf is each timedRows row's count and sum over run: componentTimings
+// after it, less before.
+func stepsOf(t *testing.T, cs kubernetes.Interface, node string, run func()) timings {
+	t.Helper()
+	before := componentTimings(t, cs, node)
+	run()
+	after := componentTimings(t, cs, node)
+	out := timings{}
+	for row, a := range after {
+		out[row] = timed{count: a.count - before[row].count, sum: a.sum - before[row].sum}
+	}
+	return out
+}
+
+// stepTable is a markdown table of each timedRows row's count and mean in
+// each of runs, a column for each, named by cols.
+func stepTable(cols []string, runs ...timings) string {
+	var b strings.Builder
+	b.WriteString("| component: operation |")
+	for _, c := range cols {
+		fmt.Fprintf(&b, " %s: count, mean |", c)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, r := range timedRows {
+		fmt.Fprintf(&b, "| %s |", r.row)
+		for _, run := range runs {
+			tm := run[r.row]
+			mean := time.Duration(0)
+			if tm.count > 0 {
+				mean = time.Duration(tm.sum / float64(tm.count) * float64(time.Second))
+			}
+			fmt.Fprintf(&b, " %d, %v |", tm.count, mean.Round(time.Millisecond))
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }

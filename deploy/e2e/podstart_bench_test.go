@@ -77,7 +77,7 @@ func BenchmarkPodStart(b *testing.B) {
 	}
 	// noop: a claim of the do-nothing driver through its template, what
 	// DRA costs a pod's start without carve (runNoopNodeDriver).
-	runNoopNodeDriver(b, cs, env, 4)
+	runNoopNodeDriver(b, cs, env, 4, nil, nil)
 	kinds := []string{"none", "noop", "template", "claim"}
 	starts := watchTaskStarts(b, env)
 	took := map[string][]float64{}
