@@ -1,6 +1,7 @@
 package netdev
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -18,6 +19,10 @@ type ipam struct {
 }
 
 func newIPAM() *ipam { return &ipam{inUse: map[netip.Addr]string{}} }
+
+// errPoolExhausted is pick's error where the pool has no address left to
+// try.
+var errPoolExhausted = errors.New("is exhausted")
 
 // pick marks and returns key's candidate in pool: the address key holds
 // there already (held true: a prepare again), else the first free one that
@@ -37,8 +42,8 @@ func (m *ipam) pick(pool nodeconfig.AddressPool, key string, skip, tried map[net
 	}
 	a, held, ok := m.candidate(prefix, gw, key, skip, tried)
 	if !ok {
-		return netip.Prefix{}, false, fmt.Errorf("address pool %s (%s) is exhausted: %d addresses in use on this node, %d held by other nodes' shares, %d taken while trying",
-			pool.Name, pool.CIDR, m.countIn(prefix), len(skip), len(tried))
+		return netip.Prefix{}, false, fmt.Errorf("address pool %s (%s) %w: %d addresses in use on this node, %d held by other nodes' shares, %d taken while trying",
+			pool.Name, pool.CIDR, errPoolExhausted, m.countIn(prefix), len(skip), len(tried))
 	}
 	return netip.PrefixFrom(a, prefix.Bits()), held, nil
 }

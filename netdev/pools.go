@@ -39,12 +39,12 @@ func (p *NICPreparer) allocateFromPools(ctx context.Context, pools []string, a p
 			if p.opts.Addresses == nil {
 				return fmt.Errorf("address pool %q is cluster-wide (its scope is not Node), and this agent has no API server to record its addresses in", name)
 			}
-			skip, err := p.heldElsewhere(ctx, pool.Name, key)
+			skip, cached, err := p.heldElsewhere(ctx, pool.Name, key, false)
 			if err != nil {
 				return err
 			}
 			h := addrbook.Holder{Node: p.opts.Addresses.Node(), Share: key, ClaimNamespace: a.ClaimNamespace, ClaimName: a.ClaimName, ClaimUID: a.ClaimUID}
-			t.skip = skip
+			t.skip, t.cachedSkip = skip, cached
 			t.hold = func(addr netip.Addr) (bool, error) { return p.opts.Addresses.Hold(ctx, pool.Name, addr, h) }
 		}
 		tries = append(tries, t)
@@ -53,6 +53,20 @@ func (p *NICPreparer) allocateFromPools(ctx context.Context, pools []string, a p
 	pending := tries
 	for len(pending) > 0 {
 		if err := p.pickCandidates(pending, tries, key, static, spec, specPath); err != nil {
+			if errors.Is(err, errPoolExhausted) {
+				// The watched records may still name an address
+				// released since: ask the API server before giving up.
+				refreshed, rerr := p.refreshSkips(ctx, pending, key)
+				if rerr != nil {
+					err = errors.Join(err, rerr)
+				} else if refreshed {
+					p.dropCandidates(pending, key)
+					for _, t := range pending {
+						t.addr = netip.Prefix{}
+					}
+					continue
+				}
+			}
 			p.dropCandidates(tries, key)
 			return err
 		}
@@ -90,12 +104,14 @@ func (p *NICPreparer) allocateFromPools(ctx context.Context, pools []string, a p
 // poolTry is one pool's part of allocateFromPools: its candidate and what
 // was tried.
 type poolTry struct {
-	pool  nodeconfig.AddressPool
-	skip  map[netip.Addr]bool // held by other nodes' shares
-	tried map[netip.Addr]bool // recorded as another share's when tried
-	hold  func(netip.Addr) (bool, error)
-	addr  netip.Prefix // the candidate
-	held  bool         // the share held it before this prepare
+	pool nodeconfig.AddressPool
+	skip map[netip.Addr]bool // held by other nodes' shares
+	// cachedSkip: skip is from the watched records, not yet a List.
+	cachedSkip bool
+	tried      map[netip.Addr]bool // recorded as another share's when tried
+	hold       func(netip.Addr) (bool, error)
+	addr       netip.Prefix // the candidate
+	held       bool         // the share held it before this prepare
 }
 
 // pickCandidates picks a candidate in each pending pool under the pools'
@@ -137,22 +153,47 @@ func (p *NICPreparer) dropCandidates(tries []*poolTry, key string) {
 	}
 }
 
-// heldElsewhere lists the pool's addresses recorded as another share's:
-// one List before the candidates are tried, so that the shares of many
-// nodes preparing at once do not all try the first free address.
-func (p *NICPreparer) heldElsewhere(ctx context.Context, pool, key string) (map[netip.Addr]bool, error) {
-	held, err := p.opts.Addresses.Held(ctx, pool)
+// heldElsewhere is the pool's addresses recorded as another share's, read
+// before the candidates are tried, so that the shares of many nodes
+// preparing at once do not all try the first free address: from the
+// watched records where the book has them (cached), else, or where now
+// says so, from a List.
+func (p *NICPreparer) heldElsewhere(ctx context.Context, pool, key string, now bool) (skip map[netip.Addr]bool, cached bool, err error) {
+	var held map[netip.Addr]string
+	if now {
+		held, err = p.opts.Addresses.HeldNow(ctx, pool)
+	} else {
+		held, cached, err = p.opts.Addresses.Held(ctx, pool)
+	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	mine := p.opts.Addresses.Node() + "/" + key
-	skip := make(map[netip.Addr]bool, len(held))
+	skip = make(map[netip.Addr]bool, len(held))
 	for a, holder := range held {
 		if holder != mine {
 			skip[a] = true
 		}
 	}
-	return skip, nil
+	return skip, cached, nil
+}
+
+// refreshSkips reads again from a List what other shares hold of each
+// pending pool whose skip came from the watched records, and says whether
+// there was one.
+func (p *NICPreparer) refreshSkips(ctx context.Context, pending []*poolTry, key string) (bool, error) {
+	refreshed := false
+	for _, t := range pending {
+		if !t.cachedSkip {
+			continue
+		}
+		skip, _, err := p.heldElsewhere(ctx, t.pool.Name, key, true)
+		if err != nil {
+			return false, err
+		}
+		t.skip, t.cachedSkip, refreshed = skip, false, true
+	}
+	return refreshed, nil
 }
 
 // releasePoolAddrs deletes the records of the share's addresses of

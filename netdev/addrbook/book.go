@@ -55,6 +55,7 @@ type Options struct {
 type Book struct {
 	o      Options
 	sweeps atomic.Uint64 // Sweep's calls
+	view   viewSlot      // the watched records, once Watch runs
 }
 
 // New returns a Book; it talks to the API server only when used.
@@ -129,27 +130,6 @@ func (b *Book) Release(ctx context.Context, pool string, addr netip.Addr, share 
 		return nil
 	}
 	return b.deleteRecord(ctx, cur)
-}
-
-// Held lists the addresses of pool recorded as held, by holder identity
-// (<node>/<share>): one List, which the allocator uses to skip what other
-// nodes hold before it tries to create a record.
-func (b *Book) Held(ctx context.Context, pool string) (map[netip.Addr]string, error) {
-	list, err := b.o.Client.CoordinationV1().Leases(b.o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: poolLabel + "=" + poolHash(pool)})
-	if err != nil {
-		return nil, fmt.Errorf("list the records of pool %s: %w", pool, err)
-	}
-	held := make(map[netip.Addr]string, len(list.Items))
-	for i := range list.Items {
-		r := &list.Items[i]
-		if r.Annotations[poolAnnotation] != pool {
-			continue
-		}
-		if a, err := netip.ParseAddr(r.Annotations[addressAnnotation]); err == nil {
-			held[a] = holderOf(r)
-		}
-	}
-	return held, nil
 }
 
 // Node is the book's node, as holders on it are named.

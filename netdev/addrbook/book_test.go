@@ -91,7 +91,7 @@ func TestEachAddressOnce(t *testing.T) {
 	if len(got) != 90 {
 		t.Errorf("%d distinct addresses, want 90", len(got))
 	}
-	held, err := book(c, "node-1", nil).Held(ctx, "seg")
+	held, err := book(c, "node-1", nil).HeldNow(ctx, "seg")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestGoneHoldersAreFreed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := book(c, "live", clock).Held(ctx, "seg")
+	held, err := book(c, "live", clock).HeldNow(ctx, "seg")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,13 @@
 // deleted only with UID and resourceVersion preconditions, so an agent never
 // removes a record another agent has just taken over.
 //
+// What other nodes hold is read, before a share tries its candidates, from
+// a view of the records a watch keeps (Watch; the agent runs it where it has
+// a cluster-wide pool): a List per prepare made a burst of shares ask the
+// API server for every record at once. The view only steers the choice;
+// the Create decides, and a share that finds the pool exhausted by the view
+// lists the records before it gives up.
+//
 // Per-node ranges derived without coordination were the other choice: they
 // need a node index no two nodes share, which nothing in Kubernetes gives
 // without a writer of its own, and they strand addresses on idle nodes.

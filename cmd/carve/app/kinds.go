@@ -115,6 +115,11 @@ func addressBook(ctx context.Context, opts Options) *addrbook.Book {
 	b := addrbook.New(addrbook.Options{Client: opts.KubeClient, Namespace: opts.DaemonSet.Namespace, Node: opts.NodeName})
 	if opts.Config != nil && slices.ContainsFunc(opts.Config.Netdev.Pools, nodeconfig.AddressPool.ClusterWide) {
 		go b.Run(ctx)
+		// Prepares read what other nodes hold from a watch, not a
+		// List each; until it has listed, and without it, they list.
+		if err := b.Watch(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Watching the pool address records; prepares list them instead")
+		}
 	}
 	return b
 }
