@@ -159,33 +159,42 @@ func TestNodeShareEscapes(t *testing.T) {
 	// The pod's own traffic still meets its share. The classifier's byte
 	// counts are read over 3 s of the transfer, from 1 s after its first
 	// bytes (kubectl exec may take seconds to start it on a busy node).
-	l2 := make(chan float64, 1)
+	// A reading over the band is a leak and fails at once; one under it
+	// is measured once more: a sender short of CPU reads low (0.933 once
+	// in a local make test, the multi-node cluster's tests running
+	// beside it, the classifier's bytes at 0.964 meanwhile).
 	k := bpf.Key{MAC: macs["raw"], Dir: bpf.Egress}
-	base, _ := shaper.Stats()
-	go func() {
-		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if now, _ := shaper.Stats(); now[k].Bytes-base[k].Bytes > 100_000 {
-				break
+	for try := 1; ; try++ {
+		l2 := make(chan float64, 1)
+		base, _ := shaper.Stats()
+		go func() {
+			for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				if now, _ := shaper.Stats(); now[k].Bytes-base[k].Bytes > 100_000 {
+					break
+				}
 			}
+			time.Sleep(time.Second)
+			a, _ := shaper.Stats()
+			t0 := time.Now()
+			time.Sleep(3 * time.Second)
+			b, _ := shaper.Stats()
+			l2 <- float64(b[k].Bytes-a[k].Bytes) * 8 / time.Since(t0).Seconds()
+		}()
+		r := <-startIperfTo("raw", escIP, "5201", 8, false)
+		if r.err != nil {
+			t.Fatalf("the pod's own iperf3: %v", r.err)
 		}
-		time.Sleep(time.Second)
-		a, _ := shaper.Stats()
-		t0 := time.Now()
-		time.Sleep(3 * time.Second)
-		b, _ := shaper.Stats()
-		l2 <- float64(b[k].Bytes-a[k].Bytes) * 8 / time.Since(t0).Seconds()
-	}()
-	r := <-startIperfTo("raw", escIP, "5201", 8, false)
-	if r.err != nil {
-		t.Fatalf("the pod's own iperf3: %v", r.err)
-	}
-	// A TCP flow held to a limit met within 1% measures 0.956 of it as
-	// goodput (the headers of every segment); the classifier counts GSO
-	// super-packets' headers once, so its byte rate reads about the same.
-	goodput, l2ratio := r.bps/limit, <-l2/limit
-	t.Logf("the pod's own traffic after the floods: %.1f Mbit/s goodput (%.3f of its 20M share; classifier bytes %.3f)", r.bps/1e6, goodput, l2ratio)
-	if goodput < 0.946 || goodput > 0.966 {
-		t.Errorf("the pod's own traffic: goodput %.3f of its share, want 0.956 ± 0.01 (the limit met within 1%%)", goodput)
+		// A TCP flow held to a limit met within 1% measures 0.956 of it as
+		// goodput (the headers of every segment); the classifier counts GSO
+		// super-packets' headers once, so its byte rate reads about the same.
+		goodput, l2ratio := r.bps/limit, <-l2/limit
+		t.Logf("the pod's own traffic after the floods, try %d: %.1f Mbit/s goodput (%.3f of its 20M share; classifier bytes %.3f)", try, r.bps/1e6, goodput, l2ratio)
+		if goodput > 0.966 || goodput < 0.946 && try == 2 {
+			t.Errorf("the pod's own traffic: goodput %.3f of its share, want 0.956 ± 0.01 (the limit met within 1%%)", goodput)
+		}
+		if goodput >= 0.946 || try == 2 {
+			break
+		}
 	}
 
 	// A pod with CAP_NET_ADMIN adds an address of no share: its own
@@ -302,7 +311,7 @@ func TestNodeShareEscapes(t *testing.T) {
 	// first seconds after the change go to ARP and the classifier's
 	// learning, so the floor is loose).
 	podExec(t, testNS, "admin", "main", "ip", "link", "set", "net1", "address", "02:ba:d0:00:00:02")
-	r = <-startIperfTo("admin", escIP, "5201", 4, false)
+	r := <-startIperfTo("admin", escIP, "5201", 4, false)
 	if r.err != nil {
 		t.Fatalf("iperf3 after the MAC change (class allows it): %v", r.err)
 	}
