@@ -222,22 +222,34 @@ func (b *bench) measureProto(proto string, dir bpf.Direction, shares []*share, d
 // measureAfter is measureProto with a warm-up of its own.
 func (b *bench) measureAfter(proto string, dir bpf.Direction, shares []*share, warmup, d time.Duration) (goodput, l2 []float64) {
 	b.t.Helper()
-	flows := b.flows(dir, shares)
-	var marks []map[bpf.Key]bpf.Counters
-	mark := b.marker(&marks)
 	if proto == "udp" {
 		b.t.Fatal("measureProto: UDP is measured by measureUDP, with an offered rate")
 	}
+	res, l2 := b.measureTCP(dir, shares, warmup, d)
+	for _, r := range res {
+		goodput = append(goodput, r.Goodput())
+	}
+	return goodput, l2
+}
+
+// measureTCP runs one TCP flow per share in direction dir for d after
+// warmup, and returns each flow's result (the senders' retransmissions
+// among them) and the classifier's count of the share's frames over the
+// same window (bits/s).
+func (b *bench) measureTCP(dir bpf.Direction, shares []*share, warmup, d time.Duration) (res []nettest.Result, l2 []float64) {
+	b.t.Helper()
+	flows := b.flows(dir, shares)
+	var marks []map[bpf.Key]bpf.Counters
+	mark := b.marker(&marks)
 	res, err := nettest.RunFlows(flows, warmup, d, mark)
 	if err != nil {
 		b.t.Fatal(err)
 	}
 	for i, s := range shares {
 		k := bpf.Key{MAC: s.mac, Dir: dir}
-		goodput = append(goodput, res[i].Goodput())
 		l2 = append(l2, float64(marks[1][k].Bytes-marks[0][k].Bytes)*8/res[i].Duration.Seconds())
 	}
-	return goodput, l2
+	return res, l2
 }
 
 // flows is one flow per share in direction dir, each to its own port.

@@ -30,6 +30,16 @@ type Result struct {
 	// 10M read 1.08-1.20 of the limit in goodput while the wire carried
 	// 0.97 of it, retransmissions included.
 	Delivered int64
+	// Retransmitted is, for a TCP flow, the payload its sender sent again
+	// in the window (TCP_INFO's bytes_retrans): bytes a share's rate
+	// carried twice, which a shaped flow's goodput loses.
+	Retransmitted int64
+	// RTOs and RTOTime are, for a TCP flow, its sender's retransmission
+	// timeouts in the window and the time it spent recovering from them
+	// (TCP_INFO's total_rto, total_rto_time; Linux 6.7 on, 0 before): time
+	// a shaped flow sends nothing and its share's tokens go unspent.
+	RTOs    int64
+	RTOTime time.Duration
 	// SRTT is the sender's smoothed round-trip time (TCP_INFO), sampled
 	// every 100 ms over the measured window: TCP flows only.
 	SRTT []time.Duration
@@ -43,7 +53,7 @@ func (r Result) DeliveredRate() float64 { return float64(r.Delivered) * 8 / r.Du
 
 // count is one flow's counters at one moment: what its receiver took in
 // order, and what its sender saw delivered.
-type count struct{ received, delivered int64 }
+type count struct{ received, delivered, retransmitted, rtos, rtoMillis int64 }
 
 // RunFlows runs the flows at the same time for d, after a warm-up (slow
 // start, class queues filling) that is not counted, and returns the bytes
@@ -127,6 +137,8 @@ func RunFlows(flows []Flow, warmup, d time.Duration, mark func()) ([]Result, err
 			if tc, ok := conns[i].(*net.TCPConn); ok {
 				if info, ok := tcpInfo(tc); ok {
 					n.delivered = int64(info.Delivered) * int64(info.Snd_mss)
+					n.retransmitted = int64(info.Bytes_retrans)
+					n.rtos, n.rtoMillis = int64(info.Total_rto), int64(info.Total_rto_time)
 				}
 			}
 			return n
@@ -236,7 +248,14 @@ func window(totals []func() count, warmup, d time.Duration, mark func()) []Resul
 	}
 	out := make([]Result, len(totals))
 	for i := range totals {
-		out[i] = Result{Bytes: end[i].received - start[i].received, Delivered: end[i].delivered - start[i].delivered, Duration: elapsed}
+		out[i] = Result{
+			Bytes:         end[i].received - start[i].received,
+			Delivered:     end[i].delivered - start[i].delivered,
+			Retransmitted: end[i].retransmitted - start[i].retransmitted,
+			RTOs:          end[i].rtos - start[i].rtos,
+			RTOTime:       time.Duration(end[i].rtoMillis-start[i].rtoMillis) * time.Millisecond,
+			Duration:      elapsed,
+		}
 	}
 	return out
 }
@@ -303,7 +322,7 @@ func RunUDP(flows []Flow, size int, warmup, d time.Duration, mark func()) ([]Res
 	}
 	totals := make([]func() count, len(runs))
 	for i, r := range runs {
-		totals[i] = func() count { n := r.total.Load(); return count{n, n} }
+		totals[i] = func() count { n := r.total.Load(); return count{received: n, delivered: n} }
 	}
 	return window(totals, warmup, d, mark), nil
 }
