@@ -26,34 +26,48 @@ const (
 	ReasonGPULost         = "GPULost"
 )
 
-// fatalXIDs are the XIDs that mean the GPU needs attention (NVIDIA's XID
-// catalogue); 79 is the GPU falling off the bus, which loses it.
-var fatalXIDs = map[uint64]string{
-	48: "double-bit ECC error",
-	63: "ECC page retirement or row remap recorded",
-	64: "ECC page retirement or row remap failed",
-	74: "NVLink error",
-	79: "GPU has fallen off the bus",
-	92: "high single-bit ECC error rate",
-	94: "contained ECC error",
-	95: "uncontained ECC error",
+// appXIDs are the XIDs of an application's own fault, which leave the GPU
+// fine: the list NVIDIA's device plugin skips (its "application errors").
+// Every other XID taints: an allow-list of harmful XIDs let new and
+// unlisted ones (119 and 120, GSP timeouts, common on Hopper; 61, 62, 140,
+// 143, 154...) count as healthy.
+var appXIDs = map[uint64]string{
+	13: "graphics engine exception",
+	31: "GPU memory page fault",
+	43: "GPU stopped processing (a channel reset)",
+	45: "preemptive cleanup (a context killed)",
+	68: "video processor exception",
 }
 
-// benignXIDs are an application's own faults (a bad address, a graphics
-// exception, a reset channel, a killed context): the GPU is fine.
-var benignXIDs = map[uint64]bool{13: true, 31: true, 43: true, 45: true}
+// xidMeanings are what some tainting XIDs mean (NVIDIA's XID catalogue),
+// for the taint's message; an XID not here taints all the same.
+var xidMeanings = map[uint64]string{
+	48:  "double-bit ECC error",
+	61:  "internal micro-controller breakpoint",
+	62:  "internal micro-controller halt",
+	63:  "ECC page retirement or row remap recorded",
+	64:  "ECC page retirement or row remap failed",
+	74:  "NVLink error",
+	79:  "GPU has fallen off the bus",
+	92:  "high single-bit ECC error rate",
+	94:  "contained ECC error",
+	95:  "uncontained ECC error",
+	119: "GSP RPC timeout",
+	120: "GSP error",
+}
 
-// ClassifyXID says what an XID does to its GPU: healthy for benign and
-// unknown XIDs, degraded for fatal ones, lost for 79 (off the bus); with
-// the taint's reason and what the XID means.
+// ClassifyXID says what an XID does to its GPU: healthy for an
+// application's fault (appXIDs), lost for 79 (off the bus), degraded for
+// every other; with the taint's reason and what the XID means.
 func ClassifyXID(xid uint64) (health.Severity, string, string) {
-	what, fatal := fatalXIDs[xid]
-	switch {
-	case benignXIDs[xid]:
-		return health.Healthy, "", "an application's fault"
-	case !fatal:
-		return health.Healthy, "", "not known to harm the GPU"
-	case xid == 79:
+	if what, ok := appXIDs[xid]; ok {
+		return health.Healthy, "", "an application's fault: " + what
+	}
+	what, ok := xidMeanings[xid]
+	if !ok {
+		what = "see NVIDIA's XID catalogue"
+	}
+	if xid == 79 {
 		return health.Lost, fmt.Sprintf("XID%d", xid), what
 	}
 	return health.Degraded, fmt.Sprintf("XID%d", xid), what
@@ -95,7 +109,15 @@ func (h *HealthSource) observe(sink health.Sink, uuid string, c health.Condition
 	}
 }
 
-// Run watches until ctx is done.
+// maxLostBackoff bounds the wait between event waits while the event set
+// keeps answering GPU_IS_LOST for a GPU no probe finds lost.
+const maxLostBackoff = 30 * time.Second
+
+// Run watches until ctx is done. A lost GPU is left out of the event set
+// (a real driver answers every later wait of a set holding it with
+// GPU_IS_LOST at once, which spun the loop at a full core) and probed at
+// the poll's pace until it answers again; where the set still answers
+// GPU_IS_LOST the waits back off.
 func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 	logger := klog.FromContext(ctx)
 	wait, poll := h.Wait, h.Poll
@@ -105,48 +127,34 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 	if poll <= 0 {
 		poll = 5 * time.Second
 	}
-	var set nvml.EventSet
-	uuids := map[nvml.Device]string{}
-	err := h.NVML.Do(ctx, "event set", func(l Library) error {
-		var ret nvml.Return
-		if set, ret = l.EventSetCreate(); ret != nvml.SUCCESS {
-			return nvmlError("event set create", ret)
-		}
-		n, ret := l.DeviceGetCount()
-		if ret != nvml.SUCCESS {
-			return nvmlError("device count", ret)
-		}
-		for i := 0; i < n; i++ {
-			dev, ret := l.DeviceGetHandleByIndex(i)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			uuid, ret := dev.GetUUID()
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			uuids[dev] = uuid
-			types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
-			if sup, ret := dev.GetSupportedEventTypes(); ret == nvml.SUCCESS {
-				types &= sup
-			}
-			if ret := dev.RegisterEvents(types, set); ret != nvml.SUCCESS {
-				logger.Info("GPU takes no NVML event registration; its XIDs are not watched", "gpu", uuid, "err", nvml.ErrorString(ret))
-			}
-		}
-		return nil
-	})
+	uuids, err := h.gpus(ctx)
 	if err != nil {
 		return fmt.Errorf("watch GPU health: %w", err)
 	}
-	defer func() {
-		_ = h.NVML.Do(context.WithoutCancel(ctx), "event set free", func(Library) error { _ = set.Free(); return nil })
-	}()
+	lost := map[string]bool{}
+	var set nvml.EventSet
+	rebuild := func() error {
+		free(ctx, h.NVML, set)
+		set = nil
+		var err error
+		set, err = h.eventSet(ctx, uuids, lost)
+		return err
+	}
+	if err := rebuild(); err != nil {
+		return fmt.Errorf("watch GPU health: %w", err)
+	}
+	defer func() { free(ctx, h.NVML, set) }()
 	lastPoll := time.Time{}
+	var backoff time.Duration
 	for ctx.Err() == nil {
 		if time.Since(lastPoll) >= poll {
-			h.probe(ctx, sink, uuids)
+			changed := h.probe(ctx, sink, uuids, lost)
 			lastPoll = time.Now()
+			if changed {
+				if err := rebuild(); err != nil {
+					return fmt.Errorf("watch GPU health: %w", err)
+				}
+			}
 		}
 		var data nvml.EventData
 		var ret nvml.Return
@@ -161,21 +169,114 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 		}
 		switch ret {
 		case nvml.SUCCESS:
+			backoff = 0
 			h.event(ctx, sink, uuids[data.Device], data)
 		case nvml.ERROR_TIMEOUT:
+			backoff = 0
 		case nvml.ERROR_GPU_IS_LOST:
-			h.probe(ctx, sink, uuids)
+			changed := h.probe(ctx, sink, uuids, lost)
 			lastPoll = time.Now()
+			if changed {
+				if err := rebuild(); err != nil {
+					return fmt.Errorf("watch GPU health: %w", err)
+				}
+				continue
+			}
+			backoff = min(max(2*backoff, wait), maxLostBackoff)
+			logger.V(2).Info("NVML event wait answers GPU_IS_LOST, no GPU probes lost; waiting", "wait", backoff)
+			sleep(ctx, backoff)
 		default:
 			logger.V(2).Info("NVML event wait", "err", nvml.ErrorString(ret))
-			time.Sleep(wait)
+			sleep(ctx, wait)
 		}
 	}
 	return nil
 }
 
-// event reports an event: a fatal XID or a double-bit ECC error taints the
-// GPU, and its hold-down starts at once.
+// gpus are the node's GPUs, by handle: their UUIDs.
+func (h *HealthSource) gpus(ctx context.Context) (map[nvml.Device]string, error) {
+	uuids := map[nvml.Device]string{}
+	err := h.NVML.Do(ctx, "GPUs", func(l Library) error {
+		n, ret := l.DeviceGetCount()
+		if ret != nvml.SUCCESS {
+			return nvmlError("device count", ret)
+		}
+		for i := 0; i < n; i++ {
+			dev, ret := l.DeviceGetHandleByIndex(i)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			if uuid, ret := dev.GetUUID(); ret == nvml.SUCCESS {
+				uuids[dev] = uuid
+			}
+		}
+		return nil
+	})
+	return uuids, err
+}
+
+// eventSet is a new event set with every GPU not lost registered for
+// XIDs, double-bit ECC errors and, where the driver has them (r570 on),
+// a GPU becoming unavailable or asking for a recovery action.
+func (h *HealthSource) eventSet(ctx context.Context, uuids map[nvml.Device]string, lost map[string]bool) (nvml.EventSet, error) {
+	var set nvml.EventSet
+	err := h.NVML.Do(ctx, "event set", func(l Library) error {
+		var ret nvml.Return
+		if set, ret = l.EventSetCreate(); ret != nvml.SUCCESS {
+			return nvmlError("event set create", ret)
+		}
+		for dev, uuid := range uuids {
+			if lost[uuid] {
+				continue
+			}
+			types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeGpuUnavailableError | nvml.EventTypeGpuRecoveryAction)
+			if sup, ret := dev.GetSupportedEventTypes(); ret == nvml.SUCCESS {
+				types &= sup
+			} else {
+				types &= nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError
+			}
+			if ret := dev.RegisterEvents(types, set); ret != nvml.SUCCESS {
+				klog.FromContext(ctx).Info("GPU takes no NVML event registration; its XIDs are not watched", "gpu", uuid, "err", nvml.ErrorString(ret))
+			}
+		}
+		return nil
+	})
+	return set, err
+}
+
+// free frees an event set (nil: none).
+func free(ctx context.Context, s *Session, set nvml.EventSet) {
+	if set == nil {
+		return
+	}
+	_ = s.Do(context.WithoutCancel(ctx), "event set free", func(Library) error { _ = set.Free(); return nil })
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// noInstance is the GPU-instance id of an event that is not of one MIG
+// instance (NVML's API reference: 0xFFFFFFFF).
+const noInstance = 0xFFFFFFFF
+
+// GPU health reasons of the r570 events.
+const (
+	ReasonGPUUnavailable = "GPUUnavailable"
+	ReasonRecoveryReset  = "RecoveryReset"
+	ReasonRecoveryReboot = "RecoveryReboot"
+)
+
+// event reports an event: a tainting XID, a double-bit ECC error, a GPU
+// unavailable or asking to be reset or the node rebooted taints the GPU
+// (an XID of one MIG instance only that instance's devices), and its
+// hold-down starts at once.
 func (h *HealthSource) event(ctx context.Context, sink health.Sink, uuid string, data nvml.EventData) {
 	var c health.Condition
 	switch {
@@ -188,16 +289,84 @@ func (h *HealthSource) event(ctx context.Context, sink health.Sink, uuid string,
 		c = health.Condition{Source: SourceEvents, Severity: sev, Reason: reason, Message: fmt.Sprintf("%s: XID %d, %s", uuid, data.EventData, what)}
 	case data.EventType&nvml.EventTypeDoubleBitEccError != 0:
 		c = health.Condition{Source: SourceEvents, Severity: health.Degraded, Reason: ReasonECCDoubleBit, Message: uuid + ": double-bit ECC error"}
+	case data.EventType&nvml.EventTypeGpuUnavailableError != 0:
+		c = health.Condition{Source: SourceEvents, Severity: health.Lost, Reason: ReasonGPUUnavailable, Message: uuid + ": NVML reports the GPU unavailable"}
+	case data.EventType&nvml.EventTypeGpuRecoveryAction != 0:
+		switch nvml.DeviceGpuRecoveryAction(data.EventData) {
+		case nvml.GPU_RECOVERY_ACTION_NONE:
+			return
+		case nvml.GPU_RECOVERY_ACTION_NODE_REBOOT, nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT:
+			c = health.Condition{Source: SourceEvents, Severity: health.Lost, Reason: ReasonRecoveryReboot, Message: fmt.Sprintf("%s: the driver asks for a reboot (recovery action %d)", uuid, data.EventData)}
+		default:
+			c = health.Condition{Source: SourceEvents, Severity: health.Degraded, Reason: ReasonRecoveryReset, Message: fmt.Sprintf("%s: the driver asks for a reset or drain (recovery action %d)", uuid, data.EventData)}
+		}
 	default:
 		return
 	}
-	klog.FromContext(ctx).Info("GPU event", "gpu", uuid, "reason", c.Reason, "message", c.Message)
-	h.observe(sink, uuid, c)
-	h.observe(sink, uuid, health.Condition{Source: SourceEvents})
+	devices := h.devicesOf()[uuid]
+	if data.GpuInstanceId != noInstance && data.EventType&nvml.EventTypeXidCriticalError != 0 && c.Severity != health.Lost {
+		// One instance's contained fault: its tenant's, not the
+		// card's. Where the instance cannot be placed, the whole GPU.
+		if pl, ok := h.instancePlacement(ctx, data.Device, data.GpuInstanceId); ok {
+			devices = h.devicesIn(uuid, pl)
+			c.Message += fmt.Sprintf(" (MIG GPU instance %d, slices %d-%d)", data.GpuInstanceId, pl.Start, pl.Start+pl.Size-1)
+		}
+	}
+	klog.FromContext(ctx).Info("GPU event", "gpu", uuid, "reason", c.Reason, "message", c.Message, "devices", len(devices))
+	for _, name := range devices {
+		c.Device = name
+		sink.Observe(c)
+		sink.Observe(health.Condition{Source: SourceEvents, Device: name})
+	}
 }
 
-// probe reads each GPU's state: lost, row remaps pending or failed.
-func (h *HealthSource) probe(ctx context.Context, sink health.Sink, uuids map[nvml.Device]string) {
+// instancePlacement finds where the GPU instance with id sits on dev.
+func (h *HealthSource) instancePlacement(ctx context.Context, dev nvml.Device, id uint32) (nvml.GpuInstancePlacement, bool) {
+	var out nvml.GpuInstancePlacement
+	found := false
+	_ = h.NVML.Do(ctx, "GPU instance placement", func(Library) error {
+		for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT && !found; index++ {
+			info, ret := dev.GetGpuInstanceProfileInfo(index)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			gis, ret := dev.GetGpuInstances(&info)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			for _, gi := range gis {
+				if gii, ret := gi.GetInfo(); ret == nvml.SUCCESS && gii.Id == id {
+					out, found = gii.Placement, true
+					break
+				}
+			}
+		}
+		return nil
+	})
+	return out, found
+}
+
+// devicesIn are the GPU's published MIG devices whose placement shares a
+// slice with pl.
+func (h *HealthSource) devicesIn(uuid string, pl nvml.GpuInstancePlacement) []string {
+	var out []string
+	start, end := int(pl.Start), int(pl.Start+pl.Size)
+	for name, e := range h.Devices() {
+		if e.GPU == nil || e.GPU.Device.UUID != uuid || e.GPU.MIG == nil {
+			continue
+		}
+		p := e.GPU.MIG.Placement
+		if p.Start < end && start < p.Start+p.Size {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// probe reads each GPU's state: lost, row remaps pending or failed. It
+// records in lost which GPUs answer GPU_IS_LOST, and says whether that
+// changed.
+func (h *HealthSource) probe(ctx context.Context, sink health.Sink, uuids map[nvml.Device]string, lost map[string]bool) (changed bool) {
 	for dev, uuid := range uuids {
 		var pending, failed bool
 		var ret nvml.Return
@@ -207,6 +376,14 @@ func (h *HealthSource) probe(ctx context.Context, sink health.Sink, uuids map[nv
 		}); err != nil {
 			klog.FromContext(ctx).V(2).Info("GPU state", "gpu", uuid, "err", err)
 			continue
+		}
+		if isLost := ret == nvml.ERROR_GPU_IS_LOST; isLost != lost[uuid] {
+			changed = true
+			if isLost {
+				lost[uuid] = true
+			} else {
+				delete(lost, uuid)
+			}
 		}
 		c := health.Condition{Source: SourceState}
 		switch {
@@ -220,4 +397,5 @@ func (h *HealthSource) probe(ctx context.Context, sink health.Sink, uuids map[nv
 		}
 		h.observe(sink, uuid, c)
 	}
+	return changed
 }

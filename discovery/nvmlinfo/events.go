@@ -16,6 +16,10 @@ type Event struct {
 	Type string `json:"type"`
 	// XID is the XID of an "xid" event.
 	XID uint64 `json:"xid,omitempty"`
+	// GPUInstance is, for an "xid" event of one MIG instance, the id of
+	// its GPU instance (NVML's EventData.GpuInstanceId); absent for an
+	// XID of the whole GPU.
+	GPUInstance *uint32 `json:"gpuInstance,omitempty"`
 }
 
 // Event types a replay file may give.
@@ -53,8 +57,8 @@ func (inv *Inventory) validateEvents() error {
 				return fmt.Errorf("%s: an xid event needs its xid", field)
 			}
 		case EventDoubleBitECC, EventRowRemapPending, EventRowRemapFailed, EventGPULost, EventRecovered:
-			if e.XID != 0 {
-				return fmt.Errorf("%s: xid is for xid events only", field)
+			if e.XID != 0 || e.GPUInstance != nil {
+				return fmt.Errorf("%s: xid and gpuInstance are for xid events only", field)
 			}
 		default:
 			return fmt.Errorf("%s.type: %q is not one of xid, doubleBitEcc, rowRemapPending, rowRemapFailed, gpuLost, recovered", field, e.Type)

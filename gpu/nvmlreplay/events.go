@@ -3,6 +3,7 @@ package nvmlreplay
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -22,6 +23,10 @@ type events struct {
 	devs  map[string]*server.Device
 	state map[string]*deviceState
 	sets  map[nvml.EventSet]*eventSet
+	// calls counts the health calls answered: event set creations,
+	// registrations, supported-event questions, waits and row-remap
+	// reads.
+	calls atomic.Int64
 }
 
 type timedEvent struct {
@@ -75,7 +80,11 @@ func (x *events) happen(now time.Time) {
 		ret := nvml.SUCCESS
 		switch e.Type {
 		case nvmlinfo.EventXID:
-			data = nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: e.XID}
+			data = nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: e.XID,
+				GpuInstanceId: noInstance, ComputeInstanceId: noInstance}
+			if e.GPUInstance != nil {
+				data.GpuInstanceId = *e.GPUInstance
+			}
 		case nvmlinfo.EventDoubleBitECC:
 			data = nvml.EventData{Device: dev, EventType: nvml.EventTypeDoubleBitEccError}
 		case nvmlinfo.EventRowRemapPending:
@@ -88,9 +97,18 @@ func (x *events) happen(now time.Time) {
 			*st = deviceState{}
 			continue
 		case nvmlinfo.EventGPULost:
+			// Every wait of a set holding it answers GPU_IS_LOST from
+			// now on (lostIn), as a real driver's does.
 			st.lost = true
-			// A waiter learns of it from Wait's answer, as from a card.
-			data, ret = nvml.EventData{Device: dev}, nvml.ERROR_GPU_IS_LOST
+			for _, s := range x.sets {
+				if _, ok := s.regs[e.UUID]; ok {
+					select {
+					case s.wake <- struct{}{}:
+					default:
+					}
+				}
+			}
+			continue
 		}
 		for _, s := range x.sets {
 			mask, ok := s.regs[e.UUID]
@@ -106,6 +124,24 @@ func (x *events) happen(now time.Time) {
 	}
 }
 
+// noInstance is NVML's GPU-instance id of an event of no MIG instance.
+const noInstance = 0xFFFFFFFF
+
+// lostIn says whether a GPU registered in s is lost; x.mu is held.
+func (x *events) lostIn(s *eventSet) bool {
+	for uuid := range s.regs {
+		if x.state[uuid].lost {
+			return true
+		}
+	}
+	return false
+}
+
+// Calls is how many health calls the replay has answered: event set
+// creations, event registrations, supported-event questions, waits and
+// row-remap reads.
+func (r *Replay) Calls() int64 { return r.events.calls.Load() }
+
 // next is when the next event is due; zero where none is.
 func (x *events) next() time.Time {
 	if len(x.due) == 0 {
@@ -118,6 +154,7 @@ func (x *events) next() time.Time {
 const supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
 
 func (x *events) newSet() (nvml.EventSet, nvml.Return) {
+	x.calls.Add(1)
 	s := &eventSet{regs: map[string]uint64{}, wake: make(chan struct{}, 1)}
 	m := &mock.EventSet{}
 	m.FreeFunc = func() nvml.Return {
@@ -127,10 +164,15 @@ func (x *events) newSet() (nvml.EventSet, nvml.Return) {
 		return nvml.SUCCESS
 	}
 	m.WaitFunc = func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+		x.calls.Add(1)
 		deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
 		for {
 			x.mu.Lock()
 			x.happen(time.Now())
+			if x.lostIn(s) {
+				x.mu.Unlock()
+				return nvml.EventData{}, nvml.ERROR_GPU_IS_LOST
+			}
 			if len(s.queue) > 0 {
 				q := s.queue[0]
 				s.queue = s.queue[1:]
@@ -165,13 +207,25 @@ func (x *events) newSet() (nvml.EventSet, nvml.Return) {
 func (x *events) device(m *server.Device, uuid string) {
 	x.devs[uuid] = m
 	x.state[uuid] = &deviceState{}
-	m.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return supportedEvents, nvml.SUCCESS }
+	m.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
+		x.calls.Add(1)
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		if x.state[uuid].lost {
+			return 0, nvml.ERROR_GPU_IS_LOST
+		}
+		return supportedEvents, nvml.SUCCESS
+	}
 	m.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return {
+		x.calls.Add(1)
 		x.mu.Lock()
 		defer x.mu.Unlock()
 		s, ok := x.sets[set]
 		if !ok {
 			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		if x.state[uuid].lost {
+			return nvml.ERROR_GPU_IS_LOST
 		}
 		if types&^supportedEvents != 0 {
 			return nvml.ERROR_NOT_SUPPORTED
@@ -180,6 +234,7 @@ func (x *events) device(m *server.Device, uuid string) {
 		return nvml.SUCCESS
 	}
 	m.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		x.calls.Add(1)
 		x.mu.Lock()
 		defer x.mu.Unlock()
 		x.happen(time.Now())
