@@ -16,7 +16,12 @@ func nvmlError(what string, ret nvml.Return) error {
 
 // Read asks an initialised NVML for every GPU, its MIG mode and, where it is
 // MIG capable, every GPU-instance profile with its possible placements.
-// NVML answers the profile questions with MIG disabled too.
+// NVML answers the profile questions with MIG disabled too. Only the
+// library's own questions fail the read: a GPU that cannot be read (lost,
+// held in reset, XID 79) is left out, and a MIG profile NVML will not
+// answer (a sandboxed driver's NO_PERMISSION) is left out of its GPU, each
+// said in inv.Unread. Failing the whole read for one GPU published none at
+// the next rescan.
 func Read(lib Library) (*nvmlinfo.Inventory, error) {
 	inv := &nvmlinfo.Inventory{}
 	var ret nvml.Return
@@ -33,20 +38,25 @@ func Read(lib Library) (*nvmlinfo.Inventory, error) {
 	for i := 0; i < n; i++ {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("device %d handle", i), ret)
+			inv.Unread = append(inv.Unread, nvmlError(fmt.Sprintf("device %d handle", i), ret).Error())
+			continue
 		}
-		d, err := readDevice(lib, dev, i)
+		d, err := readDevice(lib, dev, i, &inv.Unread)
 		if err != nil {
-			return nil, err
+			inv.Unread = append(inv.Unread, err.Error())
+			continue
 		}
 		inv.Devices = append(inv.Devices, d)
 	}
 	return inv, nil
 }
 
-func readDevice(lib Library, dev nvml.Device, index int) (nvmlinfo.Device, error) {
+func readDevice(lib Library, dev nvml.Device, index int, unread *[]string) (nvmlinfo.Device, error) {
 	d := nvmlinfo.Device{Index: index}
 	fail := func(what string, ret nvml.Return) (nvmlinfo.Device, error) {
+		if d.UUID != "" {
+			what = fmt.Sprintf("(%s) %s", d.UUID, what)
+		}
 		return nvmlinfo.Device{}, nvmlError(fmt.Sprintf("device %d %s", index, what), ret)
 	}
 	var ret nvml.Return
@@ -88,9 +98,9 @@ func readDevice(lib Library, dev nvml.Device, index int) (nvmlinfo.Device, error
 	default:
 		return fail("MIG mode", ret)
 	}
-	profiles, err := readProfiles(lib, dev, d.MemoryTotalBytes)
-	if err != nil {
-		return nvmlinfo.Device{}, fmt.Errorf("device %d (%s): %w", index, d.UUID, err)
+	profiles, skipped := readProfiles(lib, dev, d.MemoryTotalBytes)
+	for _, err := range skipped {
+		*unread = append(*unread, fmt.Sprintf("device %d (%s): %v; that profile is not published", index, d.UUID, err))
 	}
 	d.MIGProfiles = profiles
 	if d.MIGEnabled {
@@ -127,23 +137,26 @@ func readInstances(dev nvml.Device, profiles []nvmlinfo.MIGProfile) []nvmlinfo.M
 // readProfiles lists the GPU-instance profiles the device supports, with
 // NVML's placements: never a built-in table. It walks NVML's profile
 // indices and records each profile's Id beside its index: placements are
-// asked by the Id the index's info carries.
-func readProfiles(lib Library, dev nvml.Device, totalMemory uint64) ([]nvmlinfo.MIGProfile, error) {
-	profiles := []nvmlinfo.MIGProfile{}
+// asked by the Id the index's info carries. A profile NVML answers
+// otherwise than with its info or "not supported" is left out, and said.
+func readProfiles(lib Library, dev nvml.Device, totalMemory uint64) (profiles []nvmlinfo.MIGProfile, skipped []error) {
+	profiles = []nvmlinfo.MIGProfile{}
 	for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT; index++ {
 		info, ret := dev.GetGpuInstanceProfileInfo(index)
 		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
 		if ret != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("GPU instance profile index %d", index), ret)
+			skipped = append(skipped, nvmlError(fmt.Sprintf("GPU instance profile index %d", index), ret))
+			continue
 		}
 		if info.InstanceCount == 0 {
 			continue
 		}
 		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
 		if ret != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("placements of GPU instance profile index %d (Id %d)", index, info.Id), ret)
+			skipped = append(skipped, nvmlError(fmt.Sprintf("placements of GPU instance profile index %d (Id %d)", index, info.Id), ret))
+			continue
 		}
 		p := nvmlinfo.MIGProfile{
 			ProfileIndex: index, ProfileID: int(info.Id),
@@ -167,5 +180,5 @@ func readProfiles(lib Library, dev nvml.Device, totalMemory uint64) ([]nvmlinfo.
 		sort.Slice(p.Placements, func(i, j int) bool { return p.Placements[i].Start < p.Placements[j].Start })
 		profiles = append(profiles, p)
 	}
-	return profiles, nil
+	return profiles, skipped
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/discovery/nvmlinfo/nvmltest"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
@@ -144,4 +145,54 @@ func TestInitFailsAndPanics(t *testing.T) {
 	if _, err := sess.Inventory(context.Background()); err == nil || !strings.Contains(err.Error(), "panic") {
 		t.Fatalf("error %v, want the panic reported", err)
 	}
+}
+
+// One GPU that cannot be read leaves the others read: a lost one (XID 79,
+// held in reset) is left out and said, and a MIG profile NVML refuses
+// (a sandboxed driver's NO_PERMISSION) is left out of its GPU alone. One
+// bad GPU failed the whole read, and the node published no GPU at all.
+func TestReadLeavesOutWhatNVMLCannotAnswer(t *testing.T) {
+	r, err := nvmlreplay.New(nvmltest.H100Node(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Inject(nvmlinfo.Event{UUID: nvmltest.H100UUID(5), Type: nvmlinfo.EventGPULost})
+	refused := r.Server.Devices[2].(*server.Device)
+	answer := refused.GetGpuInstanceProfileInfoFunc
+	refused.GetGpuInstanceProfileInfoFunc = func(index int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+		if index == 9 { // 1g.20gb
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NO_PERMISSION
+		}
+		return answer(index)
+	}
+	s, err := gpu.Open(context.Background(), r.Library(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	inv, err := s.Inventory(context.Background())
+	if err != nil {
+		t.Fatalf("one lost GPU failed the read: %v", err)
+	}
+	if len(inv.Devices) != 7 {
+		t.Fatalf("%d GPUs read, want the 7 not lost", len(inv.Devices))
+	}
+	for _, d := range inv.Devices {
+		if d.UUID == nvmltest.H100UUID(5) {
+			t.Fatal("the lost GPU 5 was read")
+		}
+		want := len(nvmltest.H100Profiles())
+		if d.Index == 2 {
+			want--
+		}
+		if len(d.MIGProfiles) != want {
+			t.Errorf("GPU %d: %d MIG profiles, want %d", d.Index, len(d.MIGProfiles), want)
+		}
+	}
+	got := strings.Join(inv.Unread, "\n")
+	if len(inv.Unread) != 2 || !strings.Contains(got, "device 5 ("+nvmltest.H100UUID(5)+")") || !strings.Contains(got, "GPU_IS_LOST") ||
+		!strings.Contains(got, nvmltest.H100UUID(2)) || !strings.Contains(got, "profile index 9") {
+		t.Fatalf("unread:\n%s\nwant GPU 5 lost and GPU 2's profile index 9", got)
+	}
+	t.Logf("unread:\n%s", got)
 }

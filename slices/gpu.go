@@ -46,6 +46,9 @@ func (b *builder) gpus(inv *discovery.Inventory) ([]Entry, []resourceapi.Counter
 		}
 		return nil, nil
 	}
+	for _, u := range inv.NVML.Unread {
+		b.notef("NVML: %s; left out, the other GPUs published", u)
+	}
 	byAddr := map[string]*discovery.PCIFunction{}
 	for i := range inv.GPUs {
 		byAddr[inv.GPUs[i].Address] = &inv.GPUs[i].PCIFunction

@@ -19,6 +19,10 @@ type Inventory struct {
 	// Events are what a replay delivers over time (see Event); absent in
 	// what carve reads from a real NVML.
 	Events []Event `json:"events,omitempty"`
+	// Unread says what NVML could not answer and carve left out: a GPU
+	// (lost, in reset, or refusing a call) or one MIG profile of a GPU.
+	// The other GPUs are read and published all the same.
+	Unread []string `json:"unread,omitempty"`
 }
 
 // Device is one GPU.

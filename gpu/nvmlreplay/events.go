@@ -233,6 +233,19 @@ func (x *events) device(m *server.Device, uuid string) {
 		s.regs[uuid] |= types
 		return nvml.SUCCESS
 	}
+	// A lost GPU's own questions fail, as a real one's do; its
+	// identity (UUID, index, PCI bus) the driver still answers.
+	memoryInfo := m.GetMemoryInfoFunc
+	m.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		x.mu.Lock()
+		x.happen(time.Now())
+		lost := x.state[uuid].lost
+		x.mu.Unlock()
+		if lost {
+			return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
+		}
+		return memoryInfo()
+	}
 	m.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
 		x.calls.Add(1)
 		x.mu.Lock()
