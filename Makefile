@@ -26,7 +26,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # cgo packages, so it runs with the CGO settings above.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: help build release test unit shares fuzz e2e multinode-e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf vmtest clean
+.PHONY: help build release test unit shares fuzz e2e multinode-e2e soak verify generate manifests bench demo demo-down cluster-up cluster-down scheduler scheduler-e2e scheduler-perf vmtest gpu-acceptance-pack clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -219,6 +219,13 @@ soak: build ## the long soak on the real node: agent kills under churn, then 20,
 # runs where and what each kernel lacks.
 vmtest: ## the datapath tests in qemu guests of other kernels (VMTEST_KERNELS, VMTEST_PKGS, VMTEST_RUN)
 	@GO=$(GO) deploy/vmtest/vmtest.sh
+
+# The GPU acceptance for a lent machine's call (64 MiB carried, 10 minutes):
+# the stripped, gzipped binaries and the scripts in gpu/acceptance/pack/;
+# there, `cd gpu/acceptance/pack && OUT=$$OUT ./run.sh device` runs every
+# part in 7 minutes (gpu/acceptance/doc.go).
+gpu-acceptance-pack: ## the GPU acceptance run packed for a lent GPU machine (gpu/acceptance/pack/, at most 64 MiB)
+	gpu/acceptance/run.sh pack
 
 manifests: ## render the chart into deploy/manifests/carve.yaml
 	@helm=$$(deploy/cluster/build-tools.sh | tail -n1)/helm; \

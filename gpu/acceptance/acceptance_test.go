@@ -78,16 +78,18 @@ func TestAcceptance(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := gpu.Open(ctx, gpu.RealLibrary("/"), 10*time.Second)
+	// The driver's files where -driver-root says (/usr/local/nvidia on the
+	// lent machines), as the agent finds them from the chart's nvidiaDriverRoot.
+	s, err := gpu.Open(ctx, gpu.RealLibrary(*driverRoot), 10*time.Second)
 	if err != nil {
-		t.Fatalf("NVML: %v", err)
+		t.Fatalf("NVML from %s: %v", *driverRoot, err)
 	}
 	inv, err := s.Inventory(ctx)
 	if err != nil || len(inv.Devices) == 0 {
 		t.Fatalf("no GPU: %v", err)
 	}
 	dev0 := inv.Devices[0]
-	choice := memslice.Detect(inv, memslice.EnvBelow("/", "/"))[dev0.UUID]
+	choice := memslice.Detect(inv, memslice.EnvBelow("/", *driverRoot))[dev0.UUID]
 	t.Logf("GPU 0 %s (%s, driver %s): tier %s %s", dev0.UUID, dev0.Name, inv.DriverVersion, choice.Tier, choice.Reason)
 	if choice.Tier == memslice.TierNone {
 		t.Fatalf("GPU 0 cannot be sliced: %s", choice.Reason)
@@ -108,7 +110,7 @@ func TestAcceptance(t *testing.T) {
 		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.pod}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.pod}}}})
 	go pol.Run(ctx)
 	mgr := memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(state, "gpushare"), Police: pol, KeepComputeMode: *keepMode,
-		MPSControl: gpu.FindFile("/", []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: hook.DefaultCgroupRoot})
+		MPSControl: gpu.FindFile(*driverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: hook.DefaultCgroupRoot})
 	cfg := nodeconfig.Default()
 	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
 	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
@@ -118,7 +120,7 @@ func TestAcceptance(t *testing.T) {
 			entry = e
 		}
 	}
-	p := prep.New(prep.Options{NVML: s, Root: "/", DriverRoot: "/", Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	p := prep.New(prep.Options{NVML: s, Root: "/", DriverRoot: *driverRoot, Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	p.Devices = func() map[string]slices.Entry { return res.Index }
 
 	var rows []Row

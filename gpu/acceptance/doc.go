@@ -8,8 +8,8 @@
 // `gpu/acceptance/run.sh build` makes the test binary and carve; on a bare
 // GPU host with python3, as root:
 //
-//   - `./run.sh record DIR`: the environment record (nvidia-smi, NVML
-//     through ctypes, carve discover and snapshot).
+//   - `./run.sh record DIR [DRIVER_ROOT]`: the environment record
+//     (nvidia-smi, NVML through ctypes, carve discover and snapshot).
 //   - `./run.sh discovery`: each GPU's uuid, bus id and memory as carve
 //     finds them against `nvidia-smi --query-gpu` (DiscoveryRows).
 //   - `./run.sh mig`: with MIG on GPU 0 (already, or `--enable-mig`, which
@@ -35,6 +35,19 @@
 //     prepares a share whose daemon starts from the host's mount namespace,
 //     and a client on the host must get memory through the MPS server that
 //     daemon started, the host's binary.
+//
+// On a lent machine (one command of at most 10 minutes, 64 MiB of files
+// carried, a few files back), `make gpu-acceptance-pack` (`run.sh pack`)
+// puts the binaries, stripped and gzipped, and the scripts in
+// gpu/acceptance/pack/ (it fails over 64 MiB); carrying it,
+// `cd gpu/acceptance/pack && OUT=$OUT ./run.sh device` runs every part in
+// at most 7 minutes, each under its own timeout (the test binary's 10 s
+// inside it), with the driver root it finds (/, /usr/local/nvidia, ...), the
+// compute and MIG modes kept, `slices` as tenant uid 1001 and `chart` with
+// PATH alone for an environment. It stops after `discovery` under gVisor
+// (uname -r 4.4.0), where MPS cannot work. $OUT (./out unless set) gets
+// summary.txt (a part a line: rc, seconds, PASS, FAIL or SKIP and why),
+// environment.txt, record.tar.gz and a log a test part.
 //
 // The clients are cudaclient.py (ctypes on libcuda.so.1: no wheels);
 // `--torch` runs the PyTorch client.py of the earlier runs instead.

@@ -34,12 +34,12 @@ var (
 	smiPath   = flag.String("nvidia-smi", "nvidia-smi", "nvidia-smi, to hold carve's discovery against")
 )
 
-// openGPU opens the host's NVML and reads its inventory.
+// openGPU opens the host's NVML, below -driver-root, and reads its inventory.
 func openGPU(ctx context.Context, t *testing.T) (*gpu.Session, *nvmlinfo.Inventory) {
 	t.Helper()
-	s, err := gpu.Open(ctx, gpu.RealLibrary("/"), 10*time.Second)
+	s, err := gpu.Open(ctx, gpu.RealLibrary(*driverRoot), 10*time.Second)
 	if err != nil {
-		t.Fatalf("NVML: %v", err)
+		t.Fatalf("NVML from %s: %v", *driverRoot, err)
 	}
 	t.Cleanup(func() { s.Close(context.Background()) })
 	inv, err := s.Inventory(ctx)
