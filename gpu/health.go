@@ -16,6 +16,7 @@ import (
 const (
 	SourceEvents = "nvml-events"
 	SourceState  = "nvml-state"
+	SourceLane   = "nvml-lane"
 )
 
 // GPU health reasons (taint values); an XID's is "XID<n>".
@@ -24,6 +25,7 @@ const (
 	ReasonRowRemapPending = "RowRemapPending"
 	ReasonRowRemapFailed  = "RowRemapFailed"
 	ReasonGPULost         = "GPULost"
+	ReasonNVMLHung        = "NVMLHung"
 )
 
 // appXIDs are the XIDs of an application's own fault, which leave the GPU
@@ -89,6 +91,11 @@ type HealthSource struct {
 	// Wait is how long each event wait lasts (500 ms when 0); Poll how
 	// often the state is read (5 s when 0).
 	Wait, Poll time.Duration
+	// Wedged, when set, says why a GPU's own NVML lane (the policing
+	// loop's, GPULanes) is wedged: a call hung in the driver for it. Such
+	// a GPU is degraded (NVMLHung) while it lasts: its shares are no
+	// longer held to their slices.
+	Wedged func(uuid string) error
 }
 
 // devicesOf maps each GPU UUID to its published devices.
@@ -396,6 +403,13 @@ func (h *HealthSource) probe(ctx context.Context, sink health.Sink, uuids map[nv
 			c.Severity, c.Reason, c.Message = health.Degraded, ReasonRowRemapPending, uuid+": row remaps pending (a reset applies them)"
 		}
 		h.observe(sink, uuid, c)
+		if h.Wedged != nil {
+			hung := health.Condition{Source: SourceLane}
+			if err := h.Wedged(uuid); err != nil {
+				hung.Severity, hung.Reason, hung.Message = health.Degraded, ReasonNVMLHung, err.Error()
+			}
+			h.observe(sink, uuid, hung)
+		}
 	}
 	return changed
 }

@@ -110,6 +110,14 @@ func (s *Session) Do(ctx context.Context, what string, fn func(Library) error) e
 	}
 }
 
+// Wedged is the error of the call that did not return in time, after which
+// every call fails at once; nil while the session answers.
+func (s *Session) Wedged() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wedged
+}
+
 // Inventory reads every GPU (see Read).
 func (s *Session) Inventory(ctx context.Context) (*nvmlinfo.Inventory, error) {
 	var inv *nvmlinfo.Inventory

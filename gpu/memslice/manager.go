@@ -73,6 +73,10 @@ type Options struct {
 	Keeper mps.Keeper
 	// Police holds mps-policed shares to their slices; nil refuses them.
 	Police *police.Police
+	// Policing, when set, says why the policing loop cannot read a GPU
+	// (its NVML lane wedged), nil where it can: a new mps-policed share
+	// of a GPU it cannot read is refused until it can.
+	Policing func(uuid string) error
 	// KeepComputeMode leaves the GPU's compute mode alone (the
 	// acceptance run on a lent machine). Shares need mode Default (a daemon
 	// per claim, and EXCLUSIVE_PROCESS admits one MPS server per GPU):
@@ -183,6 +187,11 @@ func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdit
 	}
 	others, mine := m.onGPU(r.UUID, r.Key), m.ofClaim(r.ClaimUID, r.UUID, r.Key)
 	if _, again := m.shares[r.Key]; !again {
+		if r.Choice.Tier == TierMPSPoliced && m.opts.Policing != nil {
+			if err := m.opts.Policing(r.UUID); err != nil {
+				return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: its shares' policing cannot read NVML, so no new share is held to its slice: %w", r.UUID, err)
+			}
+		}
 		if err := m.checkLeft(ctx, r, others); err != nil {
 			return cdispec.ContainerEdits{}, rec, err
 		}

@@ -276,3 +276,39 @@ func TestDMEMAndNone(t *testing.T) {
 		t.Error("an mps-policed share was prepared without policing")
 	}
 }
+
+// A GPU whose policing cannot read NVML (its lane wedged: a query hung in
+// the driver) takes no new mps-policed share, and nothing is set up for
+// it; once it answers again, the share is prepared. A share already held
+// is prepared again (a kubelet retry) either way.
+func TestShareOfAGPUThePolicingCannotReadIsRefused(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	var hung error
+	e.opts.Policing = func(uuid string) error { return hung }
+	m := New(e.opts)
+	if _, _, err := m.Prepare(ctx, share("a", 10*gib, TierMPSPoliced)); err != nil {
+		t.Fatal(err)
+	}
+	hung = fmt.Errorf("GPU GPU-1: NVML processes of GPU-1 did not return within 10s")
+	commands := e.commands(t)
+	_, _, err := m.Prepare(ctx, share("b", 10*gib, TierMPSPoliced))
+	if err == nil || !strings.Contains(err.Error(), "policing cannot read NVML") || !strings.Contains(err.Error(), "did not return") {
+		t.Fatalf("a share of a GPU its policing cannot read: %v", err)
+	}
+	if e.commands(t) != commands {
+		t.Errorf("the refused share ran MPS commands: %q", strings.TrimPrefix(e.commands(t), commands))
+	}
+	if _, _, err := m.Prepare(ctx, share("a", 10*gib, TierMPSPoliced)); err != nil {
+		t.Errorf("the share already held, prepared again: %v", err)
+	}
+	hung = nil
+	if _, _, err := m.Prepare(ctx, share("b", 10*gib, TierMPSPoliced)); err != nil {
+		t.Fatalf("after the GPU answers again: %v", err)
+	}
+	for _, k := range []string{"a", "b"} {
+		if err := m.Unprepare(ctx, k, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -33,10 +33,12 @@
 // A pod is over its slices for at most one interval (50 ms by default) plus
 // one NVML process query per GPU (about 0.6 ms) plus the time the driver
 // takes to free a killed process's memory, i.e. within 200 ms. Nothing else
-// is in a tick: the process query goes through an NVML lane of its own
-// (gpu.Session.Lane; a prepare's long NVML calls, the CDI library's file walk
-// and MIG creates, never hold it), and the API server is asked for a claim's
-// pods beside the loop, never in it. In that window a pod can hold up to its
+// is in a tick: each GPU's process query goes through an NVML lane of that
+// GPU's own (gpu.GPULanes; a prepare's long NVML calls, the CDI library's
+// file walk and MIG creates, never hold it), the GPUs are looked at at once,
+// so that a query hung in the driver for one GPU leaves the others policed,
+// and the API server is asked for a claim's pods beside the loop, never in
+// it. In that window a pod can hold up to its
 // processes times its claim's MPS ceiling, since each process is held to the
 // ceiling by MPS itself. On a real H100 every over-limit process was killed
 // within 101–162 ms, while another share's process of the same MPS server

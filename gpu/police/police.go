@@ -91,6 +91,12 @@ type Police struct {
 	mu      sync.Mutex
 	shares  map[string]*state
 	written Usage
+	// looking are the GPUs whose look has not returned yet, with the
+	// ticks that have passed them by since.
+	looking map[string]int
+	// failing is each GPU's last look's error, reported once until it
+	// changes or a look succeeds (a wedged lane fails every 50 ms).
+	failing map[string]string
 }
 
 type state struct {
@@ -124,7 +130,7 @@ func New(opts Options) *Police {
 		root := opts.ProcRoot
 		opts.Kill = func(t Target) error { return KillChecked(root, t) }
 	}
-	return &Police{opts: opts, metrics: newMetrics(), shares: map[string]*state{}, ownersDue: make(chan struct{}, 1)}
+	return &Police{opts: opts, metrics: newMetrics(), shares: map[string]*state{}, looking: map[string]int{}, failing: map[string]string{}, ownersDue: make(chan struct{}, 1)}
 }
 
 // Add polices a share (again, after a restart: its kill count comes back

@@ -36,8 +36,16 @@ type pool struct {
 	unknown int
 }
 
+// lookWait is how long a tick waits for a GPU's look: a look is an NVML
+// process query (about 0.6 ms) and /proc reads. One that takes longer is
+// left to finish by itself, and its GPU is passed by until it has.
+const lookWait = time.Second
+
 // Tick looks once at every GPU with shares and kills what exceeds a limit.
 // It reads NVML and /proc only: no API server, no lock a prepare holds.
+// Each GPU is looked at on its own, at once: a query hung in the driver for
+// one GPU (up to the session's time bound, then its lane is wedged) holds
+// that GPU's look alone, and the others are policed meanwhile.
 func (p *Police) Tick(ctx context.Context) error {
 	byGPU := map[string][]*state{}
 	p.mu.Lock()
@@ -46,9 +54,52 @@ func (p *Police) Tick(ctx context.Context) error {
 	}
 	p.mu.Unlock()
 	var errs []error
+	done := make(chan error, len(byGPU))
+	started := 0
 	for uuid, shares := range byGPU {
-		if err := p.tickGPU(ctx, uuid, shares); err != nil {
-			errs = append(errs, err)
+		p.mu.Lock()
+		passed, busy := p.looking[uuid]
+		if busy {
+			p.looking[uuid] = passed + 1
+		} else {
+			p.looking[uuid] = 0
+		}
+		p.mu.Unlock()
+		if busy {
+			if passed == 0 {
+				errs = append(errs, fmt.Errorf("GPU %s: its last look has not returned (NVML may be hung there); its shares wait, the other GPUs are policed", uuid))
+			}
+			continue
+		}
+		started++
+		go func() {
+			err := p.tickGPU(ctx, uuid, shares)
+			p.mu.Lock()
+			delete(p.looking, uuid)
+			if err == nil {
+				delete(p.failing, uuid)
+			} else if p.failing[uuid] == err.Error() {
+				err = nil // reported already
+			} else {
+				p.failing[uuid] = err.Error()
+			}
+			p.mu.Unlock()
+			done <- err
+		}()
+	}
+	wait := time.NewTimer(lookWait)
+	defer wait.Stop()
+collect:
+	for ; started > 0; started-- {
+		select {
+		case err := <-done:
+			if err != nil {
+				errs = append(errs, err)
+			}
+		case <-wait.C:
+			break collect
+		case <-ctx.Done():
+			break collect
 		}
 	}
 	if err := p.persist(); err != nil {

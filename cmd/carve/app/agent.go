@@ -341,6 +341,9 @@ func run(ctx context.Context, opts Options) error {
 	}
 	if k.gpus.session != nil {
 		gpuHealth := &gpu.HealthSource{NVML: k.gpus.session.Lane(), Devices: inv.devices}
+		if l := k.gpus.memory.lanes; l != nil {
+			gpuHealth.Wedged = l.Wedged
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -32,6 +32,9 @@ type gpuMemory struct {
 	chosen map[string]memslice.Choice
 	police *police.Police
 	shares *memslice.Manager
+	// lanes are the policing loop's NVML lanes, one per GPU: a GPU whose
+	// lane is wedged is unhealthy, and takes no new mps-policed share.
+	lanes *gpu.GPULanes
 }
 
 // openGPUMemory wires GPU memory shares: the manager, the policing loop
@@ -43,10 +46,12 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	if s == nil {
 		return g
 	}
-	// The loop's process queries go through a lane of the session: the
-	// preparer's calls (the CDI library's file walk, MIG creates) hold the
-	// session's own turn for seconds, and a tick must not wait on them.
-	popts := police.Options{Processes: s.Lane(), ProcRoot: filepath.Join(firstSet(opts.Root), "proc"),
+	// The loop's process queries go through lanes of the session, one per
+	// GPU: the preparer's calls (the CDI library's file walk, MIG
+	// creates) hold the session's own turn for seconds, and a tick must
+	// not wait on them, nor one GPU's hung query stop the others'.
+	g.lanes = s.GPULanes()
+	popts := police.Options{Processes: g.lanes, ProcRoot: filepath.Join(firstSet(opts.Root), "proc"),
 		StateFile: filepath.Join(opts.StateDir, memslice.UsageFile), Logger: logger}
 	if opts.KubeClient != nil {
 		popts.Owners = claimOwners{opts.KubeClient}
@@ -56,7 +61,7 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	go g.police.Run(ctx)
 	control := gpu.FindFile(g.env.DriverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
 	mopts := memslice.Options{NVML: s, Dir: filepath.Join(opts.StateDir, memslice.SharesDir), ShmDir: filepath.Join(opts.StateDir, "mps-shm"), ShmSize: opts.MPSShmSize,
-		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: runtimehook.DefaultCgroupRoot, Police: g.police, Logger: logger}
+		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: runtimehook.DefaultCgroupRoot, Police: g.police, Policing: g.lanes.Wedged, Logger: logger}
 	if root := firstSet(opts.Root); root != "/" {
 		// Containers get the host's view of each claim's tmpfs: check
 		// that it has one, through the root of the runtime's shim (live,

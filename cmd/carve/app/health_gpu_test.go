@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,12 +31,12 @@ func newGPUHealthRig(t *testing.T, holdDown string, events ...nvmlinfo.Event) *g
 	t.Helper()
 	inv := nvmltest.H100Node(2)
 	inv.Events = events
-	return newGPUHealthRigOf(t, inv, holdDown, 100*time.Millisecond, 200*time.Millisecond)
+	return newGPUHealthRigOf(t, inv, holdDown, 100*time.Millisecond, 200*time.Millisecond, nil)
 }
 
 // newGPUHealthRigOf is newGPUHealthRig over inv, its GPU source waiting
 // wait for events and probing every poll (0: the agent's defaults).
-func newGPUHealthRigOf(t *testing.T, inv *nvmlinfo.Inventory, holdDown string, wait, poll time.Duration) *gpuHealthRig {
+func newGPUHealthRigOf(t *testing.T, inv *nvmlinfo.Inventory, holdDown string, wait, poll time.Duration, wedged func(string) error) *gpuHealthRig {
 	t.Helper()
 	r, err := nvmlreplay.New(inv)
 	if err != nil {
@@ -57,7 +58,7 @@ func newGPUHealthRigOf(t *testing.T, inv *nvmlinfo.Inventory, holdDown string, w
 	res := slices.Build(&discovery.Inventory{NVML: nv}, cfg, "node-a")
 	h := newDeviceHealth(cfg, "node-a", t.TempDir(), "/", nil)
 	go h.tracker.Run(ctx)
-	src := &gpu.HealthSource{NVML: s.Lane(), Devices: func() map[string]slices.Entry { return res.Index }, Wait: wait, Poll: poll}
+	src := &gpu.HealthSource{NVML: s.Lane(), Devices: func() map[string]slices.Entry { return res.Index }, Wait: wait, Poll: poll, Wedged: wedged}
 	go func() { _ = src.Run(ctx, h.tracker) }()
 	return &gpuHealthRig{replay: r, h: h, res: res}
 }
@@ -185,7 +186,7 @@ func TestGPULostTaints(t *testing.T) {
 // made 114,521 waits in 500 ms. The other GPUs stay published and watched.
 // The agent's own wait and poll (500 ms, 5 s).
 func TestGPULostCostsFewCalls(t *testing.T) {
-	g := newGPUHealthRigOf(t, nvmltest.H100Node(2), "1s", 0, 0)
+	g := newGPUHealthRigOf(t, nvmltest.H100Node(2), "1s", 0, 0, nil)
 	time.Sleep(300 * time.Millisecond) // the event set is registered
 	lostUUID := nvmltest.H100UUID(1)
 	g.replay.Inject(nvmlinfo.Event{UUID: lostUUID, Type: nvmlinfo.EventGPULost})
@@ -227,7 +228,7 @@ func TestGPULostCostsFewCalls(t *testing.T) {
 // the rest of the card: one tenant's contained fault is not its neighbours'.
 // An XID of the whole GPU still taints every device of it.
 func TestGPUMIGXIDTaintsItsInstance(t *testing.T) {
-	g := newGPUHealthRigOf(t, nvmltest.H100Node(2), "1s", 100*time.Millisecond, 200*time.Millisecond)
+	g := newGPUHealthRigOf(t, nvmltest.H100Node(2), "1s", 100*time.Millisecond, 200*time.Millisecond, nil)
 	time.Sleep(300 * time.Millisecond)
 	migUUID := nvmltest.H100UUID(2)
 	id := makeInstance(t, g.replay, 2, 2, 4) // 3g.40gb at slices 4-7, as a claim's prepare makes it
@@ -302,4 +303,33 @@ func makeInstance(t *testing.T, r *nvmlreplay.Replay, index, profile, start int)
 		t.Fatal(nvml.ErrorString(ret))
 	}
 	return gii.Id
+}
+
+// A GPU whose policing lane is wedged (a process query hung in the driver)
+// is degraded while it lasts: its shares are no longer held to their
+// slices. The others are not.
+func TestGPUWedgedLaneTaints(t *testing.T) {
+	var mu sync.Mutex
+	hung := map[string]bool{}
+	wedged := func(uuid string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if hung[uuid] {
+			return fmt.Errorf("GPU %s: NVML processes did not return within 10s", uuid)
+		}
+		return nil
+	}
+	g := newGPUHealthRigOf(t, nvmltest.H100Node(), "1s", 100*time.Millisecond, 200*time.Millisecond, wedged)
+	mu.Lock()
+	hung[nvmltest.H100UUID(3)] = true
+	mu.Unlock()
+	waitTaint(t, g, time.Second, func(ts map[string][]resourceapi.DeviceTaint) bool { return len(ts[nvmltest.H100UUID(3)]) == 1 })
+	ts := g.taints()
+	if len(ts) != 1 || ts[nvmltest.H100UUID(3)][0].Value != gpu.ReasonNVMLHung || ts[nvmltest.H100UUID(3)][0].Effect != resourceapi.DeviceTaintEffectNoSchedule {
+		t.Fatalf("taints %v, want GPU 3's NVMLHung:NoSchedule alone", ts)
+	}
+	mu.Lock()
+	delete(hung, nvmltest.H100UUID(3))
+	mu.Unlock()
+	waitTaint(t, g, 5*time.Second, func(ts map[string][]resourceapi.DeviceTaint) bool { return len(ts) == 0 })
 }
