@@ -37,6 +37,23 @@ func RealLibrary(driverRoot string) Library {
 	return Library{Interface: lib, ProfileName: realProfileName}
 }
 
+// LibraryDirs are the directories below driverRoot that hold the driver's
+// libcuda.so.1, as an LD_LIBRARY_PATH for what must load it from there (an
+// MPS daemon and its servers); none for a driver at / or "", whose
+// libraries the dynamic loader finds itself.
+func LibraryDirs(driverRoot string) []string {
+	if driverRoot == "" || filepath.Clean(driverRoot) == "/" {
+		return nil
+	}
+	var out []string
+	for _, d := range libDirs {
+		if _, err := os.Stat(filepath.Join(driverRoot, d, "libcuda.so.1")); err == nil {
+			out = append(out, filepath.Join(driverRoot, d))
+		}
+	}
+	return out
+}
+
 // FindFile returns the first dir/name below root that exists, or "".
 func FindFile(root string, dirs []string, name string) string {
 	if root == "" {

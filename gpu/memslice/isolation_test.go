@@ -22,7 +22,7 @@ import (
 func TestClaimsOnOneGPUAreIsolated(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	t.Setenv("FAKE_MPS_TAG_PIPE", "1")
+	e.opts.DaemonEnv = append(e.opts.DaemonEnv, "FAKE_MPS_TAG_PIPE=1")
 	m := New(e.opts)
 	// Claim a has two shares of the GPU (two requests): one daemon whose
 	// ceiling is the claim's memory there. Claim b has one.

@@ -45,6 +45,12 @@ type Options struct {
 	Dir string
 	// MPSControl is the nvidia-cuda-mps-control binary.
 	MPSControl string
+	// DriverLibDirs are the driver's library directories, the daemons'
+	// LD_LIBRARY_PATH (gpu.LibraryDirs); none for a driver at /.
+	DriverLibDirs []string
+	// DaemonEnv are more variables for every daemon (mps.Daemon.Env);
+	// none in the agent.
+	DaemonEnv []string
 	// HookPath and HookArgs run `carve hook dmem-limit` (dmem tier).
 	HookPath string
 	HookArgs []string

@@ -76,13 +76,14 @@ func newEnv(t *testing.T) *env {
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	e := &env{nv: &fakeNVML{free: 79 * gib}, dir: filepath.Join(gputest.TempDir(t), "gpushare"), log: filepath.Join(gputest.TempDir(t), "commands")}
-	t.Setenv("FAKE_MPS_LOG", e.log)
 	e.mark = fmt.Sprintf("carve-memslice-test-%d", os.Getpid())
-	t.Setenv("FAKE_MPS_SHM_MARK", e.mark)
 	e.pol = police.New(police.Options{Processes: noProcs{}})
 	e.opts = Options{NVML: e.nv, Dir: e.dir, MPSControl: mps.Binary, HookPath: "/var/lib/carve/bin/carve",
 		HookArgs: []string{"carve", "hook", "dmem-limit"}, CgroupRoot: "/sys/fs/cgroup", Police: e.pol,
-		ShmDir: filepath.Join(filepath.Dir(e.dir), "mps-shm"), ShmSize: 8 << 20}
+		ShmDir: filepath.Join(filepath.Dir(e.dir), "mps-shm"), ShmSize: 8 << 20,
+		// The fake daemon learns where to log from its environment,
+		// which is built, not inherited.
+		DaemonEnv: []string{"FAKE_MPS_LOG=" + e.log, "FAKE_MPS_SHM_MARK=" + e.mark}}
 	t.Cleanup(func() { e.killAll() })
 	return e
 }

@@ -285,9 +285,9 @@ func TestChoose(t *testing.T) {
 func TestGPUWideDaemonOfAnEarlierAgentIsStopped(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	t.Setenv("FAKE_MPS_TAG_PIPE", "1")
+	e.opts.DaemonEnv = append(e.opts.DaemonEnv, "FAKE_MPS_TAG_PIPE=1")
 	r := share("a", 10*gib, TierMPSPoliced)
-	old := mps.Daemon{Path: mps.Binary, Dir: filepath.Join(e.dir, "GPU-1", "mps"), UUID: "GPU-1"}
+	old := mps.Daemon{Path: mps.Binary, Dir: filepath.Join(e.dir, "GPU-1", "mps"), UUID: "GPU-1", Env: e.opts.DaemonEnv}
 	if _, err := old.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}

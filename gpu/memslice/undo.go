@@ -120,7 +120,7 @@ func (m *Manager) UnprepareClaim(ctx context.Context, claim types.UID) error {
 		}
 		uuid := d.owner.UUID
 		m.opts.Logger.Info("Stopping an MPS daemon of a claim the checkpoint does not know", "claimUID", claim, "gpu", uuid, "dir", d.dir)
-		if err := m.stopDaemon(ctx, mps.Daemon{Path: m.opts.MPSControl, Dir: d.dir, UUID: uuid}); err != nil {
+		if err := m.stopDaemon(ctx, mps.Daemon{Path: m.opts.MPSControl, Dir: d.dir, UUID: uuid, LibDirs: m.opts.DriverLibDirs, Env: m.opts.DaemonEnv}); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -155,7 +155,7 @@ func (m *Manager) tearDown(ctx context.Context, uuid string) error {
 	}
 	// A daemon of the GPU as a whole, as agents before per-claim daemons
 	// ran one (<gpu dir>/mps), goes with the GPU's last share.
-	if err := (mps.Daemon{Path: m.opts.MPSControl, Dir: filepath.Join(dir, "mps"), UUID: uuid}).Stop(ctx); err != nil {
+	if err := (mps.Daemon{Path: m.opts.MPSControl, Dir: filepath.Join(dir, "mps"), UUID: uuid, LibDirs: m.opts.DriverLibDirs, Env: m.opts.DaemonEnv}).Stop(ctx); err != nil {
 		return fmt.Errorf("GPU %s: the GPU-wide daemon of an earlier agent: %w", uuid, err)
 	}
 	if !m.opts.KeepComputeMode {

@@ -52,6 +52,14 @@ type Daemon struct {
 	// cgroups, they would die with the agent's pod, and every client's
 	// CUDA context with them.
 	Keep Keeper
+	// LibDirs are the driver's library directories, as this process sees
+	// them: the daemon's LD_LIBRARY_PATH, so that it and the servers it
+	// starts load the driver's libcuda. None where the loader finds the
+	// driver's libraries itself (a driver installed at /).
+	LibDirs []string
+	// Env are more variables for the daemon; none in the agent (the
+	// tests' fake daemons are told where to log by them).
+	Env []string
 }
 
 // Keeper holds daemons' processes apart from the agent's container.
@@ -79,12 +87,32 @@ func (d Daemon) PipeDir() string { return filepath.Join(d.Dir, "pipe") }
 // LogDir is the daemon's CUDA_MPS_LOG_DIRECTORY.
 func (d Daemon) LogDir() string { return filepath.Join(d.Dir, "log") }
 
+// systemPath is the daemon's PATH after the control binary's own
+// directory.
+const systemPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// env is the daemon's whole environment, built rather than inherited: the
+// agent image's (its PATH, LD_LIBRARY_PATH, whatever its pod spec sets)
+// left the server, which the daemon starts by name, off PATH where the
+// driver is not at /, and libcuda unloadable. PATH leads with the control
+// binary's directory, where the driver keeps nvidia-cuda-mps-server beside
+// it; LD_LIBRARY_PATH is the driver's library directories; then the three
+// CUDA_* variables MPS reads, and d.Env.
 func (d Daemon) env() []string {
-	return append(os.Environ(),
+	path := systemPath
+	if filepath.IsAbs(d.Path) {
+		path = filepath.Dir(d.Path) + ":" + path
+	}
+	env := []string{"PATH=" + path}
+	if len(d.LibDirs) > 0 {
+		env = append(env, "LD_LIBRARY_PATH="+strings.Join(d.LibDirs, ":"))
+	}
+	env = append(env,
 		"CUDA_VISIBLE_DEVICES="+d.UUID,
 		"CUDA_MPS_PIPE_DIRECTORY="+d.PipeDir(),
 		"CUDA_MPS_LOG_DIRECTORY="+d.LogDir(),
 	)
+	return append(env, d.Env...)
 }
 
 func (d Daemon) timeout() time.Duration {

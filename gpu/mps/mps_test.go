@@ -27,8 +27,9 @@ func fakeDaemon(t *testing.T) (Daemon, string) {
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	log := filepath.Join(gputest.TempDir(t), "commands")
-	t.Setenv("FAKE_MPS_LOG", log)
-	d := Daemon{Dir: filepath.Join(gputest.TempDir(t), "mps", "GPU-1"), UUID: "GPU-1"}
+	// The fake learns where to log from its environment: the daemon's
+	// is built, not inherited, so it is given in Env.
+	d := Daemon{Dir: filepath.Join(gputest.TempDir(t), "mps", "GPU-1"), UUID: "GPU-1", Env: []string{"FAKE_MPS_LOG=" + log}}
 	t.Cleanup(func() {
 		if pid, alive := d.PID(); alive {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -113,7 +114,7 @@ func TestStalePIDFileAndV3(t *testing.T) {
 
 func TestStartFailure(t *testing.T) {
 	d, _ := fakeDaemon(t)
-	t.Setenv("FAKE_MPS_FAIL_START", "1")
+	d.Env = append(d.Env, "FAKE_MPS_FAIL_START=1")
 	if _, err := d.Ensure(context.Background()); err == nil || !strings.Contains(err.Error(), "fake start failure") {
 		t.Errorf("Ensure = %v, want the daemon's own error", err)
 	}
@@ -161,7 +162,7 @@ func TestDaemonSeesTheSharedMemoryTmpfs(t *testing.T) {
 		t.Error("a plain directory taken for the tmpfs")
 	}
 	mark := fmt.Sprintf("carve-mps-test-%d", os.Getpid())
-	t.Setenv("FAKE_MPS_SHM_MARK", mark)
+	d.Env = append(d.Env, "FAKE_MPS_SHM_MARK="+mark)
 	t.Cleanup(func() { _ = os.Remove(filepath.Join("/dev/shm", mark)) })
 	if _, err := d.Ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -211,8 +212,8 @@ func TestStartInNamespace(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = UnmountShm(d.ShmDir) })
 	mark := fmt.Sprintf("carve-mps-ns-test-%d", os.Getpid())
-	t.Setenv("FAKE_MPS_SHM_MARK", mark)
-	t.Setenv("FAKE_MPS_LOG_ARGV0", "1")
+	d.Env = append(d.Env, "FAKE_MPS_SHM_MARK="+mark)
+	d.Env = append(d.Env, "FAKE_MPS_LOG_ARGV0=1")
 	t.Cleanup(func() { _ = os.Remove(filepath.Join("/dev/shm", mark)) })
 	if _, err := d.Ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -328,5 +329,92 @@ func TestSocketOnAReadOnlyBindTakesConnections(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); err != nil {
 		t.Errorf("the socket is gone outside the namespace: %v", err)
+	}
+}
+
+// The daemon's environment is built, not inherited: PATH leads with the
+// control binary's directory (the server beside it is started by name),
+// LD_LIBRARY_PATH is the driver's library directories, the three CUDA_*
+// variables, and nothing of the agent's. Started from the host's mount
+// namespace, the paths are the host's. The agent image's environment left
+// the server off PATH and libcuda unloadable where the driver is not at /.
+func TestDaemonEnvironmentIsBuilt(t *testing.T) {
+	gputest.NeedRoot(t)
+	ctx := context.Background()
+	d, _ := fakeDaemon(t)
+	t.Setenv("CARVE_AGENT_ONLY", "leaks")
+	t.Setenv("LD_LIBRARY_PATH", "/agent/image/lib")
+	// The host root as the agent sees it, with the driver below it: a
+	// copy of the fake in its bin, and, for the start from the host's
+	// namespace, the fake's own path on the host linked below it (as
+	// TestStartInNamespace).
+	root := gputest.TempDir(t)
+	bin := filepath.Join(root, "usr/local/nvidia/bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fake, err := filepath.Abs(filepath.Join("testdata", Binary))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, Binary), raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(fake)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fake, filepath.Join(root, fake)); err != nil {
+		t.Fatal(err)
+	}
+	d.LibDirs = []string{filepath.Join(root, "usr/local/nvidia/lib64")}
+	for _, c := range []struct {
+		name          string
+		path          string
+		starter       Starter
+		wantPath, lib string
+	}{
+		{"this namespace", filepath.Join(bin, Binary), nil, bin, filepath.Join(root, "usr/local/nvidia/lib64")},
+		{"the host's namespace", filepath.Join(root, fake), StartInNamespace("/proc/self/ns/mnt", root), filepath.Dir(fake), "/usr/local/nvidia/lib64"},
+	} {
+		d.Path, d.Start = c.path, c.starter
+		if _, err := d.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := d.PID()
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, kv := range strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00") {
+			k, v, _ := strings.Cut(kv, "=")
+			got[k] = v
+		}
+		want := map[string]string{
+			"PATH":                    c.wantPath + ":" + systemPath,
+			"LD_LIBRARY_PATH":         c.lib,
+			"CUDA_VISIBLE_DEVICES":    "GPU-1",
+			"CUDA_MPS_PIPE_DIRECTORY": d.PipeDir(),
+			"CUDA_MPS_LOG_DIRECTORY":  d.LogDir(),
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("%s: the daemon's %s = %q, want %q", c.name, k, got[k], v)
+			}
+		}
+		for k := range got {
+			// The shell the fake is adds its own (PWD, SHLVL, _);
+			// the fake is told where to log in d.Env.
+			if _, ok := want[k]; !ok && k != "FAKE_MPS_LOG" && k != "PWD" && k != "SHLVL" && k != "_" && k != "OLDPWD" {
+				t.Errorf("%s: the daemon has %s=%q, which it was not given", c.name, k, got[k])
+			}
+		}
+		if err := d.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

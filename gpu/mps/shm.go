@@ -281,6 +281,8 @@ func StartInNamespace(nsPath, root string) Starter {
 				return fmt.Errorf("the MPS control binary %s is not below the host root %s", cmd.Path, root)
 			}
 			cmd.Path = "/" + rel
+			cmd.Args[0] = cmd.Path
+			cmd.Env = hostPaths(root, cmd.Env)
 		}
 		return hostmount.InNamespace(nsPath, func() error {
 			if shm == "" {
@@ -289,6 +291,27 @@ func StartInNamespace(nsPath, root string) Starter {
 			return startInMountNS(cmd, shm)
 		})
 	}
+}
+
+// hostPaths is env with the directories of its PATH and LD_LIBRARY_PATH
+// that lie below root (the host's root as this process sees it) given as
+// the host sees them.
+func hostPaths(root string, env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if k == "PATH" || k == "LD_LIBRARY_PATH" {
+			dirs := strings.Split(v, ":")
+			for i, d := range dirs {
+				if rel, err := filepath.Rel(root, d); err == nil && !strings.HasPrefix(rel, "..") && filepath.IsAbs(d) {
+					dirs[i] = filepath.Join("/", rel)
+				}
+			}
+			kv = k + "=" + strings.Join(dirs, ":")
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // checkNotUnderShm refuses a pipe or log directory that the tmpfs bound over
