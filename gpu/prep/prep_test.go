@@ -423,3 +423,34 @@ func TestInstancesCarveDidNotMakeLeaveThePool(t *testing.T) {
 		t.Error("the placement is not back after its instance went")
 	}
 }
+
+// Unprepare with the claim's undo record destroys the GPU instance it
+// made, by its id, never another that sits at its placement now (the
+// claim's destroyed by hand, another made there): that one is its owner's.
+func TestMIGUnprepareSparesAnotherInstanceAtItsPlacement(t *testing.T) {
+	f := newFixture(t, nvmltest.A100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	a := alloc("c1", migDevice(t, f, "3g.20gb", 4), names.KindMIG)
+	out, err := f.prep.Prepare(ctx, a, f.res.Index[a.Device])
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := f.replay.Server.DeviceGetHandleByIndex(0)
+	info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_3_SLICE)
+	gis, _ := dev.GetGpuInstances(&info)
+	if len(gis) != 1 {
+		t.Fatalf("%d 3-slice instances, want the claim's", len(gis))
+	}
+	if ret := gis[0].Destroy(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 4, Size: 4}); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if err := f.prep.Unprepare(ctx, a, out.Undo); err != nil {
+		t.Fatal(err)
+	}
+	if got := instances(t, f); !slices.Equal(got, []string{"2@4"}) {
+		t.Errorf("instances %v, want the one made by hand kept", got)
+	}
+}

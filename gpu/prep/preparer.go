@@ -165,14 +165,24 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo jso
 		return nil
 	}
 	var rec migRecord
+	// The GPU instance's id, where known: only the instance with it is
+	// destroyed. The one at the placement may be another's by now (the
+	// claim's destroyed by hand or by a reset, another made there), and
+	// destroying whatever sat at the placement took it from its owner.
+	var wantGI *uint32
 	if len(undo) > 0 {
 		if err := json.Unmarshal(undo, &rec); err != nil {
 			return fmt.Errorf("MIG device %s: undo record: %w", a.Device, err)
 		}
+		// Written once the instance was made, with its ids.
+		wantGI = &rec.GPUInstanceID
 	} else if node, ok := p.nodeRecordOf(a.ClaimUID, a.Device); ok {
 		// A crash before Prepare returned: the node's record, written
-		// before the instance, names it.
+		// before the instance, names it; its ids once it was made.
 		rec = node.Instance
+		if node.IDsKnown {
+			wantGI = &rec.GPUInstanceID
+		}
 	} else {
 		// Or, where records are not kept, the published device, which
 		// the counters gave this claim alone.
@@ -185,7 +195,7 @@ func (p *Preparer) Unprepare(ctx context.Context, a prepare.Allocation, undo jso
 	if p.opts.NVML == nil {
 		return fmt.Errorf("MIG device %s: %w", a.Device, errNoNVML)
 	}
-	if err := p.destroyMIG(ctx, a.Device, rec, nil); err != nil {
+	if err := p.destroyMIG(ctx, a.Device, rec, wantGI); err != nil {
 		return err
 	}
 	// The node's record goes last: a crash before this finds it, and
