@@ -136,7 +136,13 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink in the node's namespace: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Join(opts.StateDir, "netdev"), 0o755); err != nil {
+	// The agent's own: the state directory above lets others pass
+	// through (a claim's MPS server reaches its pipe directory), and the
+	// records, locks and reaper queue here are no one else's.
+	if err := os.MkdirAll(filepath.Join(opts.StateDir, "netdev"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Join(opts.StateDir, "netdev"), 0o700); err != nil {
 		return nil, err
 	}
 	sock, err := nl.GetNetlinkSocketAt(opts.HostNS, netns.None(), unix.NETLINK_ROUTE)

@@ -89,7 +89,9 @@
 // aside as checkpoint.json.corrupt-<time> and counted
 // (carve_checkpoint_corrupt_total), never crash-looped on. A checkpoint
 // written by a newer carve stops the agent with a clear error instead. The
-// state directory is 0700; the claim files inside stay 0644.
+// state directory is 0711 (a non-root pod's MPS server passes through it to
+// its pipe directory), the checkpoint 0600, and the directory of claim
+// files 0700; the claim files inside stay 0644.
 //
 // The file holds every claim, so each write's size grows with the claims
 // held (about 1 KiB a network share). A write encodes only the records

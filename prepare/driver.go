@@ -74,7 +74,7 @@ func NewDriver(opts Options) (*Driver, error) {
 	if err := EnsureStateDir(opts.StateDir); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(opts.StateDir, "claims"), 0o755); err != nil {
+	if err := PrivateDir(filepath.Join(opts.StateDir, "claims")); err != nil {
 		return nil, fmt.Errorf("create claim info directory: %w", err)
 	}
 	recs, err := opts.Checkpoint.Read()
@@ -128,16 +128,40 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	return d.opts.Health(ctx, reports)
 }
 
-// EnsureStateDir creates the state directory, or tightens an existing one,
-// to 0700: it holds the checkpoint, attach specs and the hook binary, which
-// only the agent and the container runtime (root) may read. The claim files
-// inside stay 0644, as containers read them through their bind mounts.
+// stateDirMode is the state directory's: others may pass through it,
+// never list or read it. A claim's MPS server runs as the claim's pod's
+// user (the root control daemon setuids to the client's UID) and opens its
+// daemon's pipe directory, below the state directory, by its host path:
+// at 0700 a non-root pod got no server (bottlerocket-os/bottlerocket#4673
+// traced the same through a 0700 /run/nvidia). What it holds stays the
+// agent's: the checkpoint is 0600, and the directories of claim files,
+// netdev records and the hook binary's lock are 0700 (PrivateDir).
+const stateDirMode = 0o711
+
+// EnsureStateDir creates the state directory, or sets an existing one, to
+// stateDirMode: a hostPath volume creates it 0755, and earlier agents made
+// it 0700.
 func EnsureStateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(dir, stateDirMode); err != nil {
 		return fmt.Errorf("create state directory: %w", err)
 	}
-	if err := os.Chmod(dir, 0o700); err != nil { //nolint:gosec // G302 wants 0600 of files; a directory needs x to be entered
-		return fmt.Errorf("restrict state directory %s: %w", dir, err)
+	if err := os.Chmod(dir, stateDirMode); err != nil { //nolint:gosec // G302 wants 0600 of files; a directory needs x to be entered
+		return fmt.Errorf("set the mode of state directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// PrivateDir creates a directory of the state directory's that only the
+// agent and the container runtime (root) may enter, or tightens an
+// existing one to 0700 (earlier agents made them 0755 inside a 0700 state
+// directory). Claim files inside stay 0644: containers read them through
+// bind mounts, which need no path to them.
+func PrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("restrict %s: %w", dir, err)
 	}
 	return nil
 }

@@ -53,6 +53,11 @@ func newGPUNode(t *testing.T) gpuNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// A driver's files are everyone's to run (MkdirTemp makes 0700): the
+	// MPS server a non-root client gets runs as that client's user.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	g := gpuNode{dir: dir, driver: filepath.Join(dir, "driver"), replay: filepath.Join(dir, "nvml.json"), procs: filepath.Join(dir, "processes.json")}
 	raw, err := os.ReadFile(filepath.Join(repoRoot(), "gpu", "acceptance", "results", gpuReplay))
 	if err != nil {
@@ -380,6 +385,16 @@ func TestNodeGPUShares(t *testing.T) {
 	}
 	bPID := bystander[0]
 
+	t.Run("non-root pod", func(t *testing.T) {
+		// Issue 39: a pod as uid 1000 under Pod Security "restricted"
+		// gets its MPS server, and policing still holds it to its
+		// slice. The fake daemon does what the real one does for a
+		// client of another UID (fakemps): a server that setuids to
+		// it and reaches the pipe directory by its host path, through
+		// the state directory. At 0700 that server got EACCES.
+		testNonRootGPUSharePod(t, cs, g, shares, bPID)
+	})
+
 	t.Run("policing", func(t *testing.T) {
 		// Other claims prepared and unprepared beside the kills: pods
 		// with GPU shares of their own, made and deleted in turn.
@@ -554,4 +569,104 @@ func TestNodeGPUShares(t *testing.T) {
 			return true, nil
 		})
 	})
+}
+
+// restrictedNS is the namespace of the non-root pod: Pod Security
+// "restricted" enforced.
+const restrictedNS = "carve-e2e-restricted"
+
+func testNonRootGPUSharePod(t *testing.T, cs kubernetes.Interface, g gpuNode, shares string, bystander int) {
+	ctx := context.Background()
+	buildMPSClientImage(t)
+	// The chart's state directory is in the cluster's directory here,
+	// which is 0700; on a node it is /var/lib/carve, below the 0755
+	// /var/lib. Passable, as /var/lib is, for this test.
+	clusterDir := filepath.Dir(os.Getenv("CARVE_KUBECONFIG"))
+	if st, err := os.Stat(clusterDir); err == nil && st.Mode().Perm()&0o001 == 0 {
+		if err := os.Chmod(clusterDir, st.Mode().Perm()|0o011); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = os.Chmod(clusterDir, st.Mode().Perm()) }()
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: restrictedNS, Labels: map[string]string{
+		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "gpu-nr", Namespace: restrictedNS}, Spec: gpuShareSpec("1Gi")}
+	if _, err := cs.ResourceV1().ResourceClaims(restrictedNS).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := podWithImage("gpu-nr", "carve-mps-client:e2e", &corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr.To("gpu-nr")})
+	p.Namespace = restrictedNS
+	p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(int64(1000)), RunAsGroup: ptr.To(int64(1000)),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+	c := &p.Spec.Containers[0]
+	c.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
+	// The MPS client first; then a process that policing may kill,
+	// replaced each time.
+	c.Command = []string{"sh", "-c", "fakemps client || exit 1; while true; do sleep 3600 & wait $!; done"}
+	created, err := cs.CoreV1().Pods(restrictedNS).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the restricted pod was refused: %v", err)
+	}
+	var claimID types.UID
+	defer func() {
+		_ = cs.CoreV1().Pods(restrictedNS).Delete(ctx, "gpu-nr", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+		waitFor(t, "the non-root pod's claim unprepared", 90*time.Second, func() (bool, error) {
+			if claimID == "" {
+				return true, nil
+			}
+			_, err := os.Stat(memslice.ClaimDir(shares, claimID))
+			return os.IsNotExist(err), fmt.Errorf("claim %s's directory is left", claimID)
+		})
+		_ = cs.CoreV1().Namespaces().Delete(ctx, restrictedNS, metav1.DeleteOptions{})
+	}()
+	logs := func() string {
+		raw, _ := cs.CoreV1().Pods(restrictedNS).GetLogs("gpu-nr", &corev1.PodLogOptions{Container: "main"}).DoRaw(ctx)
+		return strings.TrimSpace(string(raw))
+	}
+	waitFor(t, "the non-root pod's MPS client served", 120*time.Second, func() (bool, error) {
+		pod, err := cs.CoreV1().Pods(restrictedNS).Get(ctx, "gpu-nr", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, st := range pod.Status.ContainerStatuses {
+			if st.RestartCount > 0 || st.State.Terminated != nil || st.LastTerminationState.Terminated != nil {
+				t.Fatalf("the non-root pod's MPS client failed: %q", logs())
+			}
+		}
+		return pod.Status.Phase == corev1.PodRunning && strings.Contains(logs(), "uid 1000: ok"), fmt.Errorf("phase %s, log %q", pod.Status.Phase, logs())
+	})
+	t.Logf("non-root pod, restricted: %s", logs())
+	if c, err := cs.ResourceV1().ResourceClaims(restrictedNS).Get(ctx, "gpu-nr", metav1.GetOptions{}); err == nil {
+		claimID = c.UID
+	}
+	victim := newVictim(t, created.UID, 0)
+	d, ok := killedWithin(t, g, victim, bystander)
+	g.setProcesses(t, nil)
+	if !ok {
+		t.Fatalf("the non-root pod's process %d over its slice was not killed within 5 s; agent log:\n%s", victim, agentLog(t, "olic"))
+	}
+	t.Logf("the non-root pod's process over its slice killed in %v", d.Round(time.Millisecond))
+}
+
+// buildMPSClientImage is an image holding fakemps, whose client subcommand
+// asks the claim's daemon for an MPS server, and busybox's sh and sleep.
+func buildMPSClientImage(t testing.TB) {
+	t.Helper()
+	root := repoRoot()
+	bin := filepath.Join(t.TempDir(), "fakemps")
+	cmd := execCommand("go", "build", "-o", bin, "./deploy/e2e/fakemps")
+	cmd.Dir, cmd.Env = root, append(cmd.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build fakemps: %v\n%s", err, out)
+	}
+	args := []string{"--name", "carve-mps-client:e2e", "--file", "/bin/busybox:/bin/busybox", "--file", bin + ":/bin/fakemps",
+		"--out", filepath.Join(t.TempDir(), "mps-client.tar")}
+	for _, applet := range []string{"sh", "sleep", "cat"} {
+		args = append(args, "--symlink", "/bin/"+applet+"=busybox")
+	}
+	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
+	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
 }

@@ -17,20 +17,31 @@ import (
 	"github.com/carve-dra/carve/slices/names"
 )
 
-// The state directory is private to the agent whatever mode it had: a
-// hostPath volume creates it 0755.
+// The state directory can be passed through but not listed, whatever mode
+// it had (a hostPath volume creates it 0755, earlier agents made it 0700):
+// a non-root pod's MPS server reaches its pipe directory below it by path.
+// The claim files' directory is the agent's alone, whatever mode an earlier
+// agent gave it.
 func TestStateDirIsPrivate(t *testing.T) {
 	e := newEnv(t, nil)
 	if err := os.Chmod(e.state, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e.newDriver(nil)
-	st, err := os.Stat(e.state)
-	if err != nil {
+	if err := os.MkdirAll(filepath.Join(e.state, "claims"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if st.Mode().Perm() != 0o700 {
-		t.Errorf("state directory mode %v, want 0700", st.Mode().Perm())
+	if err := os.Chmod(filepath.Join(e.state, "claims"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.newDriver(nil)
+	for dir, want := range map[string]os.FileMode{e.state: 0o711, filepath.Join(e.state, "claims"): 0o700} {
+		st, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", dir, st.Mode().Perm(), want)
+		}
 	}
 }
 
