@@ -112,9 +112,19 @@ func effectiveConfig(driver string, configs []resourceapi.DeviceAllocationConfig
 			fromClaimDevice, claimDevicePath = own.Device, path
 		}
 		if own.GPU != nil {
+			if own.GPU.MaxSharedMemorySize != nil {
+				return nil, fmt.Errorf("config from claim: %w", field.Forbidden(path.Child("maxSharedMemorySize"),
+					"set by the DeviceClass (the admin), not the claim"))
+			}
 			// The claim's own /dev/shm, whose pages its pods are
-			// charged for: the claim's to size, over its class.
-			eff.GPU = own.GPU
+			// charged for: the claim's to size, over its class's
+			// size, within its class's bound (checked at prepare,
+			// where the agent's default bound is known).
+			merged := own.GPU.DeepCopy()
+			if eff.GPU != nil {
+				merged.MaxSharedMemorySize = eff.GPU.MaxSharedMemorySize
+			}
+			eff.GPU = merged
 		}
 		if own.Network != nil {
 			fields := map[string]json.RawMessage{}

@@ -269,6 +269,22 @@ func TestGPUConfig(t *testing.T) {
 	if _, err := effectiveConfig(fuzzDriver, configs[:1], "r", names.KindNIC); err == nil || !strings.Contains(err.Error(), "applies to gpu devices, not to a nic device") {
 		t.Errorf("a GPUConfig on a NIC: %v", err)
 	}
+	// The class's bound reaches the agent with the claim's size; a
+	// claim may not set the bound itself.
+	bounded := func(source resourceapi.AllocationConfigSource, field, size string) resourceapi.DeviceAllocationConfiguration {
+		c := cfg(source, "1Gi")
+		c.Opaque.Parameters.Raw = []byte(`{"apiVersion":"carve.dev/v1alpha1","kind":"GPUConfig","` + field + `":"` + size + `"}`)
+		return c
+	}
+	raw, err = effectiveConfig(fuzzDriver, []resourceapi.DeviceAllocationConfiguration{bounded(resourceapi.AllocationConfigSourceClass, "maxSharedMemorySize", "8Gi"), cfg(resourceapi.AllocationConfigSourceClaim, "4Gi")}, "r", names.KindGPU)
+	eff = EffectiveConfig{}
+	if err != nil || json.Unmarshal(raw, &eff) != nil || eff.GPU.SharedMemorySize.Value() != 4<<30 || eff.GPU.MaxSharedMemorySize == nil || eff.GPU.MaxSharedMemorySize.Value() != 8<<30 {
+		t.Errorf("the class's bound with the claim's size: %s, %v", raw, err)
+	}
+	_, err = effectiveConfig(fuzzDriver, []resourceapi.DeviceAllocationConfiguration{bounded(resourceapi.AllocationConfigSourceClaim, "maxSharedMemorySize", "1Ti")}, "r", names.KindGPU)
+	if err == nil || !strings.Contains(err.Error(), "maxSharedMemorySize: Forbidden: set by the DeviceClass") {
+		t.Errorf("a claim's own maxSharedMemorySize: %v", err)
+	}
 }
 
 // sameList reports whether two lists hold the same items, none and an empty

@@ -206,7 +206,21 @@ func TestClaimSizedSharedMemory(t *testing.T) {
 		return uint64(fs.Blocks) * uint64(fs.Bsize)
 	}
 	a := share("a", 10*gib, TierMPSPoliced)
-	a.ShmSize = 64 << 20
+	a.ShmSize, a.ShmMax = 64<<20, 256<<20 // its DeviceClass allows 256Mi
+	// Over the bound: no class bound and over the agent's 32Mi, or over
+	// the class's. Refused, nothing set up.
+	free := share("free", 10*gib, TierMPSPoliced)
+	free.ShmSize = 64 << 20
+	greedy := share("greedy", 10*gib, TierMPSPoliced)
+	greedy.ShmSize, greedy.ShmMax = 512<<20, 256<<20
+	for _, r := range []Request{free, greedy} {
+		if _, _, err := m.Prepare(ctx, r); err == nil || !strings.Contains(err.Error(), "a claim may ask") {
+			t.Errorf("%s: sharedMemorySize %d MiB, bound %d MiB: %v", r.Key, r.ShmSize>>20, r.ShmMax>>20, err)
+		}
+		if _, err := os.Stat(ClaimDir(e.dir, r.ClaimUID)); !os.IsNotExist(err) {
+			t.Errorf("%s: refused, its claim's directory is there (%v)", r.Key, err)
+		}
+	}
 	a2 := a
 	a2.Key, a2.ShareID, a2.UUID, a2.ShmSize = "a2", "s-a2", "GPU-2", 128<<20
 	a3 := a

@@ -1,6 +1,7 @@
 package memslice
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -109,6 +110,9 @@ type Request struct {
 	// of its tmpfs; Options.ShmSize when 0. The claim's tmpfs holds the
 	// largest its shares ask.
 	ShmSize uint64
+	// ShmMax is the most ShmSize may be (GPUConfig.maxSharedMemorySize,
+	// the DeviceClass's); Options.ShmSize, the agent's default, when 0.
+	ShmMax uint64
 }
 
 // Record is a share's undo record, kept in the checkpoint.
@@ -186,6 +190,12 @@ func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdit
 	}
 	if r.Slice == 0 {
 		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: a share of 0 bytes of memory", r.UUID)
+	}
+	if bound := cmp.Or(r.ShmMax, m.opts.ShmSize, mps.DefaultShmSize); r.ShmSize > bound {
+		// Its pages are on the node's memory, reserved by no one: the
+		// admin bounds them in the DeviceClass, the claim does not.
+		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: sharedMemorySize %d MiB is over the %d MiB a claim may ask (the DeviceClass's maxSharedMemorySize, else the agent's --mps-shm-size)",
+			r.UUID, r.ShmSize>>20, bound>>20)
 	}
 	if p := m.daemon(r.ClaimUID, r.UUID, r.Choice.Tier).PipeDir(); len(p) > mps.MaxPipeDir {
 		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: the MPS pipe directory %s is %d bytes long, over the %d its sockets' paths allow: choose a shorter --state-dir",

@@ -53,7 +53,7 @@ func shareRequest(a prepare.Allocation, dev slices.Entry) (memslice.Request, err
 		return memslice.Request{}, fmt.Errorf("GPU %s: share %s consumes no memory", a.Device, *a.ShareID)
 	}
 	m := dev.GPU.Memory
-	var shm uint64
+	var shm, shmMax uint64
 	if len(a.Config) > 0 {
 		var cfg prepare.EffectiveConfig
 		if err := json.Unmarshal(a.Config, &cfg); err != nil {
@@ -62,8 +62,11 @@ func shareRequest(a prepare.Allocation, dev slices.Entry) (memslice.Request, err
 		if cfg.GPU != nil && cfg.GPU.SharedMemorySize != nil {
 			shm = uint64(cfg.GPU.SharedMemorySize.Value())
 		}
+		if cfg.GPU != nil && cfg.GPU.MaxSharedMemorySize != nil {
+			shmMax = uint64(cfg.GPU.MaxSharedMemorySize.Value())
+		}
 	}
-	return memslice.Request{ShmSize: shm,
+	return memslice.Request{ShmSize: shm, ShmMax: shmMax,
 		Key: a.ShareKey(), ClaimUID: a.ClaimUID, Namespace: a.ClaimNamespace, Name: a.ClaimName, ShareID: string(*a.ShareID),
 		UUID: dev.GPU.Device.UUID, Slice: uint64(q.Value()), EnvPrefix: a.EnvPrefix(),
 		Choice: memslice.Choice{Tier: memslice.Tier(m.Enforcement), Reason: m.Reason, Region: m.Region},

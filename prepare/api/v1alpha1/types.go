@@ -171,8 +171,14 @@ type GPUConfig struct {
 	// --mps-shm-size (the chart's mpsShmSize, 1Gi) when unset. Its pages
 	// are charged to the pods that write them: a cap, not a reservation.
 	// One tmpfs serves the whole claim: where its requests ask for
-	// different sizes, the largest holds. Between 1Mi and 1Ti.
+	// different sizes, the largest holds. Between 1Mi and 1Ti, and no
+	// more than maxSharedMemorySize.
 	SharedMemorySize *resource.Quantity `json:"sharedMemorySize,omitempty"`
+	// MaxSharedMemorySize is the most a claim may ask in
+	// sharedMemorySize: set by the DeviceClass (the admin), never by the
+	// claim. Where the class sets none, a claim may ask no more than the
+	// agent's --mps-shm-size: pages nobody reserves, on the node's memory.
+	MaxSharedMemorySize *resource.Quantity `json:"maxSharedMemorySize,omitempty"`
 }
 
 // Route is a route through the share's interface.

@@ -57,8 +57,11 @@ const (
 // ValidateGPUConfig checks a GPUConfig; errors are under path.
 func ValidateGPUConfig(c *GPUConfig, path *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	if q := c.SharedMemorySize; q != nil {
-		p := path.Child("sharedMemorySize")
+	for name, q := range map[string]*resource.Quantity{"sharedMemorySize": c.SharedMemorySize, "maxSharedMemorySize": c.MaxSharedMemorySize} {
+		if q == nil {
+			continue
+		}
+		p := path.Child(name)
 		v, exact := q.AsInt64()
 		switch {
 		case !exact:

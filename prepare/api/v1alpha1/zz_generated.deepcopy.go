@@ -55,6 +55,11 @@ func (in *GPUConfig) DeepCopyInto(out *GPUConfig) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.MaxSharedMemorySize != nil {
+		in, out := &in.MaxSharedMemorySize, &out.MaxSharedMemorySize
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	return
 }
 
