@@ -105,6 +105,12 @@ func TestAcceptance(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(state)
+	// As the agent's state directory (prepare.EnsureStateDir): the
+	// tenant's MPS server, running as its uid, passes through it to the
+	// claim's pipe directory by path. MkdirTemp makes it 0700.
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	small, large := newPod(t, "aaaaaaaa-0000-4000-8000-000000000010", 10<<30, 0), newPod(t, "bbbbbbbb-0000-4000-8000-000000000020", 20<<30, uint32(*tenant))
 	pol := police.New(police.Options{Processes: s, Recorder: logEvents{t}, Logger: ktesting.NewLogger(t, ktesting.NewConfig()),
 		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.pod}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.pod}}}})

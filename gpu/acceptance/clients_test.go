@@ -33,12 +33,17 @@ type proc struct {
 // needs cgroup v2 (the process is cloned into the pod's cgroup).
 func run(t *testing.T, s *gpu.Session, uuid string, pd *pod, extra []string, gib, hold float64, compute bool) *proc {
 	t.Helper()
-	dir := t.TempDir()
-	if err := os.Chmod(dir, 0o777); err != nil { // a tenant's client writes its report there
-		t.Fatal(err)
-	}
+	// A tenant's client writes its report there and reads its script
+	// from there: t.TempDir's parents are 0700, and the script's own
+	// directory (the pack's, below root's home on a lent machine) may be
+	// too; another uid passes neither.
+	dir := openTempDir(t, "cvp-", 0o777)
 	file := filepath.Join(dir, "report.json")
-	args := []string{*client, "--report", file, "--alloc-gib", fmt.Sprint(gib), "--hold", fmt.Sprint(hold)}
+	script := *client
+	if pd.uid != 0 {
+		script = readableCopy(t, *client)
+	}
+	args := []string{script, "--report", file, "--alloc-gib", fmt.Sprint(gib), "--hold", fmt.Sprint(hold)}
 	if compute {
 		args = append(args, "--compute")
 	}
@@ -206,4 +211,33 @@ func podHeld(ctx context.Context, s *gpu.Session, uuid string, pd *pod) uint64 {
 		}
 	}
 	return held
+}
+
+// openTempDir is a directory under /tmp (1777) of the given mode, removed
+// after the test: another uid reaches it, as it does not t.TempDir's.
+func openTempDir(t *testing.T, prefix string, mode os.FileMode) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// readableCopy is a copy of the file that any uid may read.
+func readableCopy(t *testing.T, path string) string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(openTempDir(t, "cvs-", 0o755), filepath.Base(path))
+	if err := os.WriteFile(out, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
