@@ -92,7 +92,7 @@ type HealthSource struct {
 	// often the state is read (5 s when 0).
 	Wait, Poll time.Duration
 	// Wedged, when set, says why a GPU's own NVML lane (the policing
-	// loop's, GPULanes) is wedged: a call hung in the driver for it. Such
+	// loop's, Lanes) is wedged: a call hung in the driver for it. Such
 	// a GPU is degraded (NVMLHung) while it lasts: its shares are no
 	// longer held to their slices.
 	Wedged func(uuid string) error

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// GPULanes gives each GPU a lane of its own (Session.Lane) for the calls
+// Lanes gives each GPU a lane of its own (Session.Lane) for the calls
 // that must keep going on every GPU, the policing loop's process queries:
 // with one lane for all, one call hung in the driver for one GPU wedged the
 // lane and stopped policing on every GPU for good, while every GPU still
@@ -15,7 +15,7 @@ import (
 // with a fresh one after Retry; until then its GPU's calls fail at once and
 // Wedged reports it (a health condition of that GPU, and its new shares
 // refused).
-type GPULanes struct {
+type Lanes struct {
 	parent *Session
 	// Retry is how long a wedged lane is left before a fresh one is
 	// tried (30 s when 0). The hung call keeps its goroutine; a fresh
@@ -34,13 +34,13 @@ type gpuLane struct {
 }
 
 // GPULanes returns per-GPU lanes over s.
-func (s *Session) GPULanes() *GPULanes {
-	return &GPULanes{parent: s, lanes: map[string]*gpuLane{}}
+func (s *Session) GPULanes() *Lanes {
+	return &Lanes{parent: s, lanes: map[string]*gpuLane{}}
 }
 
 // Lane is the GPU's lane: its own, made on first use, or a fresh one
 // where its own has been wedged for Retry.
-func (g *GPULanes) Lane(uuid string) *Session {
+func (g *Lanes) Lane(uuid string) *Session {
 	retry := g.Retry
 	if retry <= 0 {
 		retry = 30 * time.Second
@@ -65,7 +65,7 @@ func (g *GPULanes) Lane(uuid string) *Session {
 }
 
 // Wedged says why the GPU's lane is wedged, or nil where it answers.
-func (g *GPULanes) Wedged(uuid string) error {
+func (g *Lanes) Wedged(uuid string) error {
 	g.mu.Lock()
 	l := g.lanes[uuid]
 	g.mu.Unlock()
@@ -80,6 +80,6 @@ func (g *GPULanes) Wedged(uuid string) error {
 
 // Processes lists the GPU's processes through its own lane (see
 // Session.Processes).
-func (g *GPULanes) Processes(ctx context.Context, uuid string) ([]Process, error) {
+func (g *Lanes) Processes(ctx context.Context, uuid string) ([]Process, error) {
 	return g.Lane(uuid).Processes(ctx, uuid)
 }

@@ -160,7 +160,7 @@ func PrivateDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
+	if err := os.Chmod(dir, 0o700); err != nil { //nolint:gosec // G302 wants 0600 of files; a directory needs x to be entered
 		return fmt.Errorf("restrict %s: %w", dir, err)
 	}
 	return nil

@@ -286,7 +286,7 @@ func TestShareOfAGPUThePolicingCannotReadIsRefused(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	var hung error
-	e.opts.Policing = func(uuid string) error { return hung }
+	e.opts.Policing = func(string) error { return hung }
 	m := New(e.opts)
 	if _, _, err := m.Prepare(ctx, share("a", 10*gib, TierMPSPoliced)); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@
 // one NVML process query per GPU (about 0.6 ms) plus the time the driver
 // takes to free a killed process's memory, i.e. within 200 ms. Nothing else
 // is in a tick: each GPU's process query goes through an NVML lane of that
-// GPU's own (gpu.GPULanes; a prepare's long NVML calls, the CDI library's
+// GPU's own (gpu.Lanes; a prepare's long NVML calls, the CDI library's
 // file walk and MIG creates, never hold it), the GPUs are looked at at once,
 // so that a query hung in the driver for one GPU leaves the others policed,
 // and the API server is asked for a claim's pods beside the loop, never in

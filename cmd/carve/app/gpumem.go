@@ -34,7 +34,7 @@ type gpuMemory struct {
 	shares *memslice.Manager
 	// lanes are the policing loop's NVML lanes, one per GPU: a GPU whose
 	// lane is wedged is unhealthy, and takes no new mps-policed share.
-	lanes *gpu.GPULanes
+	lanes *gpu.Lanes
 }
 
 // openGPUMemory wires GPU memory shares: the manager, the policing loop
