@@ -332,22 +332,12 @@ func (h *HealthSource) instancePlacement(ctx context.Context, dev nvml.Device, i
 	var out nvml.GpuInstancePlacement
 	found := false
 	_ = h.NVML.Do(ctx, "GPU instance placement", func(Library) error {
-		for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT && !found; index++ {
-			info, ret := dev.GetGpuInstanceProfileInfo(index)
-			if ret != nvml.SUCCESS {
-				continue
+		EachGPUInstance(dev, func(_ nvml.GpuInstanceProfileInfo, info nvml.GpuInstanceInfo) bool {
+			if info.Id == id {
+				out, found = info.Placement, true
 			}
-			gis, ret := dev.GetGpuInstances(&info)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			for _, gi := range gis {
-				if gii, ret := gi.GetInfo(); ret == nvml.SUCCESS && gii.Id == id {
-					out, found = gii.Placement, true
-					break
-				}
-			}
-		}
+			return !found
+		})
 		return nil
 	})
 	return out, found

@@ -161,3 +161,25 @@ func MediaExtensionIndex(index int) bool {
 	a := attributes(ProfileName(index, 1, 1024, 8<<30))
 	return a == "+"+nvlib.AttributeMediaExtensions || a == "+"+nvlib.AttributeMediaExtensionsAll
 }
+
+// EachGPUInstance calls fn with each GPU instance NVML lists on dev, with
+// the profile it was asked by (walking NVML's profile indices; each answers
+// its profile's Id) and its info, until fn returns false. A profile or an
+// instance NVML does not answer for is passed over.
+func EachGPUInstance(dev nvml.Device, fn func(profile nvml.GpuInstanceProfileInfo, info nvml.GpuInstanceInfo) bool) {
+	for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT; index++ {
+		profile, ret := dev.GetGpuInstanceProfileInfo(index)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		gis, ret := dev.GetGpuInstances(&profile)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		for _, gi := range gis {
+			if info, ret := gi.GetInfo(); ret == nvml.SUCCESS && !fn(profile, info) {
+				return
+			}
+		}
+	}
+}

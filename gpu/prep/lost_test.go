@@ -284,18 +284,7 @@ func TestLostClaimSparesAnotherInstanceAtItsPlacement(t *testing.T) {
 	if _, err := f.prep.Prepare(ctx, a, f.res.Index[a.Device]); err != nil {
 		t.Fatal(err)
 	}
-	dev, _ := f.replay.Server.DeviceGetHandleByIndex(0)
-	info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_3_SLICE)
-	gis, _ := dev.GetGpuInstances(&info)
-	if len(gis) != 1 {
-		t.Fatalf("%d 3-slice instances, want the claim's", len(gis))
-	}
-	if ret := gis[0].Destroy(); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 4, Size: 4}); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
+	replaceByHand(t, f)
 	p := f.newPreparer(t)
 	p.Restore(nil, nil)
 	if err := p.UnprepareClaim(ctx, a.ClaimUID); err != nil {
@@ -333,5 +322,23 @@ func TestMIGRollbackFromTheNodeRecord(t *testing.T) {
 	}
 	if exists(t, prep.RecordPath(p, a.ClaimUID, a.Device)) {
 		t.Error("the record is left")
+	}
+}
+
+// replaceByHand destroys the claim's 3-slice instance on GPU 0 and makes
+// another at its placement (4), as an admin or a reset would.
+func replaceByHand(t *testing.T, f *fixture) {
+	t.Helper()
+	dev, _ := f.replay.Server.DeviceGetHandleByIndex(0)
+	info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_3_SLICE)
+	gis, _ := dev.GetGpuInstances(&info)
+	if len(gis) != 1 {
+		t.Fatalf("%d 3-slice instances, want the claim's", len(gis))
+	}
+	if ret := gis[0].Destroy(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 4, Size: 4}); ret != nvml.SUCCESS {
+		t.Fatal(ret)
 	}
 }

@@ -435,18 +435,7 @@ func TestMIGUnprepareSparesAnotherInstanceAtItsPlacement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, _ := f.replay.Server.DeviceGetHandleByIndex(0)
-	info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_3_SLICE)
-	gis, _ := dev.GetGpuInstances(&info)
-	if len(gis) != 1 {
-		t.Fatalf("%d 3-slice instances, want the claim's", len(gis))
-	}
-	if ret := gis[0].Destroy(); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 4, Size: 4}); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
+	replaceByHand(t, f)
 	if err := f.prep.Unprepare(ctx, a, out.Undo); err != nil {
 		t.Fatal(err)
 	}

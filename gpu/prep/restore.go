@@ -105,22 +105,10 @@ func listInstances(l gpu.Library) ([]string, error) {
 			continue
 		}
 		uuid, _ := dev.GetUUID()
-		// Walk NVML's profile indices; each answers its profile's Id.
-		for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT; index++ {
-			info, ret := dev.GetGpuInstanceProfileInfo(index)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			gis, ret := dev.GetGpuInstances(&info)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			for _, gi := range gis {
-				if gii, ret := gi.GetInfo(); ret == nvml.SUCCESS {
-					out = append(out, instanceKey(uuid, int(info.Id), int(gii.Placement.Start)))
-				}
-			}
-		}
+		gpu.EachGPUInstance(dev, func(profile nvml.GpuInstanceProfileInfo, info nvml.GpuInstanceInfo) bool {
+			out = append(out, instanceKey(uuid, int(profile.Id), int(info.Placement.Start)))
+			return true
+		})
 	}
 	return out, nil
 }
