@@ -144,24 +144,35 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 		free(ctx, h.NVML, set)
 		set = nil
 		var err error
-		set, err = h.eventSet(ctx, uuids, lost)
+		if set, err = h.eventSet(ctx, uuids, lost); err != nil {
+			set = nil
+		}
 		return err
 	}
 	if err := rebuild(); err != nil {
 		return fmt.Errorf("watch GPU health: %w", err)
 	}
 	defer func() { free(ctx, h.NVML, set) }()
+	// Later, a set that cannot be made again is tried at the next poll;
+	// the polled state is watched meanwhile.
+	again := func() {
+		if err := rebuild(); err != nil {
+			logger.Error(err, "GPU events are not watched until the next poll")
+		}
+	}
 	lastPoll := time.Time{}
 	var backoff time.Duration
 	for ctx.Err() == nil {
 		if time.Since(lastPoll) >= poll {
 			changed := h.probe(ctx, sink, uuids, lost)
 			lastPoll = time.Now()
-			if changed {
-				if err := rebuild(); err != nil {
-					return fmt.Errorf("watch GPU health: %w", err)
-				}
+			if changed || set == nil {
+				again()
 			}
+		}
+		if set == nil {
+			sleep(ctx, wait)
+			continue
 		}
 		var data nvml.EventData
 		var ret nvml.Return
@@ -184,9 +195,7 @@ func (h *HealthSource) Run(ctx context.Context, sink health.Sink) error {
 			changed := h.probe(ctx, sink, uuids, lost)
 			lastPoll = time.Now()
 			if changed {
-				if err := rebuild(); err != nil {
-					return fmt.Errorf("watch GPU health: %w", err)
-				}
+				again()
 				continue
 			}
 			backoff = min(max(2*backoff, wait), maxLostBackoff)
