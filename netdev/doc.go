@@ -326,8 +326,12 @@
 // tenant's claims and have no authentication, listen on loopback by default
 // (the chart's metricsHost; the pod IP is an opt-in, with a NetworkPolicy
 // admitting only the named scrapers), health on the pod IP, never every
-// address of the node. The state directory is 0700; the
-// claim files containers read stay 0644 and hold no secrets.
+// address of the node. The state directory is 0711: a claim's MPS server,
+// running as its pod's user, passes through it to its pipe directory, and
+// a host user who knows a claim's hashed directory name can reach that
+// daemon's socket too (host users are trusted with the node's GPUs here);
+// the checkpoint is 0600, the directories of claim files and netdev records
+// 0700, and the claim files containers read stay 0644 and hold no secrets.
 //
 // # Tests
 //
