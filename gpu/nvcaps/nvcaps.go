@@ -84,10 +84,26 @@ func Read(root string, caps ...string) ([]Node, error) {
 
 // Major is the nvidia-caps character device major from <root>/proc/devices.
 func Major(root string) (uint32, error) {
+	major, err := CharMajor(root, "nvidia-caps")
+	if e := (NoDeviceError{}); errors.As(err, &e) {
+		return 0, fmt.Errorf("%w (the driver is not loaded, or is too old for MIG)", err)
+	}
+	return major, err
+}
+
+// NoDeviceError is CharMajor's error where /proc/devices lists no such
+// character device: its driver is not loaded.
+type NoDeviceError struct{ Path, Name string }
+
+func (e NoDeviceError) Error() string { return e.Path + ": no " + e.Name + " character device" }
+
+// CharMajor is the major of the character device name (its driver's, as
+// /proc/devices lists it) from <root>/proc/devices.
+func CharMajor(root, name string) (uint32, error) {
 	path := filepath.Join(root, "proc/devices")
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("nvidia-caps major: %w", err)
+		return 0, fmt.Errorf("%s major: %w", name, err)
 	}
 	char := false
 	sc := bufio.NewScanner(bytes.NewReader(b))
@@ -100,16 +116,16 @@ func Major(root string) (uint32, error) {
 			char = false // block devices share the numbers, not the meaning
 		case char:
 			f := strings.Fields(line)
-			if len(f) == 2 && f[1] == "nvidia-caps" {
+			if len(f) == 2 && f[1] == name {
 				v, err := strconv.ParseUint(f[0], 10, 32)
 				if err != nil {
-					return 0, fmt.Errorf("%s: nvidia-caps major %q: %w", path, f[0], err)
+					return 0, fmt.Errorf("%s: %s major %q: %w", path, name, f[0], err)
 				}
 				return uint32(v), nil
 			}
 		}
 	}
-	return 0, fmt.Errorf("%s: no nvidia-caps character device (the driver is not loaded, or is too old for MIG)", path)
+	return 0, NoDeviceError{Path: path, Name: name}
 }
 
 // readCap parses a capability file: "Key: value" lines, of which

@@ -44,6 +44,7 @@ func (p *Preparer) nvcdiLib(l gpu.Library) (nvcdi.Interface, error) {
 // commonEdits are what every GPU container needs: the control and UVM
 // device nodes, the driver's libraries and binaries.
 func (p *Preparer) commonEdits(ctx context.Context) (cdispec.ContainerEdits, error) {
+	p.ensureUVMNodes()
 	var edits cdispec.ContainerEdits
 	err := p.opts.NVML.Do(ctx, "CDI edits", func(l gpu.Library) error {
 		lib, err := p.nvcdiLib(l)

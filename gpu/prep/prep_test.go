@@ -443,3 +443,36 @@ func TestMIGUnprepareSparesAnotherInstanceAtItsPlacement(t *testing.T) {
 		t.Errorf("instances %v, want the one made by hand kept", got)
 	}
 }
+
+// A host with the nvidia-uvm module loaded but no /dev/nvidia-uvm (nothing
+// ran nvidia-modprobe yet) gets the nodes made, and the container gets
+// them: the CDI library gives only the nodes it finds, and every CUDA
+// process opens them.
+func TestMissingUVMNodesAreMade(t *testing.T) {
+	f := newFixture(t, nvmltest.H100Node())
+	_, ctx := ktesting.NewTestContext(t)
+	for _, n := range []string{"dev/nvidia-uvm", "dev/nvidia-uvm-tools"} {
+		if err := os.Remove(filepath.Join(f.root, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := "gpu-0000-3b-00-0"
+	out, err := f.prep.Prepare(ctx, alloc("c1", name, names.KindGPU), f.res.Index[name])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, n := range out.Edits.DeviceNodes {
+		nodes = append(nodes, n.Path)
+	}
+	for minor, n := range []string{"nvidia-uvm", "nvidia-uvm-tools"} {
+		var st unix.Stat_t
+		path := filepath.Join(f.root, "dev", n)
+		if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(510, uint32(minor)) || st.Mode&0o777 != 0o666 {
+			t.Errorf("%s: %v, mode %#o, rdev %d:%d; want 510:%d, 0666", path, err, st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev), minor)
+		}
+		if !slices.Contains(nodes, "/dev/"+n) {
+			t.Errorf("device nodes %v lack /dev/%s", nodes, n)
+		}
+	}
+}
