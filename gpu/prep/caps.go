@@ -53,9 +53,12 @@ func (p *Preparer) ensureUVMNodes() {
 	root := p.opts.Root
 	major, err := nvcaps.CharMajor(root, "nvidia-uvm")
 	if err != nil {
-		p.opts.Logger.Error(err, "The nvidia-uvm module is not loaded: GPU containers get no /dev/nvidia-uvm, and CUDA in them fails until it is (nvidia-modprobe -u -c=0)")
+		if !p.uvmUnloaded.Swap(true) {
+			p.opts.Logger.Error(err, "The nvidia-uvm module is not loaded: GPU containers get no /dev/nvidia-uvm, and CUDA in them fails until it is (nvidia-modprobe -u -c=0)")
+		}
 		return
 	}
+	p.uvmUnloaded.Store(false)
 	for _, n := range uvmNodes {
 		path := filepath.Join(root, "dev", n.name)
 		if _, err := os.Lstat(path); err == nil {

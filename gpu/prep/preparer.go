@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
@@ -49,6 +50,10 @@ type Preparer struct {
 	// Devices finds a published device by name; the agent sets it once
 	// its inventory exists, for Restore to resolve claims not completed.
 	Devices func() map[string]slices.Entry
+
+	// uvmUnloaded is set once the agent has said the nvidia-uvm module
+	// is not loaded: said once, not at every prepare.
+	uvmUnloaded atomic.Bool
 
 	mu      sync.Mutex
 	unowned []string
