@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -17,6 +18,9 @@ const (
 	SourceEvents = "nvml-events"
 	SourceState  = "nvml-state"
 	SourceLane   = "nvml-lane"
+	// SourceRecovery is the recovery action the driver asks, read at each
+	// poll (r570 on).
+	SourceRecovery = "nvml-recovery-action"
 )
 
 // GPU health reasons (taint values); an XID's is "XID<n>".
@@ -282,6 +286,46 @@ func sleep(ctx context.Context, d time.Duration) {
 // instance (NVML's API reference: 0xFFFFFFFF).
 const noInstance = 0xFFFFFFFF
 
+// recoveryCondition is what a recovery action the driver asks does to its
+// GPU: a reboot loses it (nothing short of one brings it back); a reset, a
+// drain or the IMEX domain's recovery degrades it; none leaves it healthy.
+func recoveryCondition(uuid string, action nvml.DeviceGpuRecoveryAction) health.Condition {
+	switch action {
+	case nvml.GPU_RECOVERY_ACTION_NONE:
+		return health.Condition{}
+	case nvml.GPU_RECOVERY_ACTION_NODE_REBOOT, nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT:
+		return health.Condition{Severity: health.Lost, Reason: ReasonRecoveryReboot, Message: fmt.Sprintf("%s: the driver asks for a reboot (recovery action %d)", uuid, action)}
+	default:
+		return health.Condition{Severity: health.Degraded, Reason: ReasonRecoveryReset, Message: fmt.Sprintf("%s: the driver asks for a reset or drain (recovery action %d)", uuid, action)}
+	}
+}
+
+// recoveryAction reads the recovery action the driver asks of dev
+// (FI_DEV_GET_GPU_RECOVERY_ACTION, r570 on); false where NVML has no
+// answer (an older driver: NOT_SUPPORTED).
+func recoveryAction(dev nvml.Device) (nvml.DeviceGpuRecoveryAction, bool) {
+	values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
+	if ret := dev.GetFieldValues(values); ret != nvml.SUCCESS || nvml.Return(values[0].NvmlReturn) != nvml.SUCCESS {
+		return 0, false
+	}
+	v, ok := fieldUint(values[0])
+	return nvml.DeviceGpuRecoveryAction(v), ok
+}
+
+// fieldUint is a field value of an integer type.
+func fieldUint(v nvml.FieldValue) (uint64, bool) {
+	switch nvml.ValueType(v.ValueType) {
+	case nvml.VALUE_TYPE_UNSIGNED_INT, nvml.VALUE_TYPE_SIGNED_INT:
+		return uint64(binary.LittleEndian.Uint32(v.Value[:4])), true
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG, nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return binary.LittleEndian.Uint64(v.Value[:]), true
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return uint64(binary.LittleEndian.Uint16(v.Value[:2])), true
+	default:
+		return 0, false
+	}
+}
+
 // GPU health reasons of the r570 events.
 const (
 	ReasonGPUUnavailable = "GPUUnavailable"
@@ -308,14 +352,11 @@ func (h *HealthSource) event(ctx context.Context, sink health.Sink, uuid string,
 	case data.EventType&nvml.EventTypeGpuUnavailableError != 0:
 		c = health.Condition{Source: SourceEvents, Severity: health.Lost, Reason: ReasonGPUUnavailable, Message: uuid + ": NVML reports the GPU unavailable"}
 	case data.EventType&nvml.EventTypeGpuRecoveryAction != 0:
-		switch nvml.DeviceGpuRecoveryAction(data.EventData) {
-		case nvml.GPU_RECOVERY_ACTION_NONE:
+		c = recoveryCondition(uuid, nvml.DeviceGpuRecoveryAction(data.EventData))
+		if c.Severity == health.Healthy {
 			return
-		case nvml.GPU_RECOVERY_ACTION_NODE_REBOOT, nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT:
-			c = health.Condition{Source: SourceEvents, Severity: health.Lost, Reason: ReasonRecoveryReboot, Message: fmt.Sprintf("%s: the driver asks for a reboot (recovery action %d)", uuid, data.EventData)}
-		default:
-			c = health.Condition{Source: SourceEvents, Severity: health.Degraded, Reason: ReasonRecoveryReset, Message: fmt.Sprintf("%s: the driver asks for a reset or drain (recovery action %d)", uuid, data.EventData)}
 		}
+		c.Source = SourceEvents
 	default:
 		return
 	}
@@ -402,6 +443,22 @@ func (h *HealthSource) probe(ctx context.Context, sink health.Sink, uuids map[nv
 			c.Severity, c.Reason, c.Message = health.Degraded, ReasonRowRemapPending, uuid+": row remaps pending (a reset applies them)"
 		}
 		h.observe(sink, uuid, c)
+		// The recovery action the driver asks is a state, not only the
+		// moment of its event: it lasts until the reset or reboot.
+		recovery := health.Condition{Source: SourceRecovery}
+		if ret != nvml.ERROR_GPU_IS_LOST {
+			var action nvml.DeviceGpuRecoveryAction
+			var known bool
+			_ = h.NVML.Do(ctx, "recovery action", func(Library) error {
+				action, known = recoveryAction(dev)
+				return nil
+			})
+			if known {
+				recovery = recoveryCondition(uuid, action)
+				recovery.Source = SourceRecovery
+			}
+		}
+		h.observe(sink, uuid, recovery)
 		if h.Wedged != nil {
 			hung := health.Condition{Source: SourceLane}
 			if err := h.Wedged(uuid); err != nil {

@@ -20,6 +20,11 @@ type Event struct {
 	// its GPU instance (NVML's EventData.GpuInstanceId); absent for an
 	// XID of the whole GPU.
 	GPUInstance *uint32 `json:"gpuInstance,omitempty"`
+	// RecoveryAction is, for a "recoveryAction" event, what the driver
+	// asks (NVML's nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset,
+	// 2 node reboot, 3 drain P2P, 4 drain and reset, 5 recover the IMEX
+	// domain, 6 bus reset, 7 system reboot).
+	RecoveryAction *uint32 `json:"recoveryAction,omitempty"`
 }
 
 // Event types a replay file may give.
@@ -34,9 +39,18 @@ const (
 	EventRowRemapFailed  = "rowRemapFailed"
 	// EventGPULost makes the GPU's calls answer GPU_IS_LOST from then on.
 	EventGPULost = "gpuLost"
-	// EventRecovered undoes lost and row remaps (a reset).
+	// EventRecoveryAction is the driver asking for a recovery action
+	// (r570 on): an EventTypeGpuRecoveryAction event, and what the
+	// FI_DEV_GET_GPU_RECOVERY_ACTION field answers from then on.
+	EventRecoveryAction = "recoveryAction"
+	// EventRecovered undoes lost, row remaps and a recovery action (a
+	// reset).
 	EventRecovered = "recovered"
 )
+
+// maxRecoveryAction is the highest recovery action NVML defines (system
+// reboot).
+const maxRecoveryAction = 7
 
 func (inv *Inventory) validateEvents() error {
 	uuids := map[string]bool{}
@@ -56,12 +70,19 @@ func (inv *Inventory) validateEvents() error {
 			if e.XID == 0 {
 				return fmt.Errorf("%s: an xid event needs its xid", field)
 			}
-		case EventDoubleBitECC, EventRowRemapPending, EventRowRemapFailed, EventGPULost, EventRecovered:
-			if e.XID != 0 || e.GPUInstance != nil {
-				return fmt.Errorf("%s: xid and gpuInstance are for xid events only", field)
+		case EventRecoveryAction:
+			if e.RecoveryAction == nil || *e.RecoveryAction > maxRecoveryAction {
+				return fmt.Errorf("%s: a recoveryAction event needs its recoveryAction, 0 to %d", field, maxRecoveryAction)
 			}
+		case EventDoubleBitECC, EventRowRemapPending, EventRowRemapFailed, EventGPULost, EventRecovered:
 		default:
-			return fmt.Errorf("%s.type: %q is not one of xid, doubleBitEcc, rowRemapPending, rowRemapFailed, gpuLost, recovered", field, e.Type)
+			return fmt.Errorf("%s.type: %q is not one of xid, doubleBitEcc, rowRemapPending, rowRemapFailed, gpuLost, recoveryAction, recovered", field, e.Type)
+		}
+		if e.Type != EventXID && (e.XID != 0 || e.GPUInstance != nil) {
+			return fmt.Errorf("%s: xid and gpuInstance are for xid events only", field)
+		}
+		if e.Type != EventRecoveryAction && e.RecoveryAction != nil {
+			return fmt.Errorf("%s: recoveryAction is for recoveryAction events only", field)
 		}
 	}
 	return nil

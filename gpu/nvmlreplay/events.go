@@ -1,6 +1,7 @@
 package nvmlreplay
 
 import (
+	"encoding/binary"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -34,7 +35,11 @@ type timedEvent struct {
 	e  nvmlinfo.Event
 }
 
-type deviceState struct{ lost, remapPending, remapFailed bool }
+type deviceState struct {
+	lost, remapPending, remapFailed bool
+	// recovery is the recovery action the driver asks (r570 on).
+	recovery uint32
+}
 
 type eventSet struct {
 	// regs are the event types registered, by GPU UUID.
@@ -87,6 +92,10 @@ func (x *events) happen(now time.Time) {
 			}
 		case nvmlinfo.EventDoubleBitECC:
 			data = nvml.EventData{Device: dev, EventType: nvml.EventTypeDoubleBitEccError}
+		case nvmlinfo.EventRecoveryAction:
+			st.recovery = *e.RecoveryAction
+			data = nvml.EventData{Device: dev, EventType: nvml.EventTypeGpuRecoveryAction, EventData: uint64(st.recovery),
+				GpuInstanceId: noInstance, ComputeInstanceId: noInstance}
 		case nvmlinfo.EventRowRemapPending:
 			st.remapPending = true
 			continue
@@ -150,8 +159,13 @@ func (x *events) next() time.Time {
 	return x.due[0].at
 }
 
-// supportedEvents are the event types a replayed GPU takes.
-const supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
+// supportedEvents are the event types a replayed GPU takes; a driver of
+// r570 on also takes the GPU-unavailable and recovery-action events
+// (nvml.h of r570; what a card lists is not recorded).
+const (
+	supportedEvents     = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
+	supportedEventsR570 = supportedEvents | nvml.EventTypeGpuUnavailableError | nvml.EventTypeGpuRecoveryAction
+)
 
 func (x *events) newSet() (nvml.EventSet, nvml.Return) {
 	x.calls.Add(1)
@@ -203,10 +217,15 @@ func (x *events) newSet() (nvml.EventSet, nvml.Return) {
 }
 
 // device makes a mock device take event registrations and answer as its
-// state says.
-func (x *events) device(m *server.Device, uuid string) {
+// state says; r570 says whether its driver is r570 or later, which has the
+// recovery action.
+func (x *events) device(m *server.Device, uuid string, r570 bool) {
 	x.devs[uuid] = m
 	x.state[uuid] = &deviceState{}
+	supported := uint64(supportedEvents)
+	if r570 {
+		supported = supportedEventsR570
+	}
 	m.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
 		x.calls.Add(1)
 		x.mu.Lock()
@@ -214,7 +233,7 @@ func (x *events) device(m *server.Device, uuid string) {
 		if x.state[uuid].lost {
 			return 0, nvml.ERROR_GPU_IS_LOST
 		}
-		return supportedEvents, nvml.SUCCESS
+		return supported, nvml.SUCCESS
 	}
 	m.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return {
 		x.calls.Add(1)
@@ -227,7 +246,7 @@ func (x *events) device(m *server.Device, uuid string) {
 		if x.state[uuid].lost {
 			return nvml.ERROR_GPU_IS_LOST
 		}
-		if types&^supportedEvents != 0 {
+		if types&^supported != 0 {
 			return nvml.ERROR_NOT_SUPPORTED
 		}
 		s.regs[uuid] |= types
@@ -256,5 +275,34 @@ func (x *events) device(m *server.Device, uuid string) {
 			return 0, 0, false, false, nvml.ERROR_GPU_IS_LOST
 		}
 		return 0, 0, st.remapPending, st.remapFailed, nvml.SUCCESS
+	}
+}
+
+// fieldValues answers NVML's field values as a card does: each value its
+// own return, NOT_SUPPORTED for a field the replay does not know; the
+// recovery action where the driver has it (r570 on).
+func (x *events) fieldValues(uuid string, r570 bool) func([]nvml.FieldValue) nvml.Return {
+	return func(values []nvml.FieldValue) nvml.Return {
+		x.calls.Add(1)
+		if len(values) == 0 {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		x.happen(time.Now())
+		st := x.state[uuid]
+		if st.lost {
+			return nvml.ERROR_GPU_IS_LOST
+		}
+		for i := range values {
+			v := &values[i]
+			v.NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+			if v.FieldId == nvml.FI_DEV_GET_GPU_RECOVERY_ACTION && r570 {
+				v.NvmlReturn, v.ValueType = uint32(nvml.SUCCESS), uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+				binary.LittleEndian.PutUint32(v.Value[:4], st.recovery)
+			}
+			v.Timestamp = time.Now().UnixMicro()
+		}
+		return nvml.SUCCESS
 	}
 }

@@ -77,7 +77,10 @@ func New(inv *nvmlinfo.Inventory) (*Replay, error) {
 	r.Server.EventSetCreateFunc = r.events.newSet
 	for i, d := range devs {
 		r.device(r.Server.Devices[i].(*server.Device), d)
-		r.events.device(r.Server.Devices[i].(*server.Device), d.UUID)
+		m := r.Server.Devices[i].(*server.Device)
+		r570 := driverMajor(inv.DriverVersion) >= 570
+		r.events.device(m, d.UUID, r570)
+		m.GetFieldValuesFunc = r.events.fieldValues(d.UUID, r570)
 	}
 	for i, d := range devs {
 		m := r.Server.Devices[i].(*server.Device)
@@ -224,4 +227,15 @@ func profileInfo(p nvmlinfo.MIGProfile) nvml.GpuInstanceProfileInfo {
 		info.JpegCount, info.OfaCount = uint32(e.JPEGs), uint32(e.OFAs)
 	}
 	return info
+}
+
+// driverMajor is a driver version's branch ("580.159.04": 580); 0 where
+// the version does not say.
+func driverMajor(version string) int {
+	major, _, _ := strings.Cut(version, ".")
+	n, err := strconv.Atoi(major)
+	if err != nil {
+		return 0
+	}
+	return n
 }

@@ -333,3 +333,46 @@ func TestGPUWedgedLaneTaints(t *testing.T) {
 	mu.Unlock()
 	waitTaint(t, g, 5*time.Second, func(ts map[string][]resourceapi.DeviceTaint) bool { return len(ts) == 0 })
 }
+
+// A recovery action the driver asks (r570 on) taints its GPU for as long as
+// NVML still answers it, not only at its event: a reset or a drain
+// NoSchedule, a reboot NoExecute. A reset clears it after the hold-down.
+func TestGPURecoveryActionTaints(t *testing.T) {
+	g := newGPUHealthRig(t, "1s")
+	time.Sleep(300 * time.Millisecond) // the event set is registered
+	action := func(a uint32) *uint32 { return &a }
+	resetGPU, rebootGPU := nvmltest.H100UUID(3), nvmltest.H100UUID(4)
+	g.replay.Inject(nvmlinfo.Event{UUID: resetGPU, Type: nvmlinfo.EventRecoveryAction, RecoveryAction: action(uint32(nvml.GPU_RECOVERY_ACTION_GPU_RESET))})
+	g.replay.Inject(nvmlinfo.Event{UUID: rebootGPU, Type: nvmlinfo.EventRecoveryAction, RecoveryAction: action(uint32(nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT))})
+	took := waitTaint(t, g, time.Second, func(ts map[string][]resourceapi.DeviceTaint) bool {
+		return len(ts[resetGPU]) == 1 && len(ts[rebootGPU]) == 1
+	})
+	t.Logf("recovery actions to taints: %v", took)
+	check := func(when string) {
+		t.Helper()
+		ts := g.taints()
+		if len(ts) != 2 {
+			t.Fatalf("%s: taints %v, want GPUs 3 and 4 alone", when, ts)
+		}
+		if r := ts[resetGPU][0]; r.Value != gpu.ReasonRecoveryReset || r.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+			t.Fatalf("%s: GPU 3 asked a reset: taint %+v, want RecoveryReset NoSchedule", when, r)
+		}
+		if r := ts[rebootGPU][0]; r.Value != gpu.ReasonRecoveryReboot || r.Effect != resourceapi.DeviceTaintEffectNoExecute {
+			t.Fatalf("%s: GPU 4 asked a reboot: taint %+v, want RecoveryReboot NoExecute", when, r)
+		}
+	}
+	check("at once")
+	// Past the hold-down the events' moments are over; the field still
+	// answers the actions, so the taints stay.
+	time.Sleep(2 * time.Second)
+	check("after the hold-down")
+	g.replay.Inject(nvmlinfo.Event{UUID: resetGPU, Type: nvmlinfo.EventRecovered})
+	back := time.Now()
+	waitTaint(t, g, 5*time.Second, func(ts map[string][]resourceapi.DeviceTaint) bool { return len(ts[resetGPU]) == 0 })
+	if d := time.Since(back); d < time.Second {
+		t.Errorf("GPU 3's taint cleared %v after its reset, before the 1 s hold-down", d)
+	}
+	if ts := g.taints(); len(ts) != 1 || len(ts[rebootGPU]) != 1 {
+		t.Fatalf("after GPU 3's reset: taints %v, want GPU 4's alone", ts)
+	}
+}
