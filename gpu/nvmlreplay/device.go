@@ -56,6 +56,7 @@ func (r *Replay) device(m *server.Device, d nvmlinfo.Device) {
 		}
 		return
 	}
+	migDevices(m)
 	if d.MIGProfiles != nil {
 		byIndex := map[int]nvml.GpuInstanceProfileInfo{}
 		for _, p := range d.MIGProfiles {

@@ -31,8 +31,11 @@
 // nvcaps: minor, mode and owner from the capability file, the major from
 // /proc/devices' nvidia-caps line; a right node is kept, a wrong one replaced
 // in one rename, a directory at the path refused), with
-// CARVE_<REQUEST>_MIG_PARENT_UUID, _MIG_PROFILE, _MIG_GPU_INSTANCE_ID and
-// _MIG_COMPUTE_INSTANCE_ID. Unprepare destroys both instances.
+// CARVE_<REQUEST>_MIG_PARENT_UUID, _MIG_PROFILE, _MIG_GPU_INSTANCE_ID,
+// _MIG_COMPUTE_INSTANCE_ID and _MIG_UUID (the MIG device's own UUID, what
+// CUDA_VISIBLE_DEVICES and DCGM name it by; NVML finds it among the GPU's
+// MIG devices by the instances' ids, and a card that does not answer it
+// leaves the variable out). Unprepare destroys both instances.
 //
 // The checkpoint records the claim as started before the instance is made
 // and keeps the instance's record (parent, profile Id and index, placement,

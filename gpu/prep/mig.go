@@ -81,8 +81,11 @@ func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slice
 	// placement out of the pool.
 	p.own(rec, a.ClaimUID)
 	crashPoint("mig-recorded")
+	var migUUID string
 	err := p.opts.NVML.Do(ctx, "create MIG instance", func(l gpu.Library) error {
-		return createMIG(l, &rec, g.MIG.Profile.Name)
+		var err error
+		migUUID, err = createMIG(l, &rec, g.MIG.Profile.Name)
+		return err
 	})
 	if err != nil {
 		p.forget(rec)
@@ -112,46 +115,88 @@ func (p *Preparer) prepareMIG(ctx context.Context, a prepare.Allocation, g slice
 		a.EnvPrefix()+"MIG_PROFILE="+g.MIG.Profile.Name,
 		a.EnvPrefix()+"MIG_GPU_INSTANCE_ID="+strconv.Itoa(int(rec.GPUInstanceID)),
 		a.EnvPrefix()+"MIG_COMPUTE_INSTANCE_ID="+strconv.Itoa(int(rec.ComputeInstanceID)))
+	if migUUID != "" {
+		// What CUDA_VISIBLE_DEVICES and DCGM name the instance by.
+		edits.Env = append(edits.Env, a.EnvPrefix()+"MIG_UUID="+migUUID)
+	}
 	return prepare.Prepared{Edits: edits, Undo: undo}, nil
 }
 
 // createMIG makes, under NVML's lock, the record's GPU instance and the
-// compute instance filling it, and sets their ids in the record.
-func createMIG(l gpu.Library, rec *migRecord, profile string) error {
+// compute instance filling it, sets their ids in the record, and returns
+// the MIG device's UUID ("" where NVML does not answer it: the instance is
+// made all the same).
+func createMIG(l gpu.Library, rec *migRecord, profile string) (string, error) {
+	dev, err := createInstances(l, rec, profile)
+	if err != nil {
+		return "", err
+	}
+	return migDeviceUUID(dev, rec.GPUInstanceID, rec.ComputeInstanceID), nil
+}
+
+// migDeviceUUID is the UUID of the MIG device of the GPU and compute
+// instance ids on dev, "" where NVML has none: NVML finds MIG devices by
+// index, not by their instances' ids.
+func migDeviceUUID(dev nvml.Device, gi, ci uint32) string {
+	n, ret := dev.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return ""
+	}
+	for i := 0; i < n; i++ {
+		m, ret := dev.GetMigDeviceHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		giID, ret1 := m.GetGpuInstanceId()
+		ciID, ret2 := m.GetComputeInstanceId()
+		if ret1 != nvml.SUCCESS || ret2 != nvml.SUCCESS || giID != int(gi) || ciID != int(ci) {
+			continue
+		}
+		if uuid, ret := m.GetUUID(); ret == nvml.SUCCESS {
+			return uuid
+		}
+	}
+	return ""
+}
+
+// createInstances makes the record's GPU instance and the compute
+// instance filling it, sets their ids in the record, and returns the
+// parent GPU.
+func createInstances(l gpu.Library, rec *migRecord, profile string) (nvml.Device, error) {
 	dev, err := parent(l, *rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	info, err := profileInfo(dev, *rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if gi, _ := findInstance(dev, info, rec.PlacementStart); gi != nil {
-		return fmt.Errorf("a GPU instance already holds placement %d of profile %s on %s, not made for this claim; left in place", rec.PlacementStart, profile, rec.ParentUUID)
+		return nil, fmt.Errorf("a GPU instance already holds placement %d of profile %s on %s, not made for this claim; left in place", rec.PlacementStart, profile, rec.ParentUUID)
 	}
 	placement := nvml.GpuInstancePlacement{Start: uint32(rec.PlacementStart), Size: uint32(rec.PlacementSize)}
 	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &placement)
 	if ret != nvml.SUCCESS {
-		return fmt.Errorf("create GPU instance %s at placement %d+%d: %s", profile, rec.PlacementStart, rec.PlacementSize, nvml.ErrorString(ret))
+		return nil, fmt.Errorf("create GPU instance %s at placement %d+%d: %s", profile, rec.PlacementStart, rec.PlacementSize, nvml.ErrorString(ret))
 	}
 	giInfo, ret := gi.GetInfo()
 	if ret != nvml.SUCCESS {
 		err := fmt.Errorf("GPU instance info: %s", nvml.ErrorString(ret))
 		if ret := gi.Destroy(); ret != nvml.SUCCESS {
-			return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
+			return nil, fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
 		}
-		return err
+		return nil, err
 	}
 	rec.GPUInstanceID = giInfo.Id
 	ci, err := createComputeInstance(gi, info.SliceCount)
 	if err != nil {
 		if ret := gi.Destroy(); ret != nvml.SUCCESS {
-			return fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
+			return nil, fmt.Errorf("%w; and destroying the GPU instance: %s", err, nvml.ErrorString(ret))
 		}
-		return err
+		return nil, err
 	}
 	rec.ComputeInstanceID = ci
-	return nil
+	return dev, nil
 }
 
 // createComputeInstance makes the compute instance that fills a GPU

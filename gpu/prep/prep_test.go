@@ -238,6 +238,24 @@ func TestMIGPrepareUnprepare(t *testing.T) {
 	if err := json.Unmarshal(out.Undo, &rec); err != nil || rec["placementStart"] != 4.0 {
 		t.Errorf("undo %s", out.Undo)
 	}
+	// The MIG device's UUID is the one NVML answers for the instances
+	// made: found among the GPU's MIG devices by their ids.
+	wantUUID := ""
+	dev, _ := f.replay.Server.DeviceGetHandleByIndex(0)
+	for i := 0; i < 7; i++ {
+		m, ret := dev.GetMigDeviceHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		gi, _ := m.GetGpuInstanceId()
+		ci, _ := m.GetComputeInstanceId()
+		if fmt.Sprint(gi) == fmt.Sprint(rec["gpuInstanceId"]) && fmt.Sprint(ci) == fmt.Sprint(rec["computeInstanceId"]) {
+			wantUUID, _ = m.GetUUID()
+		}
+	}
+	if !strings.HasPrefix(wantUUID, "MIG-") || !slices.Contains(out.Edits.Env, "CARVE_GPU_MIG_UUID="+wantUUID) {
+		t.Errorf("env %q, want CARVE_GPU_MIG_UUID=%s (NVML's for GPU instance %v, compute instance %v)", out.Edits.Env, wantUUID, rec["gpuInstanceId"], rec["computeInstanceId"])
+	}
 	over := migDevice(t, f, "7g.40gb", 0)
 	if _, err := f.prep.Prepare(ctx, alloc("c2", over, names.KindMIG), f.res.Index[over]); err == nil {
 		t.Error("an overlapping placement was created")

@@ -161,6 +161,9 @@ func TestRealH100EveryPlacementPreparesAndUnprepares(t *testing.T) {
 		if env := strings.Join(out.Edits.Env, " "); !strings.Contains(env, "MIG_PROFILE="+p.Name+" ") {
 			t.Errorf("%s: env %q lacks its profile %s", name, env, p.Name)
 		}
+		if env := strings.Join(out.Edits.Env, " "); !strings.Contains(env, "MIG_UUID=MIG-") {
+			t.Errorf("%s: env %q lacks its MIG device's UUID", name, env)
+		}
 		var rec struct {
 			ProfileID    int  `json:"profileId"`
 			ProfileIndex *int `json:"profileIndex"`
