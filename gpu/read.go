@@ -89,6 +89,13 @@ func readDevice(lib Library, dev nvml.Device, index int, unread *[]string) (nvml
 		return fail("CUDA compute capability", ret)
 	}
 	d.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+	// Persistence mode keeps the driver's state while no process holds
+	// the GPU; a GPU without it loses it between clients. Not knowing it
+	// is no reason to leave the GPU out.
+	if mode, ret := dev.GetPersistenceMode(); ret == nvml.SUCCESS {
+		on := mode == nvml.FEATURE_ENABLED
+		d.PersistenceMode = &on
+	}
 	current, _, ret := dev.GetMigMode()
 	switch ret {
 	case nvml.SUCCESS:

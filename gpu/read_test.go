@@ -70,7 +70,7 @@ func TestReadReplayMockTable(t *testing.T) {
 
 // go-nvml's own DGX H100 mock reads without error; its bus IDs are empty.
 func TestReadDGXH100Mock(t *testing.T) {
-	inv, err := gpu.Read(gpu.Library{Interface: dgxh100.New()})
+	inv, err := gpu.Read(gpu.Library{Interface: newDGXH100()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestOpenNoLibrary(t *testing.T) {
 // A driver that hangs: Open returns within its bound, and the session stays
 // wedged rather than queueing behind the stuck call.
 func TestOpenHang(t *testing.T) {
-	s := dgxh100.New()
+	s := newDGXH100()
 	release := make(chan struct{})
 	defer close(release)
 	s.InitFunc = func() nvml.Return { <-release; return nvml.SUCCESS }
@@ -112,7 +112,7 @@ func TestOpenHang(t *testing.T) {
 
 // An inventory call that hangs wedges the session: later calls fail fast.
 func TestInventoryHangWedges(t *testing.T) {
-	s := dgxh100.New()
+	s := newDGXH100()
 	release := make(chan struct{})
 	defer close(release)
 	sess, err := gpu.Open(context.Background(), gpu.Library{Interface: s}, 50*time.Millisecond)
@@ -131,12 +131,12 @@ func TestInventoryHangWedges(t *testing.T) {
 
 // A failing init and a panicking call are errors, not crashes.
 func TestInitFailsAndPanics(t *testing.T) {
-	s := dgxh100.New()
+	s := newDGXH100()
 	s.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
 	if _, err := gpu.Open(context.Background(), gpu.Library{Interface: s}, time.Second); err == nil || !strings.Contains(err.Error(), "init") {
 		t.Fatalf("error %v", err)
 	}
-	s = dgxh100.New()
+	s = newDGXH100()
 	s.Devices[0].(*server.Device).GetArchitectureFunc = nil // the mock panics
 	sess, err := gpu.Open(context.Background(), gpu.Library{Interface: s}, time.Second)
 	if err != nil {
@@ -195,4 +195,38 @@ func TestReadLeavesOutWhatNVMLCannotAnswer(t *testing.T) {
 		t.Fatalf("unread:\n%s\nwant GPU 5 lost and GPU 2's profile index 9", got)
 	}
 	t.Logf("unread:\n%s", got)
+}
+
+// newDGXH100 is go-nvml's DGX H100 mock with what it lacks and a card
+// answers: persistence mode, on, as a DGX runs nvidia-persistenced.
+func newDGXH100() *server.Server {
+	s := dgxh100.New()
+	for _, d := range s.Devices {
+		d.(*server.Device).GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_ENABLED, nvml.SUCCESS }
+	}
+	return s
+}
+
+// Persistence mode is read where NVML answers it, and left unknown where it
+// does not (a replay file that does not say), without leaving the GPU out.
+func TestReadPersistenceMode(t *testing.T) {
+	on := true
+	inv := nvmltest.H100Node()
+	inv.Devices[4].PersistenceMode = &on
+	r, err := nvmlreplay.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := gpu.Read(r.Library())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Devices) != 8 {
+		t.Fatalf("%d GPUs read, want 8", len(got.Devices))
+	}
+	for _, d := range got.Devices {
+		if want := d.Index == 4; (d.PersistenceMode != nil) != want || (want && !*d.PersistenceMode) {
+			t.Errorf("GPU %d: persistence mode %v", d.Index, d.PersistenceMode)
+		}
+	}
 }

@@ -70,6 +70,12 @@ func (b *builder) gpus(inv *discovery.Inventory) ([]Entry, []resourceapi.Counter
 			b.notef("GPU %d (%s, PCI bus ID %q) is reported by NVML but not among the PCI functions discovery found; published without topology attributes", d.Index, d.UUID, d.PCIBusID)
 		}
 		name := gpuName(d, addr, err)
+		if p := d.PersistenceMode; p != nil && !*p && (d.MIGEnabled || g.Memory.Enforcement != "none") {
+			// Without it the driver tears the GPU's state down whenever
+			// no process holds it: the agent's restart with no claim
+			// running is such a moment.
+			b.notef("GPU %s (%s): persistence mode is off; the driver may drop its MIG instances and compute mode while no process holds it (run nvidia-persistenced)", name, d.UUID)
+		}
 		if !d.MIGEnabled {
 			entries = append(entries, Entry{Kind: names.KindGPU, Device: b.wholeGPU(name, g, inv.NVML), GPU: &g})
 			continue
@@ -143,6 +149,9 @@ func setGPUAttributes(d *resourceapi.Device, g GPU, inv *nvmlinfo.Inventory) {
 		setVersion(d, names.AttrCUDAComputeCapability, g.Device.ComputeCapability+".0")
 	}
 	setString(d, names.AttrDriverVersion, inv.DriverVersion)
+	if p := g.Device.PersistenceMode; p != nil {
+		setBool(d, names.AttrPersistenceMode, *p)
+	}
 	if v := inv.CUDADriverVersion; v > 0 {
 		setVersion(d, names.AttrCUDADriverVersion, fmt.Sprintf("%d.%d.0", v/1000, v%1000/10))
 	}

@@ -111,3 +111,41 @@ func TestGPUsWithoutNVML(t *testing.T) {
 		t.Fatalf("devices %v notices %v", devices(res), res.Notices)
 	}
 }
+
+// Persistence mode is published where NVML answered it, on a GPU and on its
+// MIG devices; a GPU whose MIG instances or memory slices depend on the
+// driver's state, with persistence off, is named in a notice. Where NVML
+// did not answer, nothing is published.
+func TestGPUPersistenceMode(t *testing.T) {
+	on, off := true, false
+	inv := nvmltest.H100Node(2)
+	inv.Devices[0].PersistenceMode = &on
+	inv.Devices[2].PersistenceMode = &off
+	inv.Devices[3].PersistenceMode = &off
+	res := gpuNode(t, inv)
+	byUUID := map[string][]resourceapi.Device{}
+	for _, e := range res.Index {
+		if e.GPU != nil {
+			byUUID[e.GPU.Device.UUID] = append(byUUID[e.GPU.Device.UUID], e.Device)
+		}
+	}
+	for i, want := range map[int]*bool{0: &on, 1: nil, 2: &off, 3: &off} {
+		devs := byUUID[nvmltest.H100UUID(i)]
+		if len(devs) == 0 {
+			t.Fatalf("GPU %d: no devices", i)
+		}
+		for _, d := range devs {
+			got := d.Attributes["persistenceMode"].BoolValue
+			if (got == nil) != (want == nil) || (got != nil && *got != *want) {
+				t.Errorf("GPU %d device %s: persistenceMode %v, want %v", i, d.Name, got, want)
+			}
+		}
+	}
+	notes := strings.Join(res.Notices, "\n")
+	if !strings.Contains(notes, nvmltest.H100UUID(2)+"): persistence mode is off") {
+		t.Errorf("notices lack GPU 2's (MIG on) persistence mode:\n%s", notes)
+	}
+	if strings.Contains(notes, nvmltest.H100UUID(3)+"): persistence mode") {
+		t.Errorf("a whole GPU (MIG off, no memory slices) was noticed for its persistence mode:\n%s", notes)
+	}
+}

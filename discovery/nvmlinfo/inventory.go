@@ -38,6 +38,9 @@ type Device struct {
 	ComputeCapability string `json:"computeCapability"`
 	MIGCapable        bool   `json:"migCapable"`
 	MIGEnabled        bool   `json:"migEnabled"`
+	// PersistenceMode is NVML's persistence mode; nil where NVML did not
+	// answer it (and in files written before carve read it).
+	PersistenceMode *bool `json:"persistenceMode,omitempty"`
 	// MIGProfiles are the GPU-instance profiles with the placements NVML
 	// reports. Nil (absent) in a replay file means "use the mock's table
 	// for this product"; an empty list means the GPU reports none.

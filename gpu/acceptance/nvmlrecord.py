@@ -5,7 +5,8 @@ and tests can be checked against the card rather than against a binding.
 
   nvmlrecord.py > record.json
 
-For every GPU: identity, memory, MIG and compute modes; for every GPU
+For every GPU: identity, memory, MIG, compute and persistence modes, the
+recovery action the driver asks (r570 on); for every GPU
 instance profile *index* NVML defines (0..31 tried), the v3 profile info
 (its Id, the driver's name, slices, engines, memory) and the placements
 NVML reports for that profile's Id. Errors are recorded, never fatal.
@@ -25,6 +26,14 @@ class ProfileInfoV3(ctypes.Structure):
 
 class Placement(ctypes.Structure):
     _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+class FieldValue(ctypes.Structure):
+    # nvmlFieldValue_t; the value union read whole (little-endian: an
+    # unsigned int is its low 32 bits).
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
+                ("value", ctypes.c_ulonglong)]
 
 
 class Memory(ctypes.Structure):
@@ -66,6 +75,16 @@ def main():
         cm = ctypes.c_int()
         rc = nvml.nvmlDeviceGetComputeMode(dev, ctypes.byref(cm))
         d["computeMode"] = cm.value if rc == 0 else err(rc)
+        pm = ctypes.c_int()
+        rc = nvml.nvmlDeviceGetPersistenceMode(dev, ctypes.byref(pm))
+        d["persistenceMode"] = pm.value if rc == 0 else err(rc)
+        # The recovery action the driver asks (r570 on): field 230,
+        # FI_DEV_GET_GPU_RECOVERY_ACTION; the value's own return says
+        # whether the driver has it.
+        fv = FieldValue(fieldId=230)
+        rc = nvml.nvmlDeviceGetFieldValues(dev, 1, ctypes.byref(fv))
+        val = fv.value & 0xFFFFFFFF if fv.valueType in (1, 5) else fv.value
+        d["recoveryAction"] = (val if fv.nvmlReturn == 0 else err(fv.nvmlReturn)) if rc == 0 else err(rc)
         mx = ctypes.c_uint()
         rc = nvml.nvmlDeviceGetMaxMigDeviceCount(dev, ctypes.byref(mx))
         d["maxMigDeviceCount"] = mx.value if rc == 0 else err(rc)

@@ -28,6 +28,18 @@ func (r *Replay) device(m *server.Device, d nvmlinfo.Device) {
 		return p, nvml.SUCCESS
 	}
 	m.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
+	// Persistence mode as the file says; a file that does not say has no
+	// answer.
+	m.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) {
+		switch {
+		case d.PersistenceMode == nil:
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		case *d.PersistenceMode:
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		default:
+			return nvml.FEATURE_DISABLED, nvml.SUCCESS
+		}
+	}
 	// Compute mode Default, as a card comes up; a set one is kept (the
 	// mock has none, and a GPU memory share sets and restores it).
 	var modeMu sync.Mutex

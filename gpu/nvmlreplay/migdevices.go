@@ -41,10 +41,10 @@ func migDevices(m *server.Device) {
 		}
 		uuid := migUUID(m.UUID, key[0], key[1])
 		h := &mock.Device{
-			GetUUIDFunc:                           func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
-			IsMigDeviceHandleFunc:                 func() (bool, nvml.Return) { return true, nvml.SUCCESS },
-			GetGpuInstanceIdFunc:                  func() (int, nvml.Return) { return int(key[0]), nvml.SUCCESS },
-			GetComputeInstanceIdFunc:              func() (int, nvml.Return) { return int(key[1]), nvml.SUCCESS },
+			GetUUIDFunc:                            func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+			IsMigDeviceHandleFunc:                  func() (bool, nvml.Return) { return true, nvml.SUCCESS },
+			GetGpuInstanceIdFunc:                   func() (int, nvml.Return) { return int(key[0]), nvml.SUCCESS },
+			GetComputeInstanceIdFunc:               func() (int, nvml.Return) { return int(key[1]), nvml.SUCCESS },
 			GetDeviceHandleFromMigDeviceHandleFunc: func() (nvml.Device, nvml.Return) { return m, nvml.SUCCESS },
 		}
 		handles[key] = h

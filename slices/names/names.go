@@ -62,6 +62,9 @@ const (
 	// AttrMemoryEnforcement says how memory slices of a GPU are held:
 	// "dmem", "mps-policed" or "none" (whole-device only).
 	AttrMemoryEnforcement = "memoryEnforcement"
+	// AttrPersistenceMode is NVML's persistence mode of the GPU (of the
+	// parent, on a MIG device); absent where NVML did not answer it.
+	AttrPersistenceMode = "persistenceMode"
 
 	CapMemory          = "memory"
 	CapMultiprocessors = "multiprocessors"
