@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/carve-dra/carve/discovery"
+	"github.com/carve-dra/carve/discovery/nvmlinfo"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/gpu/mps"
@@ -98,36 +99,12 @@ func TestAcceptance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Short: the MPS daemon's pipe directory lies below it, and its
-	// sockets' paths must fit sun_path (mps.MaxPipeDir); t.TempDir's do not.
-	state, err := os.MkdirTemp("/tmp", "cva-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	// As the agent's state directory (prepare.EnsureStateDir): the
-	// tenant's MPS server, running as its uid, passes through it to the
-	// claim's pipe directory by path. MkdirTemp makes it 0700.
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	state := stateDir(t, "cva-")
 	small, large := newPod(t, "aaaaaaaa-0000-4000-8000-000000000010", 10<<30, 0), newPod(t, "bbbbbbbb-0000-4000-8000-000000000020", 20<<30, uint32(*tenant))
 	pol := police.New(police.Options{Processes: s, Recorder: logEvents{t}, Logger: ktesting.NewLogger(t, ktesting.NewConfig()),
 		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.pod}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.pod}}}})
 	go pol.Run(ctx)
-	mgr := memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(state, "gpushare"), Police: pol, KeepComputeMode: *keepMode,
-		MPSControl: gpu.FindFile(*driverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: hook.DefaultCgroupRoot})
-	cfg := nodeconfig.Default()
-	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
-	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
-	var entry slices.Entry
-	for _, e := range res.Index {
-		if e.GPU != nil && e.GPU.Device.UUID == dev0.UUID && e.GPU.MIG == nil {
-			entry = e
-		}
-	}
-	p := prep.New(prep.Options{NVML: s, Root: "/", DriverRoot: *driverRoot, Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
-	p.Devices = func() map[string]slices.Entry { return res.Index }
+	p, entry := sharePreparer(t, s, inv, choice, state, pol)
 
 	var rows []Row
 	start := time.Now()
@@ -183,16 +160,7 @@ func TestAcceptance(t *testing.T) {
 	// Every claim's own daemon, tmpfs and directory are gone.
 	var left []string
 	for _, a := range allocs {
-		dir := filepath.Join(state, "gpushare")
-		if _, alive := (mps.Daemon{Dir: memslice.DaemonDir(dir, a.ClaimUID, dev0.UUID), UUID: dev0.UUID}).PID(); alive {
-			left = append(left, a.ClaimName+"'s daemon")
-		}
-		if ok, _ := mps.IsShm(memslice.ClaimShmDir(dir, a.ClaimUID)); ok {
-			left = append(left, a.ClaimName+"'s tmpfs")
-		}
-		if _, err := os.Stat(memslice.ClaimDir(dir, a.ClaimUID)); !errors.Is(err, os.ErrNotExist) {
-			left = append(left, a.ClaimName+"'s directory")
-		}
+		left = append(left, leftOf(state, a, dev0.UUID)...)
 	}
 	rows = append(rows, Row{Attack: "teardown", Outcome: fmt.Sprintf("%s: left %v, compute mode %d (was %d), err %v",
 		time.Since(start).Round(time.Millisecond), left, mode, formerMode, errors.Join(terr, merr)), Passed: terr == nil && merr == nil && len(left) == 0 && mode == formerMode})
@@ -242,4 +210,70 @@ func newPod(t *testing.T, podUID string, slice uint64, uid uint32) *pod {
 	}
 	t.Cleanup(func() { _ = os.Remove(dir); _ = os.Remove(filepath.Dir(dir)) })
 	return &pod{pod: types.UID(podUID), uid: uid, v2: v2, dir: dir, slice: slice}
+}
+
+// stateDir is a state directory for a test's shares, removed after it,
+// made as the agent makes its own (prepare.EnsureStateDir: 0711, so that a
+// tenant's MPS server, running as its uid, passes through it to its
+// claim's pipe directory by path). Short and below /tmp: the daemon's pipe
+// directory lies below it, and its sockets' paths must fit sun_path
+// (mps.MaxPipeDir); t.TempDir's do not.
+func stateDir(t *testing.T, prefix string) string {
+	t.Helper()
+	state, err := os.MkdirTemp("/tmp", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(state) })
+	if err := prepare.EnsureStateDir(state); err != nil {
+		t.Fatal(err)
+	}
+	return state
+}
+
+// sharePreparer is carve's GPU preparer over GPU 0's memory slices, wired
+// as the agent wires it on a host (cmd/carve/app/gpumem.go): the shares
+// below state/gpushare, the MPS control binary and the daemons' library
+// directories from -driver-root, policing by pol; and GPU 0's published
+// whole device, with the node config's 5 GiB memory steps.
+func sharePreparer(t *testing.T, s *gpu.Session, inv *nvmlinfo.Inventory, choice memslice.Choice, state string, pol *police.Police) (*prep.Preparer, slices.Entry) {
+	t.Helper()
+	dev0 := inv.Devices[0]
+	mgr := memslice.New(memslice.Options{NVML: s, DriverLibDirs: gpu.LibraryDirs(*driverRoot), Dir: filepath.Join(state, memslice.SharesDir), Police: pol, KeepComputeMode: *keepMode,
+		MPSControl: mpsControl(), CgroupRoot: hook.DefaultCgroupRoot, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	cfg := nodeconfig.Default()
+	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
+	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
+	var entry slices.Entry
+	for _, e := range res.Index {
+		if e.GPU != nil && e.GPU.Device.UUID == dev0.UUID && e.GPU.MIG == nil {
+			entry = e
+		}
+	}
+	p := prep.New(prep.Options{NVML: s, Root: "/", DriverRoot: *driverRoot, Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	p.Devices = func() map[string]slices.Entry { return res.Index }
+	return p, entry
+}
+
+// mpsControl is the driver's nvidia-cuda-mps-control below -driver-root,
+// as the agent finds it.
+func mpsControl() string {
+	return gpu.FindFile(*driverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
+}
+
+// leftOf lists what a claim's teardown left in the state directory: its
+// daemon of GPU uuid, its tmpfs, its directory.
+func leftOf(state string, a prepare.Allocation, uuid string) []string {
+	dir := filepath.Join(state, memslice.SharesDir)
+	var left []string
+	if _, alive := (mps.Daemon{Dir: memslice.DaemonDir(dir, a.ClaimUID, uuid), UUID: uuid}).PID(); alive {
+		left = append(left, a.ClaimName+"'s daemon")
+	}
+	if ok, _ := mps.IsShm(memslice.ClaimShmDir(dir, a.ClaimUID)); ok {
+		left = append(left, a.ClaimName+"'s tmpfs")
+	}
+	if _, err := os.Stat(memslice.ClaimDir(dir, a.ClaimUID)); !errors.Is(err, os.ErrNotExist) {
+		left = append(left, a.ClaimName+"'s directory")
+	}
+	return left
 }

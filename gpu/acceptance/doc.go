@@ -21,6 +21,29 @@
 //     unprepared with nothing left; for every pair of placements the
 //     published counters must allow both exactly where the driver makes
 //     both (CountersAllow, PairsRow).
+//   - `./run.sh probe`: the MPS probe (TestMPSProbe, probe.go), the numbers
+//     a slice's enforcement rests on. A 4 GiB share of GPU 0 is prepared
+//     through carve's GPU preparer and memory-slice manager, as the agent
+//     wires them (sharePreparer): the claim's own control daemon, its
+//     ceiling set_default_device_pinned_mem_limit at the slice, the state
+//     directory 0711 (prepare.EnsureStateDir) with the claim's tree below
+//     it. Clients run as --tenant-uid (1001 in `device`: the uid-1001
+//     server must pass through the state directory, the layout that was
+//     0700 and hid the pipe directory from non-root servers) through the
+//     pipe directory read-only, each a fresh process: the slice first, then
+//     bisection to 64 MiB (ProbeStep, about 7 clients) for the largest
+//     allocation MPS allows. While each holds, NVML is read: the client's
+//     used memory (compute processes and MPS clients apart), the claim's
+//     nvidia-cuda-mps-server's (by the daemon's server list and the
+//     process name) and the GPU's used memory; and once no client is left,
+//     the server's again. It prints a markdown table (slice, largest
+//     allowed allocation, NVML's figure for that process, figure less
+//     allocation: the CUDA context, whether the figure is over the slice,
+//     i.e. whether policing at the slice would kill a process MPS allows;
+//     the server's figure with a client and without, the GPU's used memory
+//     before the share, with its daemon alone, with the client and with the
+//     server idle) and a RESULT: line that `device` puts in the summary.
+//     Policing is wired but not run: a kill would end the reading.
 //   - `./run.sh slices`: GPU memory slices, two shares of GPU 0 (10 GiB
 //     and 20 GiB) through carve's GPU preparer, clients in per-share
 //     cgroups as pods: allowed and held allocations, the variable raised,
@@ -42,12 +65,15 @@
 // gpu/acceptance/pack/ (it fails over 64 MiB); carrying it,
 // `cd gpu/acceptance/pack && OUT=$OUT ./run.sh device` runs every part in
 // at most 7 minutes, each under its own timeout (the test binary's 10 s
-// inside it), with the driver root it finds (/, /usr/local/nvidia, ...), the
-// compute and MIG modes kept, `slices` as tenant uid 1001 and `chart` with
-// PATH alone for an environment. It stops after `discovery` under gVisor
-// (uname -r 4.4.0), where MPS cannot work. $OUT (./out unless set) gets
-// summary.txt (a part a line: rc, seconds, PASS, FAIL or SKIP and why),
-// environment.txt, record.tar.gz and a log a test part.
+// inside it: environment, record 45 s, discovery 45 s, mig 90 s, probe
+// 60 s, slices 150 s, chart 75 s, each cut to what is left of the 7
+// minutes), with the driver root it finds (/, /usr/local/nvidia, ...), the
+// compute and MIG modes kept, `probe` and `slices` as tenant uid 1001 and
+// `chart` with PATH alone for an environment. It stops after `discovery`
+// under gVisor (uname -r 4.4.0), where MPS cannot work. $OUT (./out unless
+// set) gets summary.txt (a part a line: rc, seconds, PASS, FAIL or SKIP and
+// why; probe's PASS with its numbers), environment.txt, record.tar.gz and a
+// log a test part (discovery, mig, probe, slices, chart): 8 files.
 //
 // The clients are cudaclient.py (ctypes on libcuda.so.1: no wheels);
 // `--torch` runs the PyTorch client.py of the earlier runs instead.

@@ -7,8 +7,8 @@
 #   (every part below in one call of at most 7 minutes; results in $OUT)
 # On the GPU host:   ./run.sh record DIR [DRIVER_ROOT]   (environment, nvidia-smi, NVML as the driver answers)
 # On the GPU host:   ./run.sh [PART] [--keep-compute-mode] [--enable-mig] [--driver-root DIR] [--tenant-uid N] [--torch] [--dry-run] [--timeout D]
-#   PART is one of discovery, mig, slices, chart, or all (the default); each
-#   part runs in well under 10 minutes. Needs only the test binary, this
+#   PART is one of discovery, mig, probe, slices, chart, or all (the
+#   default); each part runs in well under 10 minutes. Needs only the test binary, this
 #   script, cudaclient.py (ctypes on libcuda.so.1) and python3; root, for
 #   the compute mode, cgroups, mount namespaces and the MPS daemon.
 #
@@ -110,7 +110,8 @@ if [ "${1:-}" = device ]; then
 	# Every part in one call of a lent machine (10 minutes a call): each
 	# under its own timeout, all within 7 minutes, the results under $OUT
 	# in at most 8 files (what such a call brings back): summary.txt,
-	# environment.txt, record.tar.gz and one log a test part.
+	# environment.txt, record.tar.gz and one log a test part (discovery,
+	# mig, probe, slices, chart).
 	out=${OUT:-./out}
 	mkdir -p "$out"
 	out=$(cd "$out" && pwd)
@@ -153,15 +154,18 @@ if [ "${1:-}" = device ]; then
 	}
 	# verdict LOG: PASS, FAIL or SKIP and why, from the test binary's -v
 	# output and rc: the why is the last file:line message before the
-	# first top-level --- FAIL or --- SKIP (t.Fatal's, t.Skip's).
+	# first top-level --- FAIL or --- SKIP (t.Fatal's, t.Skip's). A PASS
+	# carries the part's RESULT: line where it prints one (probe's
+	# numbers).
 	verdict() {
 		why=$(awk '/^[ \t]+[A-Za-z0-9_]+\.go:[0-9]+: /{l=$0} /^--- (FAIL|SKIP)/{sub(/^[ \t]+/, "", l); print l; exit}' "$1")
 		panic=$(grep -m1 '^panic: ' "$1" || true)
+		result=$(sed -n 's/^RESULT: //p' "$1" | head -n1)
 		case $rc in
 		124 | 137) echo "FAIL killed at its ${t}s timeout: ${panic:-$(tail -n1 "$1")}" ;;
 		0)
 			if grep -q '^--- PASS' "$1"; then
-				echo PASS
+				echo "PASS${result:+ $result}"
 			elif grep -q '^--- SKIP' "$1"; then
 				echo "SKIP $why"
 			else
@@ -235,9 +239,13 @@ if [ "${1:-}" = device ]; then
 		why="no NVIDIA driver found (libnvidia-ml.so.1 or nvidia-smi below / /usr/local/nvidia /run/nvidia/driver /home/kubernetes/bin/nvidia); discovery's log says what NVML answered"
 	fi
 	if [ -n "$why" ]; then
-		for p in mig slices chart; do say "$p" - 0 "SKIP $why"; done
+		for p in mig probe slices chart; do say "$p" - 0 "SKIP $why"; done
 	else
 		testpart mig 90 "$here/run.sh" mig --keep-compute-mode --driver-root "$droot"
+		# The MPS probe: a uid-1001 client of carve's claim daemon, the
+		# largest allocation its ceiling allows against NVML's figure,
+		# the server's own memory (about 7 clients, well under its 60 s).
+		testpart probe 60 "$here/run.sh" probe --keep-compute-mode --driver-root "$droot" --tenant-uid 1001
 		testpart slices 150 "$here/run.sh" slices --keep-compute-mode --driver-root "$droot" --tenant-uid 1001
 		# As the chart runs the agent: nothing of this shell's environment
 		# (LD_LIBRARY_PATH above all) but PATH; the driver only through
@@ -251,7 +259,7 @@ if [ "${1:-}" = device ]; then
 	exit "$failed"
 fi
 
-tests='^(TestDiscovery|TestMIG|TestAcceptance|TestAgentAsChart)$'
+tests='^(TestDiscovery|TestMIG|TestMPSProbe|TestAcceptance|TestAgentAsChart)$'
 flags="-client $here/cudaclient.py"
 timeout=30m
 while [ $# -gt 0 ]; do
@@ -259,6 +267,7 @@ while [ $# -gt 0 ]; do
 	all) ;;
 	discovery) tests='^TestDiscovery$' ;;
 	mig) tests='^TestMIG$' ;;
+	probe) tests='^TestMPSProbe$' ;;
 	slices) tests='^TestAcceptance$' ;;
 	chart) tests='^TestAgentAsChart$' ;;
 	--keep-compute-mode) flags="$flags -keep-compute-mode" ;;
@@ -268,7 +277,7 @@ while [ $# -gt 0 ]; do
 	--driver-root) shift; flags="$flags -driver-root ${1:?--driver-root DIR}" ;;
 	--tenant-uid) shift; flags="$flags -tenant-uid ${1:?--tenant-uid N}" ;;
 	--timeout) shift; timeout=${1:?--timeout DURATION} ;;
-	*) echo "usage: $0 build | pack | device | record DIR [DRIVER_ROOT] | [all|discovery|mig|slices|chart] [--keep-compute-mode] [--enable-mig] [--driver-root DIR] [--tenant-uid N] [--torch] [--dry-run] [--timeout D]" >&2; exit 2 ;;
+	*) echo "usage: $0 build | pack | device | record DIR [DRIVER_ROOT] | [all|discovery|mig|probe|slices|chart] [--keep-compute-mode] [--enable-mig] [--driver-root DIR] [--tenant-uid N] [--torch] [--dry-run] [--timeout D]" >&2; exit 2 ;;
 	esac
 	shift
 done

@@ -96,7 +96,7 @@ func Table(w io.Writer, rows []Row) bool {
 }
 
 // Plan lists the rows in the order the run makes them: TestDiscovery,
-// TestMIG, TestAcceptance (memory slices), TestAgentAsChart.
+// TestMIG, TestMPSProbe, TestAcceptance (memory slices), TestAgentAsChart.
 func Plan(keepComputeMode, enableMIG bool, tenantUID uint) []string {
 	// Default either way: carve sets it while a GPU is shared, since each
 	// claim's daemon runs an MPS server and EXCLUSIVE_PROCESS admits one.
@@ -114,6 +114,8 @@ func Plan(keepComputeMode, enableMIG bool, tenantUID uint) []string {
 		"MIG: every placement `nvidia-smi mig -lgipp` lists is published once, with the name `-lgip` gives, and nothing else",
 		"MIG: each placement prepared; the ctypes CUDA client, with the claim's device nodes as its /dev, sees exactly its instance; unprepared, nothing left",
 		"MIG: every pair of placements: the counters allow exactly the pairs the driver makes",
+		fmt.Sprintf("MPS probe: a 4 GiB share of GPU 0 through carve's preparer (its claim daemon's ceiling 4 GiB, the state directory 0711), clients as uid %d through the read-only pipe directory: "+
+			"the largest allocation allowed (bisected to 64 MiB) against NVML's figure for the process and the slice; the MPS server's own memory with a client and without", tenantUID),
 		"prepare two shares of GPU 0: 10 GiB and 20 GiB (latency)",
 		"no /dev/shm across claims: a file of the 10 GiB share's process is not in the 20 GiB share's",
 		fmt.Sprintf("the 20 GiB share holds 18.5 GiB and computes throughout, as uid %d (another tenant, its own daemon)", tenantUID),

@@ -46,7 +46,7 @@ func TestTable(t *testing.T) {
 		t.Error("a failed row passed the table")
 	}
 	if p := strings.Join(Plan(true, false, 1001), "\n"); !strings.Contains(p, "compute mode Default: held only if policing kills it") ||
-		!strings.Contains(p, "its mode is never changed") || !strings.Contains(p, "as uid 1001") {
+		!strings.Contains(p, "its mode is never changed") || !strings.Contains(p, "as uid 1001") || !strings.Contains(p, "MPS probe: a 4 GiB share of GPU 0 through carve's preparer") {
 		t.Errorf("plan with the modes kept: %q", p)
 	}
 	if p := strings.Join(Plan(false, true, 1001), "\n"); !strings.Contains(p, "off again after") {
