@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/carve-dra/carve/cmd/carve/app"
+	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/prepare/hostcgroup"
 	"github.com/carve-dra/carve/slices/nodeconfig"
 )
@@ -30,6 +31,7 @@ type agentFlags struct {
 	nvmlReplayProcesses                                   string
 	mpsShmSize                                            string
 	mpsCgroup                                             string
+	mpsCapabilities                                       []string
 	daemonSet                                             string
 	rescan, nvmlTimeout, registrationWait                 time.Duration
 	qps                                                   float64
@@ -78,6 +80,7 @@ func newAgentCommand() *cobra.Command {
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
 	fs.StringVar(&f.mpsCgroup, "mps-cgroup", "carve-mps", "cgroup, below the root of each of the host's cgroup hierarchies, that claims' MPS daemons are moved into so that they outlive the agent's pod (their clients lose their server with them); empty leaves them in the agent's container")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs each claim's GPU memory shares' containers and MPS daemons have as /dev/shm, one per claim (a quantity); pages are charged to the pods that write them")
+	fs.StringSliceVar(&f.mpsCapabilities, "mps-capabilities", mps.DefaultCapabilities, "the only capabilities claims' MPS control daemons and the servers they start keep (a list; \"all\" keeps the agent's): by default a container runtime's default set less the network ones, so that a daemon every tenant of its claim talks to holds no CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF and the like")
 	fs.StringVar(&f.daemonSet, "daemonset", os.Getenv(envDaemonSet), "the agent's own DaemonSet, as namespace/name (default $"+envDaemonSet+", which the chart sets): "+
 		"an agent that stops while it is being deleted (an uninstall) removes carve's state from the node, unless claims are still prepared; empty never does")
 	must(cmd.MarkFlagFilename("kubeconfig"))
@@ -109,6 +112,10 @@ func runAgent(ctx context.Context, f agentFlags) error {
 	shm, err := resource.ParseQuantity(f.mpsShmSize)
 	if err != nil || shm.Sign() <= 0 {
 		return fmt.Errorf("--mps-shm-size %q: want a positive quantity such as 1Gi", f.mpsShmSize)
+	}
+	mpsCaps, err := mps.ParseCapabilities(f.mpsCapabilities)
+	if err != nil {
+		return fmt.Errorf("--mps-capabilities: %w", err)
 	}
 	if f.mpsCgroup != "" {
 		if err := (hostcgroup.Group{Name: f.mpsCgroup}).Validate(); err != nil {
@@ -147,10 +154,11 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		MetricsAddr: f.metricsAddr, Profiling: f.profiling, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, RegistrationWait: f.registrationWait, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
 		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLReplayProcesses: f.nvmlReplayProcesses, NVMLTimeout: f.nvmlTimeout,
-		MPSShmSize: uint64(shm.Value()),
-		MPSCgroup:  f.mpsCgroup,
-		DaemonSet:  ds,
-		Version:    version,
+		MPSShmSize:      uint64(shm.Value()),
+		MPSCgroup:       f.mpsCgroup,
+		MPSCapabilities: mpsCaps,
+		DaemonSet:       ds,
+		Version:         version,
 	})
 }
 

@@ -240,7 +240,7 @@ func sharePreparer(t *testing.T, s *gpu.Session, inv *nvmlinfo.Inventory, choice
 	t.Helper()
 	dev0 := inv.Devices[0]
 	mgr := memslice.New(memslice.Options{NVML: s, DriverLibDirs: gpu.LibraryDirs(*driverRoot), Dir: filepath.Join(state, memslice.SharesDir), Police: pol, KeepComputeMode: *keepMode,
-		MPSControl: mpsControl(), CgroupRoot: hook.DefaultCgroupRoot, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+		MPSControl: mpsControl(), CgroupRoot: hook.DefaultCgroupRoot, DaemonCapabilities: agentDaemonCapabilities(t), Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	cfg := nodeconfig.Default()
 	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
 	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
@@ -276,4 +276,16 @@ func leftOf(state string, a prepare.Allocation, uuid string) []string {
 		left = append(left, a.ClaimName+"'s directory")
 	}
 	return left
+}
+
+// agentDaemonCapabilities are the capabilities the agent's MPS daemons keep
+// by default (--mps-capabilities): the card shows whether the real daemon
+// and its servers work with them.
+func agentDaemonCapabilities(t *testing.T) mps.Capabilities {
+	t.Helper()
+	c, err := mps.ParseCapabilities(mps.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -79,7 +79,7 @@ func DaemonDir(dir string, claim types.UID, uuid string) string {
 func (m *Manager) daemon(claim types.UID, uuid string, tier Tier) mps.Daemon {
 	d := mps.Daemon{Path: m.opts.MPSControl, Dir: DaemonDir(m.opts.Dir, claim, uuid), UUID: uuid,
 		ShmDir: ClaimShmDir(m.opts.Dir, claim), Start: m.opts.Start, Keep: m.opts.Keeper,
-		LibDirs: m.opts.DriverLibDirs, Env: m.opts.DaemonEnv}
+		LibDirs: m.opts.DriverLibDirs, Env: m.opts.DaemonEnv, Capabilities: m.opts.DaemonCapabilities}
 	if tier == TierDMEM {
 		d.Protocol = 3
 	}

@@ -52,6 +52,9 @@ type Options struct {
 	// DaemonEnv are more variables for every daemon (mps.Daemon.Env);
 	// none in the agent.
 	DaemonEnv []string
+	// DaemonCapabilities are the only capabilities every daemon keeps
+	// (mps.Daemon.Capabilities); nil keeps all.
+	DaemonCapabilities mps.Capabilities
 	// HookPath and HookArgs run `carve hook dmem-limit` (dmem tier).
 	HookPath string
 	HookArgs []string

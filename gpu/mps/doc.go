@@ -16,4 +16,15 @@
 // control binary's host path; StartWithShm starts it from the agent's own
 // where that namespace cannot be entered. Package memslice says why one
 // daemon per claim and how containers reach it.
+//
+// A daemon keeps only Daemon.Capabilities (DefaultCapabilities in the
+// agent, --mps-capabilities): the thread that starts it, one of its own
+// that ends with the start, narrows its bounding, inheritable and ambient
+// sets first, so the daemon, a root process, execs with that set alone and
+// the servers it forks and setuid()s inherit no more. A daemon every tenant
+// of its claim talks to holds no CAP_SYS_ADMIN, CAP_NET_ADMIN or CAP_BPF
+// of the privileged agent. Which capabilities the real daemon needs is the
+// container runtimes' default set, in which others run it as root without
+// privilege; the acceptance run on a card starts its daemons with the same
+// set (TestDaemonKeepsOnlyItsCapabilities here, with the fake).
 package mps

@@ -60,6 +60,9 @@ type Daemon struct {
 	// Env are more variables for the daemon; none in the agent (the
 	// tests' fake daemons are told where to log by them).
 	Env []string
+	// Capabilities are what the daemon and its servers keep
+	// (ParseCapabilities); nil keeps every capability the agent has.
+	Capabilities Capabilities
 }
 
 // Keeper holds daemons' processes apart from the agent's container.
@@ -70,9 +73,17 @@ type Keeper interface {
 	Release() error
 }
 
-// Starter starts cmd (nvidia-cuda-mps-control -d) with shm, when not
-// empty, bound over /dev/shm in a mount namespace of the daemon's own.
-type Starter func(cmd *exec.Cmd, shm string) error
+// Starter starts cmd (nvidia-cuda-mps-control -d) as opts say.
+type Starter func(cmd *exec.Cmd, opts StartOptions) error
+
+// StartOptions say how a daemon starts.
+type StartOptions struct {
+	// Shm, when not empty, is bound over /dev/shm in a mount namespace
+	// of the daemon's own.
+	Shm string
+	// Capabilities are the only ones the daemon keeps; nil keeps all.
+	Capabilities Capabilities
+}
 
 // MaxPipeDir is the longest CUDA_MPS_PIPE_DIRECTORY a control daemon
 // starts in: it binds <dir>/control_privileged, a unix socket whose path
@@ -174,11 +185,11 @@ func (d Daemon) starter() Starter {
 	if d.Start != nil {
 		return d.Start
 	}
-	return func(c *exec.Cmd, shm string) error {
-		if shm == "" {
+	return func(c *exec.Cmd, opts StartOptions) error {
+		if opts.Shm == "" && opts.Capabilities == nil {
 			return c.Start()
 		}
-		return StartWithShm(c, shm)
+		return StartWithShm(c, opts)
 	}
 }
 
@@ -218,7 +229,9 @@ func (d Daemon) Ensure(ctx context.Context) (bool, error) {
 	if d.Protocol != 0 {
 		args = append(args, "-p", strconv.Itoa(d.Protocol))
 	}
-	start := func(c *exec.Cmd) error { return d.starter()(c, d.ShmDir) }
+	start := func(c *exec.Cmd) error {
+		return d.starter()(c, StartOptions{Shm: d.ShmDir, Capabilities: d.Capabilities})
+	}
 	if _, err := d.runWith(ctx, start, "", args...); err != nil {
 		// -d prints nothing when it fails; its reason is in its log.
 		return false, fmt.Errorf("start MPS daemon of %s: %w%s", d.UUID, err, d.logTail())

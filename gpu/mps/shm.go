@@ -202,17 +202,18 @@ func mountsAt(dir string) string {
 	return " (mounted there: " + strings.Join(at, "; ") + ")"
 }
 
-// StartWithShm starts cmd in a mount namespace of its own in which shm is
-// bound over /dev/shm; what cmd forks (the daemon, its servers) stays there.
+// StartWithShm starts cmd in a mount namespace of its own in which
+// opts.Shm, where given, is bound over /dev/shm, with opts.Capabilities
+// alone; what cmd forks (the daemon, its servers) stays there.
 // The namespace is made on a thread locked for the purpose, which forks the
 // child and then ends, so that no other goroutine ever runs in it. Mounts
 // are slaves of the caller's, so that the bind never reaches the caller nor
 // the host.
-func StartWithShm(cmd *exec.Cmd, shm string) error {
+func StartWithShm(cmd *exec.Cmd, opts StartOptions) error {
 	if err := checkNotUnderShm(cmd); err != nil {
 		return err
 	}
-	return hostmount.OnOwnThread(func() error { return startInMountNS(cmd, shm) })
+	return hostmount.OnOwnThread(func() error { return startInMountNS(cmd, opts) })
 }
 
 // StartClient starts an MPS client as a share's container has it: shm over
@@ -271,7 +272,7 @@ func newSlaveNS(what string) error {
 // given (its pipe and log directories, shm) must be the same on the host,
 // as the state directory's hostPath mount is.
 func StartInNamespace(nsPath, root string) Starter {
-	return func(cmd *exec.Cmd, shm string) error {
+	return func(cmd *exec.Cmd, opts StartOptions) error {
 		if err := checkNotUnderShm(cmd); err != nil {
 			return err
 		}
@@ -284,12 +285,7 @@ func StartInNamespace(nsPath, root string) Starter {
 			cmd.Args[0] = cmd.Path
 			cmd.Env = hostPaths(root, cmd.Env)
 		}
-		return hostmount.InNamespace(nsPath, func() error {
-			if shm == "" {
-				return cmd.Start()
-			}
-			return startInMountNS(cmd, shm)
-		})
+		return hostmount.InNamespace(nsPath, func() error { return startInMountNS(cmd, opts) })
 	}
 }
 
@@ -326,12 +322,21 @@ func checkNotUnderShm(cmd *exec.Cmd) error {
 	return nil
 }
 
-func startInMountNS(cmd *exec.Cmd, shm string) error {
-	if err := newSlaveNS(cmd.Path); err != nil {
-		return err
+// startInMountNS starts cmd from the calling thread (one of its own), with
+// opts.Shm over /dev/shm in a slave mount namespace where it is given, and
+// the thread's capabilities narrowed to opts.Capabilities first: what it
+// forks inherits both.
+func startInMountNS(cmd *exec.Cmd, opts StartOptions) error {
+	if opts.Shm != "" {
+		if err := newSlaveNS(cmd.Path); err != nil {
+			return err
+		}
+		if err := unix.Mount(opts.Shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s over /dev/shm for %s: %w", opts.Shm, cmd.Path, err)
+		}
 	}
-	if err := unix.Mount(shm, "/dev/shm", "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind %s over /dev/shm for %s: %w", shm, cmd.Path, err)
+	if err := opts.Capabilities.restrict(); err != nil {
+		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
 	return cmd.Start()
 }

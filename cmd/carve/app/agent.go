@@ -24,6 +24,7 @@ import (
 	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/gpuopen"
+	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/netdev"
 	"github.com/carve-dra/carve/netdev/kernelprobe"
 	"github.com/carve-dra/carve/prepare"
@@ -107,6 +108,9 @@ type Options struct {
 	// each hierarchy's root (hostcgroup.Group); "" leaves them where they
 	// start, in the agent's container.
 	MPSCgroup string
+	// MPSCapabilities are the only capabilities the claims' MPS daemons
+	// keep (mps.ParseCapabilities); nil keeps all.
+	MPSCapabilities mps.Capabilities
 	// Version is the agent's release, recorded with the node's state
 	// format.
 	Version string

@@ -63,6 +63,8 @@
 //   - --nvml-timeout: 10s; bound on every NVML call.
 //   - --mps-shm-size: 1Gi; the tmpfs each claim's GPU memory shares have as
 //     /dev/shm.
+//   - --mps-capabilities: mps.DefaultCapabilities; the only capabilities the
+//     claims' MPS daemons and their servers keep ("all": the agent's).
 //
 // # Metrics
 //
