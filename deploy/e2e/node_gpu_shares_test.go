@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/carve-dra/carve/gpu/memslice"
+	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/gpu/nvmlreplay"
 	"github.com/carve-dra/carve/gpu/police"
 )
@@ -642,6 +643,7 @@ func testNonRootGPUSharePod(t *testing.T, cs kubernetes.Interface, g gpuNode, sh
 	if c, err := cs.ResourceV1().ResourceClaims(restrictedNS).Get(ctx, "gpu-nr", metav1.GetOptions{}); err == nil {
 		claimID = c.UID
 	}
+	checkDaemonCapabilities(t, memslice.ClaimDir(shares, claimID))
 	victim := newVictim(t, created.UID, 0)
 	d, ok := killedWithin(t, g, victim, bystander)
 	g.setProcesses(t, nil)
@@ -669,4 +671,58 @@ func buildMPSClientImage(t testing.TB) {
 	}
 	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), args...)))
 	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+}
+
+// checkDaemonCapabilities checks that the claim's MPS daemons, and the
+// servers they forked, hold no capability outside the agent's default
+// --mps-capabilities: the chart's agent is privileged, and a daemon every
+// tenant of the claim talks to must not be.
+func checkDaemonCapabilities(t *testing.T, claimDir string) {
+	t.Helper()
+	keep, err := mps.ParseCapabilities(mps.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allowed uint64
+	for _, c := range keep {
+		allowed |= 1 << uint(c)
+	}
+	files, _ := filepath.Glob(filepath.Join(claimDir, "*", "pipe", "nvidia-cuda-mps-control.pid"))
+	if len(files) == 0 {
+		t.Fatalf("no MPS daemon's pid file below %s", claimDir)
+	}
+	for _, f := range files {
+		raw, _ := os.ReadFile(f)
+		daemon, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+		pids := []int{daemon}
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if pid, err := strconv.Atoi(e.Name()); err == nil && procField(pid, "PPid") == strconv.Itoa(daemon) {
+				pids = append(pids, pid)
+			}
+		}
+		for _, pid := range pids {
+			for _, set := range []string{"CapBnd", "CapPrm", "CapEff", "CapInh", "CapAmb"} {
+				v, err := strconv.ParseUint(procField(pid, set), 16, 64)
+				if err != nil || v&^allowed != 0 {
+					t.Errorf("MPS process %d (daemon %d, uid %s): %s %s holds capabilities outside --mps-capabilities' default (%#x)", pid, daemon, procField(pid, "Uid"), set, procField(pid, set), allowed)
+				}
+			}
+		}
+		t.Logf("MPS daemon %d and its %d server(s): no capability outside the default set", daemon, len(pids)-1)
+	}
+}
+
+// procField is a field of /proc/<pid>/status, "" where there is none.
+func procField(pid int, name string) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && k == name {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
