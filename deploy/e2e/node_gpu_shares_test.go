@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -100,6 +101,12 @@ func newGPUNode(t *testing.T) gpuNode {
 		if err := os.Symlink(l+inv.DriverVersion, filepath.Join(g.driver, "lib64", l+"1")); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// libcuda a real shared object, which a container's loader must find.
+	cc := execCommand("cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(g.driver, "lib64", "libcuda.so."+inv.DriverVersion),
+		filepath.Join(repoRoot(), "deploy", "e2e", "testdata", "fakelibcuda.c"))
+	if out, err := cc.CombinedOutput(); err != nil {
+		t.Fatalf("build the stand-in libcuda: %v\n%s", err, out)
 	}
 	nodes := []struct {
 		path         string
@@ -385,6 +392,12 @@ func TestNodeGPUShares(t *testing.T) {
 		t.Fatalf("pod B's sleep: %v", bystander)
 	}
 	bPID := bystander[0]
+
+	t.Run("driver libraries", func(t *testing.T) {
+		// Issue 39: the driver's libraries reach an image with an
+		// LD_LIBRARY_PATH of its own, which is left as it is.
+		testDriverLibrariesInImage(t, cs)
+	})
 
 	t.Run("non-root pod", func(t *testing.T) {
 		// Issue 39: a pod as uid 1000 under Pod Security "restricted"
@@ -725,4 +738,59 @@ func procField(pid int, name string) string {
 		}
 	}
 	return ""
+}
+
+// cudaProbeLibraryPath is the probe image's own LD_LIBRARY_PATH, as a CUDA
+// image has one (its toolkit's, its compat libraries').
+const cudaProbeLibraryPath = "/opt/image/lib:/usr/local/cuda/lib64"
+
+// testDriverLibrariesInImage runs, with a GPU share, a glibc program that
+// loads libcuda.so.1 by its soname and calls cuInit, as CUDA programs do,
+// in an image whose LD_LIBRARY_PATH names none of the driver's
+// directories: it must load the stand-in driver's, and see the image's
+// LD_LIBRARY_PATH unchanged.
+func testDriverLibrariesInImage(t *testing.T, cs kubernetes.Interface) {
+	ctx := context.Background()
+	root := repoRoot()
+	bin := filepath.Join(t.TempDir(), "cudaprobe")
+	cc := execCommand("cc", "-O2", "-o", bin, filepath.Join(root, "deploy", "e2e", "testdata", "cudaprobe.c"))
+	if out, err := cc.CombinedOutput(); err != nil {
+		t.Fatalf("build the probe: %v\n%s", err, out)
+	}
+	archive := strings.TrimSpace(lastLine(run(t, filepath.Join(root, "deploy/images/build.sh"), "--name", "carve-cuda-probe:e2e",
+		"--file", bin+":/bin/cudaprobe", "--env", "LD_LIBRARY_PATH="+cudaProbeLibraryPath, "--out", filepath.Join(t.TempDir(), "cuda-probe.tar"))))
+	run(t, filepath.Join(root, "deploy/images/import.sh"), archive)
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "gpu-lib", Namespace: testNS}, Spec: gpuShareSpec("1Gi")}
+	if _, err := cs.ResourceV1().ResourceClaims(testNS).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := podWithImage("gpu-lib", "carve-cuda-probe:e2e", &corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr.To("gpu-lib")})
+	p.Spec.RestartPolicy = corev1.RestartPolicyNever
+	p.Spec.Containers[0].Command = []string{"/bin/cudaprobe"}
+	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cs.CoreV1().Pods(testNS).Delete(ctx, "gpu-lib", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+		waitFor(t, "the probe pod gone", 60*time.Second, func() (bool, error) {
+			_, err := cs.CoreV1().Pods(testNS).Get(ctx, "gpu-lib", metav1.GetOptions{})
+			return apierrors.IsNotFound(err), err
+		})
+		_ = cs.ResourceV1().ResourceClaims(testNS).Delete(ctx, "gpu-lib", metav1.DeleteOptions{})
+	}()
+	var phase corev1.PodPhase
+	waitFor(t, "the probe pod done", 120*time.Second, func() (bool, error) {
+		got, err := cs.CoreV1().Pods(testNS).Get(ctx, "gpu-lib", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		phase = got.Status.Phase
+		return phase == corev1.PodSucceeded || phase == corev1.PodFailed, fmt.Errorf("phase %s", phase)
+	})
+	raw, _ := cs.CoreV1().Pods(testNS).GetLogs("gpu-lib", &corev1.PodLogOptions{Container: "main"}).DoRaw(ctx)
+	out := strings.TrimSpace(string(raw))
+	if want := "libcuda: ok; LD_LIBRARY_PATH=" + cudaProbeLibraryPath; phase != corev1.PodSucceeded || out != want {
+		t.Fatalf("the probe %s: %q, want %q", phase, out, want)
+	}
+	t.Logf("an image with its own LD_LIBRARY_PATH: %s", out)
 }

@@ -15,8 +15,14 @@
 // the mock drives it in tests. Where the host has no nvidia-cdi-hook (the
 // lent H100 machine has no nvidia-ctk) its hooks are off and carve does
 // their work: each versioned library is also mounted under its soname links
-// (libcuda.so.1), and LD_LIBRARY_PATH names the libraries' directories;
-// --nvidia-cdi-hook turns the hooks on. The container also gets
+// (libcuda.so.1), beside it and in the loader's default directories of
+// Debian's and Red Hat's images (/usr/lib/x86_64-linux-gnu, /usr/lib64), and
+// no LD_LIBRARY_PATH is set: a CDI edit's variable replaces the image's,
+// which a CUDA image needs for its own libraries (TestNodeGPUShares/driver
+// libraries: a glibc program in an image with LD_LIBRARY_PATH of its own
+// loads the stand-in libcuda.so.1 by its soname and keeps that variable;
+// with the variable set by carve it read "/lib64"). --nvidia-cdi-hook turns
+// the hooks on. The container also gets
 // CARVE_<REQUEST>_GPU_UUID.
 //
 // # A MIG partition
@@ -36,6 +42,14 @@
 // CUDA_VISIBLE_DEVICES and DCGM name it by; NVML finds it among the GPU's
 // MIG devices by the instances' ids, and a card that does not answer it
 // leaves the variable out). Unprepare destroys both instances.
+//
+// The nodes are made through the chart's --root mount, /host, which is
+// read-only: only its top mount is, not the mounts below it. On the real
+// node (chart defaults, readOnly and no propagation) /host/dev is the
+// host's devtmpfs, mounted rw, and mknod there succeeded (measured
+// 2026-11-30 with a pod of the chart's mount); a host whose /dev is not a
+// mount of its own would refuse it with EROFS, which prepare reports with
+// the node's path.
 //
 // The checkpoint records the claim as started before the instance is made
 // and keeps the instance's record (parent, profile Id and index, placement,

@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"runtime"
 	"strings"
 
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
@@ -105,30 +105,54 @@ var versionedLib = regexp.MustCompile(`^lib.*\.so\.[0-9]+\.[0-9.]+$`)
 
 // completeLibraries does what nvidia-ctk's hooks would where the host has
 // none: it mounts each versioned library under its soname links too
-// (libcuda.so.1), and puts the libraries' directories on LD_LIBRARY_PATH.
+// (libcuda.so.1), beside it and in the directories the C library's loader
+// searches by default (loaderDirs), so that CUDA finds the driver whatever
+// the image. It sets no LD_LIBRARY_PATH: a CDI edit's variable replaces
+// the image's, and a CUDA image's own (its CUDA toolkit, its compat
+// libraries) is what its programs need beside the driver.
 func (p *Preparer) completeLibraries(edits *cdispec.ContainerEdits) {
 	if p.opts.CDIHookPath != "" {
 		return
 	}
-	dirs := map[string]bool{}
+	have := map[string]bool{}
+	for _, m := range edits.Mounts {
+		have[m.ContainerPath] = true
+	}
 	var extra []*cdispec.Mount
 	for _, m := range edits.Mounts {
 		if !versionedLib.MatchString(filepath.Base(m.HostPath)) {
 			continue
 		}
-		dirs[filepath.Dir(m.ContainerPath)] = true
+		dirs := append([]string{filepath.Dir(m.ContainerPath)}, loaderDirs(runtime.GOARCH)...)
 		for _, link := range sonameLinks(m.HostPath) {
-			extra = append(extra, &cdispec.Mount{HostPath: m.HostPath, ContainerPath: filepath.Join(filepath.Dir(m.ContainerPath), link), Options: m.Options})
+			for _, dir := range dirs {
+				cpath := filepath.Join(dir, link)
+				if have[cpath] {
+					continue
+				}
+				have[cpath] = true
+				extra = append(extra, &cdispec.Mount{HostPath: m.HostPath, ContainerPath: cpath, Options: m.Options})
+			}
 		}
 	}
 	edits.Mounts = append(edits.Mounts, extra...)
-	if len(dirs) > 0 {
-		var list []string
-		for d := range dirs {
-			list = append(list, d)
-		}
-		sort.Strings(list)
-		edits.Env = append(edits.Env, "LD_LIBRARY_PATH="+strings.Join(list, ":"))
+}
+
+// loaderDirs are the directories glibc's loader searches by default
+// (after LD_LIBRARY_PATH and its cache) in images of the architecture:
+// Debian's and Ubuntu's multiarch directory and the lib64 of Red Hat's and
+// SUSE's (`ld.so --help`, "system search path": /lib/x86_64-linux-gnu,
+// /usr/lib/x86_64-linux-gnu, /lib, /usr/lib on Debian 12; /lib64,
+// /usr/lib64 on RHEL). musl images cannot load the driver's glibc
+// libraries at all.
+func loaderDirs(goarch string) []string {
+	switch goarch {
+	case "amd64":
+		return []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64"}
+	case "arm64":
+		return []string{"/usr/lib/aarch64-linux-gnu", "/usr/lib64"}
+	default:
+		return nil
 	}
 }
 

@@ -153,21 +153,35 @@ func TestWholeGPUEdits(t *testing.T) {
 	for _, m := range out.Edits.Mounts {
 		mounts[m.ContainerPath] = m.HostPath
 	}
+	// The driver's libraries under their sonames beside them and in the
+	// loader's default directories of Debian's and Red Hat's images, so
+	// that the image's LD_LIBRARY_PATH is left as it is.
 	for cpath, host := range map[string]string{
-		"/lib64/libcuda.so." + driverVersion: "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
-		"/lib64/libcuda.so.1":                "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
-		"/lib64/libnvidia-ml.so.1":           "/usr/local/nvidia/lib64/libnvidia-ml.so." + driverVersion,
-		"/bin/nvidia-smi":                    "/usr/local/nvidia/bin/nvidia-smi",
+		"/lib64/libcuda.so." + driverVersion:          "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
+		"/lib64/libcuda.so.1":                         "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
+		"/usr/lib/x86_64-linux-gnu/libcuda.so.1":      "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
+		"/usr/lib64/libcuda.so.1":                     "/usr/local/nvidia/lib64/libcuda.so." + driverVersion,
+		"/lib64/libnvidia-ml.so.1":                    "/usr/local/nvidia/lib64/libnvidia-ml.so." + driverVersion,
+		"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": "/usr/local/nvidia/lib64/libnvidia-ml.so." + driverVersion,
+		"/bin/nvidia-smi":                             "/usr/local/nvidia/bin/nvidia-smi",
 	} {
 		if mounts[cpath] != host {
 			t.Errorf("mount %s <- %q, want %s (all: %v)", cpath, mounts[cpath], host, mounts)
 		}
 	}
 	env := strings.Join(out.Edits.Env, " ")
-	for _, want := range []string{"LD_LIBRARY_PATH=/lib64", "CARVE_GPU_GPU_UUID=" + nvmltest.H100UUID(1)} {
-		if !strings.Contains(env, want) {
-			t.Errorf("env %q lacks %s", env, want)
+	if !strings.Contains(env, "CARVE_GPU_GPU_UUID="+nvmltest.H100UUID(1)) {
+		t.Errorf("env %q lacks CARVE_GPU_GPU_UUID", env)
+	}
+	if strings.Contains(env, "LD_LIBRARY_PATH") {
+		t.Errorf("env %q sets LD_LIBRARY_PATH, which replaces the image's", env)
+	}
+	seen := map[string]bool{}
+	for _, m := range out.Edits.Mounts {
+		if seen[m.ContainerPath] {
+			t.Errorf("two mounts at %s", m.ContainerPath)
 		}
+		seen[m.ContainerPath] = true
 	}
 }
 
