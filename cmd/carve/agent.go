@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/carve-dra/carve/cmd/carve/app"
+	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/gpu/mps"
 	"github.com/carve-dra/carve/prepare/hostcgroup"
 	"github.com/carve-dra/carve/slices/nodeconfig"
@@ -32,6 +33,7 @@ type agentFlags struct {
 	mpsShmSize                                            string
 	mpsCgroup                                             string
 	mpsCapabilities                                       []string
+	mpsContextReserve                                     string
 	daemonSet                                             string
 	rescan, nvmlTimeout, registrationWait                 time.Duration
 	qps                                                   float64
@@ -74,13 +76,14 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&f.hostNetns, "host-netns", "", "the node's network namespace (a path); default <root>/proc/1/ns/net, else the agent's own")
 	fs.StringVar(&f.bpfPinDir, "bpf-pin-dir", envOr(envPinDir, defaultPinDir), "where the classifier's maps and links are pinned (on bpffs), so limits hold while the agent restarts; default $"+envPinDir+", else "+defaultPinDir)
 	fs.StringVar(&f.nvidiaDriverRoot, "nvidia-driver-root", "/", "where the host's NVIDIA driver is installed (libnvidia-ml.so.1, libcuda, nvidia-smi are searched below it), e.g. /usr/local/nvidia; read below --root")
-	fs.StringVar(&f.nvidiaCDIHook, "nvidia-cdi-hook", "", "the host's nvidia-cdi-hook, to run the NVIDIA container hooks; without it carve mounts the libraries' soname links and sets LD_LIBRARY_PATH itself")
+	fs.StringVar(&f.nvidiaCDIHook, "nvidia-cdi-hook", "", "the host's nvidia-cdi-hook, to run the NVIDIA container hooks; without it carve mounts the libraries under their soname links, beside them and in the C library loader's default directories, and leaves the image's LD_LIBRARY_PATH as it is")
 	fs.StringVar(&f.nvmlReplay, "nvml-replay", "", "answer NVML from this replay file instead of the library (tests, what-if)")
 	fs.StringVar(&f.nvmlReplayProcesses, "nvml-replay-processes", "", "with --nvml-replay: answer the GPUs' processes from this file, read on every query (format: go doc ./gpu/nvmlreplay ProcessesFile)")
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", 10*time.Second, "bound on every NVML call; a driver that hangs costs the node its GPUs, never the agent")
 	fs.StringVar(&f.mpsCgroup, "mps-cgroup", "carve-mps", "cgroup, below the root of each of the host's cgroup hierarchies, that claims' MPS daemons are moved into so that they outlive the agent's pod (their clients lose their server with them); empty leaves them in the agent's container")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", "1Gi", "size of the tmpfs each claim's GPU memory shares' containers and MPS daemons have as /dev/shm, one per claim (a quantity); pages are charged to the pods that write them")
 	fs.StringSliceVar(&f.mpsCapabilities, "mps-capabilities", mps.DefaultCapabilities, "the only capabilities claims' MPS control daemons and the servers they start keep (a list; \"all\" keeps the agent's): by default a container runtime's default set less the network ones, so that a daemon every tenant of its claim talks to holds no CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF and the like")
+	fs.StringVar(&f.mpsContextReserve, "mps-context-reserve", resource.NewQuantity(memslice.DefaultContextReserve, resource.BinarySI).String(), "the part of each mps-policed GPU memory slice left to a CUDA process's context (a quantity): MPS's ceiling is the slice less this, since NVML's figure of a process, which policing holds to the slice, counts its context, which MPS's ceiling may not; an H100 with driver 580 read 610 MiB beside an 8 GiB allocation. A slice no larger is refused")
 	fs.StringVar(&f.daemonSet, "daemonset", os.Getenv(envDaemonSet), "the agent's own DaemonSet, as namespace/name (default $"+envDaemonSet+", which the chart sets): "+
 		"an agent that stops while it is being deleted (an uninstall) removes carve's state from the node, unless claims are still prepared; empty never does")
 	must(cmd.MarkFlagFilename("kubeconfig"))
@@ -112,6 +115,10 @@ func runAgent(ctx context.Context, f agentFlags) error {
 	shm, err := resource.ParseQuantity(f.mpsShmSize)
 	if err != nil || shm.Sign() <= 0 {
 		return fmt.Errorf("--mps-shm-size %q: want a positive quantity such as 1Gi", f.mpsShmSize)
+	}
+	reserve, err := resource.ParseQuantity(f.mpsContextReserve)
+	if err != nil || reserve.Sign() < 0 {
+		return fmt.Errorf("--mps-context-reserve %q: want a quantity such as 640Mi, or 0", f.mpsContextReserve)
 	}
 	mpsCaps, err := mps.ParseCapabilities(f.mpsCapabilities)
 	if err != nil {
@@ -154,11 +161,12 @@ func runAgent(ctx context.Context, f agentFlags) error {
 		MetricsAddr: f.metricsAddr, Profiling: f.profiling, HealthAddr: f.healthAddr, PodUID: types.UID(f.podUID),
 		Rescan: f.rescan, RegistrationWait: f.registrationWait, HostNetns: f.hostNetns, BPFPinDir: f.bpfPinDir,
 		NVIDIADriverRoot: f.nvidiaDriverRoot, NVIDIACDIHook: f.nvidiaCDIHook, NVMLReplay: f.nvmlReplay, NVMLReplayProcesses: f.nvmlReplayProcesses, NVMLTimeout: f.nvmlTimeout,
-		MPSShmSize:      uint64(shm.Value()),
-		MPSCgroup:       f.mpsCgroup,
-		MPSCapabilities: mpsCaps,
-		DaemonSet:       ds,
-		Version:         version,
+		MPSShmSize:        uint64(shm.Value()),
+		MPSCgroup:         f.mpsCgroup,
+		MPSCapabilities:   mpsCaps,
+		MPSContextReserve: uint64(reserve.Value()),
+		DaemonSet:         ds,
+		Version:           version,
 	})
 }
 

@@ -104,7 +104,7 @@ func TestAcceptance(t *testing.T) {
 	pol := police.New(police.Options{Processes: s, Recorder: logEvents{t}, Logger: ktesting.NewLogger(t, ktesting.NewConfig()),
 		Owners: owners{"acc/small": {{Namespace: "acc", Name: "small", UID: small.pod}}, "acc/large": {{Namespace: "acc", Name: "large", UID: large.pod}}}})
 	go pol.Run(ctx)
-	p, entry := sharePreparer(t, s, inv, choice, state, pol)
+	p, entry := sharePreparer(t, s, inv, choice, state, pol, memslice.DefaultContextReserve)
 
 	var rows []Row
 	start := time.Now()
@@ -236,11 +236,14 @@ func stateDir(t *testing.T, prefix string) string {
 // below state/gpushare, the MPS control binary and the daemons' library
 // directories from -driver-root, policing by pol; and GPU 0's published
 // whole device, with the node config's 5 GiB memory steps.
-func sharePreparer(t *testing.T, s *gpu.Session, inv *nvmlinfo.Inventory, choice memslice.Choice, state string, pol *police.Police) (*prep.Preparer, slices.Entry) {
+// sharePreparer is carve's preparer of GPU 0's memory shares, as the
+// agent's; reserve is the part of a slice left to a CUDA context
+// (--mps-context-reserve).
+func sharePreparer(t *testing.T, s *gpu.Session, inv *nvmlinfo.Inventory, choice memslice.Choice, state string, pol *police.Police, reserve uint64) (*prep.Preparer, slices.Entry) {
 	t.Helper()
 	dev0 := inv.Devices[0]
 	mgr := memslice.New(memslice.Options{NVML: s, DriverLibDirs: gpu.LibraryDirs(*driverRoot), Dir: filepath.Join(state, memslice.SharesDir), Police: pol, KeepComputeMode: *keepMode,
-		MPSControl: mpsControl(), CgroupRoot: hook.DefaultCgroupRoot, DaemonCapabilities: agentDaemonCapabilities(t), Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+		MPSControl: mpsControl(), CgroupRoot: hook.DefaultCgroupRoot, DaemonCapabilities: agentDaemonCapabilities(t), ContextReserve: reserve, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	cfg := nodeconfig.Default()
 	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
 	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")

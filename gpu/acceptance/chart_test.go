@@ -251,7 +251,7 @@ func agentSide(t *testing.T, state string) {
 	go pol.Run(ctx)
 	mgr := memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(state, "gpushare"), ShmDir: filepath.Join(state, "mps-shm"),
 		MPSControl: gpu.FindFile(driver, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: hook.DefaultCgroupRoot,
-		HostRoot: hostRoot, Start: mps.StartInNamespace(ns, root), Police: pol, KeepComputeMode: *keepMode, DaemonCapabilities: agentDaemonCapabilities(t), Logger: logger})
+		HostRoot: hostRoot, Start: mps.StartInNamespace(ns, root), Police: pol, KeepComputeMode: *keepMode, DaemonCapabilities: agentDaemonCapabilities(t), ContextReserve: memslice.DefaultContextReserve, Logger: logger})
 	cfg := nodeconfig.Default()
 	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
 	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")

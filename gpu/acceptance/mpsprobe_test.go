@@ -68,7 +68,10 @@ func TestMPSProbe(t *testing.T) {
 		t.Logf("cgroup v1: the clients run as uid %d, not %d", pd.uid, *tenant)
 	}
 	pol := police.New(police.Options{Processes: s, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
-	p, entry := sharePreparer(t, s, inv, choice, state, pol)
+	// No context reserve: the ceiling at the slice, so that what it
+	// counts is measured against NVML's figure (the reserve the agent
+	// needs is what that figure exceeds the slice by).
+	p, entry := sharePreparer(t, s, inv, choice, state, pol, 0)
 	r := ProbeResult{GPU: fmt.Sprintf("%s (%s, driver %s)", dev0.UUID, dev0.Name, inv.DriverVersion), Slice: probeSlice, UID: pd.uid, Largest: -1}
 	if n, err := readNVML(ctx, s, dev0.UUID); err == nil {
 		r.Used[0] = n.used

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/carve-dra/carve/gpu/memslice"
 )
 
 // The MPS probe (TestMPSProbe, `run.sh probe`) measures on a real card
@@ -156,7 +158,7 @@ func (r ProbeResult) Markdown(w io.Writer) {
 		}
 		over = "no: a process MPS allows stays within its slice in NVML"
 		if r.OverSlice() {
-			over = fmt.Sprintf("**yes**: %s > %s, policing at the slice would kill a process MPS allows", figure, mib(r.Slice))
+			over = fmt.Sprintf("**yes**: %s > %s, policing at the slice would kill a process MPS allows; the agent's --mps-context-reserve (%s) must be at least the difference", figure, mib(r.Slice), mib(memslice.DefaultContextReserve))
 		} else if !b.Client.Seen {
 			over = "unknown: NVML did not list the client"
 		}

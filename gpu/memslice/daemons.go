@@ -125,20 +125,27 @@ func (m *Manager) setUp(ctx context.Context, r Request, all []Request) error {
 	if r.Choice.Tier == TierMPSPoliced {
 		// A daemon-wide default: a client cannot raise it, as it can
 		// raise the CUDA_MPS_PINNED_DEVICE_MEM_LIMIT of its environment.
-		return d.SetCeiling(ctx, ceiling(all))
+		return d.SetCeiling(ctx, m.ceiling(all))
 	}
 	return nil
 }
 
 // ceiling is the per-process MPS ceiling of a claim's daemon: the claim's
 // memory on the GPU, the sum of its shares there (policing holds each pod to
-// its own share).
-func ceiling(shares []Request) uint64 {
+// its own share), less a context's reserve (Options.ContextReserve): NVML's
+// figure of a process counts its context beside what MPS lets it allocate.
+func (m *Manager) ceiling(shares []Request) uint64 {
 	var c uint64
 	for _, s := range shares {
 		c += s.Slice
 	}
-	return c
+	if c <= m.opts.ContextReserve {
+		// Prepare refuses such a slice; one prepared under a smaller
+		// reserve (an agent started since with a larger one) keeps
+		// its slice as its ceiling.
+		return c
+	}
+	return c - m.opts.ContextReserve
 }
 
 // holdComputeMode records the GPU's mode and sets Default. Not

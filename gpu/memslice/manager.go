@@ -37,6 +37,13 @@ type NVML interface {
 }
 
 // Options are what shares are made with.
+// DefaultContextReserve is the agent's --mps-context-reserve: an H100 with
+// driver 580 read 8802 MiB in NVML for a process holding 8 GiB (610 MiB
+// beside it) and 516 MiB for one whose allocation MPS refused
+// (gpu/acceptance/results/h100-2026-11-25.md), rounded up to 64 MiB steps.
+// The acceptance's MPS probe measures it on the card it runs on.
+const DefaultContextReserve = 640 << 20
+
 type Options struct {
 	NVML NVML
 	// Dir holds one directory per shared GPU (its gpu.json, its dmem
@@ -55,6 +62,13 @@ type Options struct {
 	// DaemonCapabilities are the only capabilities every daemon keeps
 	// (mps.Daemon.Capabilities); nil keeps all.
 	DaemonCapabilities mps.Capabilities
+	// ContextReserve is the part of an mps-policed slice a CUDA process's
+	// context takes (--mps-context-reserve): NVML's figure for a process,
+	// which policing holds to the slice, counts its context, and MPS's
+	// ceiling counts its allocations; the ceiling is the slice less this,
+	// so that a process MPS lets allocate is never over its slice in
+	// NVML's eyes. 0 sets the ceiling at the slice.
+	ContextReserve uint64
 	// HookPath and HookArgs run `carve hook dmem-limit` (dmem tier).
 	HookPath string
 	HookArgs []string
@@ -194,6 +208,10 @@ func (m *Manager) Prepare(ctx context.Context, r Request) (cdispec.ContainerEdit
 	if r.Slice == 0 {
 		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: a share of 0 bytes of memory", r.UUID)
 	}
+	if r.Choice.Tier == TierMPSPoliced && r.Slice <= m.opts.ContextReserve {
+		return cdispec.ContainerEdits{}, rec, fmt.Errorf("GPU %s: a slice of %d MiB leaves nothing beside a CUDA context's %d MiB (the agent's --mps-context-reserve): ask for more",
+			r.UUID, r.Slice>>20, m.opts.ContextReserve>>20)
+	}
 	if bound := cmp.Or(r.ShmMax, m.opts.ShmSize, mps.DefaultShmSize); r.ShmSize > bound {
 		// Its pages are on the node's memory, reserved by no one: the
 		// admin bounds them in the DeviceClass, the claim does not.
@@ -294,7 +312,7 @@ func (m *Manager) edits(r Request) cdispec.ContainerEdits {
 	}
 	switch r.Choice.Tier {
 	case TierMPSPoliced:
-		limit := mps.ClientLimit(r.Slice)
+		limit := mps.ClientLimit(m.ceiling([]Request{r}))
 		e.Env = append(e.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+limit, r.EnvPrefix+"MPS_PINNED_DEVICE_MEM_LIMIT="+limit)
 	case TierDMEM:
 		args := append(append([]string(nil), m.opts.HookArgs...), "--cgroup-root", m.opts.CgroupRoot,

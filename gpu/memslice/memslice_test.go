@@ -313,3 +313,40 @@ func TestShareOfAGPUThePolicingCannotReadIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A context's reserve comes off the MPS ceiling, the daemon's and the
+// container's: NVML's figure of a process counts its context beside what
+// MPS lets it allocate (an H100 read 8802 MiB for an 8 GiB allocation), and
+// policing holds that figure to the slice. A slice no larger than the
+// reserve is refused with the reason; the record keeps the slice.
+func TestContextReserveComesOffTheCeiling(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	e.opts.ContextReserve = 640 << 20
+	m := New(e.opts)
+	if _, _, err := m.Prepare(ctx, share("small", 640<<20, TierMPSPoliced)); err == nil || !strings.Contains(err.Error(), "--mps-context-reserve") {
+		t.Fatalf("a slice of the reserve's size: %v, want refused naming --mps-context-reserve", err)
+	}
+	edits, rec, err := m.Prepare(ctx, share("a", 10*gib, TierMPSPoliced))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Slice != 10*gib {
+		t.Errorf("record slice %d, want the claim's 10 GiB", rec.Slice)
+	}
+	if envs := strings.Join(edits.Env, " "); !strings.Contains(envs, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=9600M") || !strings.Contains(envs, "GPU_MEMORY_SLICE=10737418240") {
+		t.Errorf("env %q, want the ceiling 9600M and the slice 10 GiB", envs)
+	}
+	if _, _, err := m.Prepare(ctx, share("a2", 2*gib, TierMPSPoliced)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a2", "a"} {
+		if err := m.Unprepare(ctx, k, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "start -d\nset_default_device_pinned_mem_limit 0 9600M\nstart -d\nset_default_device_pinned_mem_limit 0 1408M\nquit\nquit"
+	if got := e.commands(t); got != want {
+		t.Errorf("daemon commands:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -48,7 +48,7 @@ func (m *Manager) unprepare(ctx context.Context, key, uuid string) error {
 			return err
 		}
 		if mine[0].Choice.Tier == TierMPSPoliced {
-			if err := m.daemon(types.UID(claim), uuid, TierMPSPoliced).SetCeiling(ctx, ceiling(mine)); err != nil {
+			if err := m.daemon(types.UID(claim), uuid, TierMPSPoliced).SetCeiling(ctx, m.ceiling(mine)); err != nil {
 				return fmt.Errorf("GPU share %s: %w", key, err)
 			}
 		}

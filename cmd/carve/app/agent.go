@@ -111,6 +111,9 @@ type Options struct {
 	// MPSCapabilities are the only capabilities the claims' MPS daemons
 	// keep (mps.ParseCapabilities); nil keeps all.
 	MPSCapabilities mps.Capabilities
+	// MPSContextReserve is the part of each mps-policed slice left to a
+	// CUDA context (memslice.Options.ContextReserve).
+	MPSContextReserve uint64
 	// Version is the agent's release, recorded with the node's state
 	// format.
 	Version string

@@ -65,6 +65,8 @@
 //     /dev/shm.
 //   - --mps-capabilities: mps.DefaultCapabilities; the only capabilities the
 //     claims' MPS daemons and their servers keep ("all": the agent's).
+//   - --mps-context-reserve: 640Mi; the part of each mps-policed slice left
+//     to a CUDA process's context: the MPS ceiling is the slice less it.
 //
 // # Metrics
 //

@@ -61,7 +61,7 @@ func openGPUMemory(ctx context.Context, opts Options, s *gpu.Session, hook hookB
 	go g.police.Run(ctx)
 	control := gpu.FindFile(g.env.DriverRoot, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary)
 	mopts := memslice.Options{NVML: s, DriverLibDirs: gpu.LibraryDirs(g.env.DriverRoot), Dir: filepath.Join(opts.StateDir, memslice.SharesDir), ShmDir: filepath.Join(opts.StateDir, "mps-shm"), ShmSize: opts.MPSShmSize,
-		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: runtimehook.DefaultCgroupRoot, Police: g.police, Policing: g.lanes.Wedged, DaemonCapabilities: opts.MPSCapabilities, Logger: logger}
+		MPSControl: control, HookPath: hook.path, HookArgs: hook.argv("dmem-limit"), CgroupRoot: runtimehook.DefaultCgroupRoot, Police: g.police, Policing: g.lanes.Wedged, DaemonCapabilities: opts.MPSCapabilities, ContextReserve: opts.MPSContextReserve, Logger: logger}
 	if root := firstSet(opts.Root); root != "/" {
 		// Containers get the host's view of each claim's tmpfs: check
 		// that it has one, through the root of the runtime's shim (live,
