@@ -36,7 +36,6 @@ type NVML interface {
 	SetComputeMode(ctx context.Context, uuid string, mode gpu.ComputeMode) error
 }
 
-// Options are what shares are made with.
 // DefaultContextReserve is the agent's --mps-context-reserve: an H100 with
 // driver 580 read 8802 MiB in NVML for a process holding 8 GiB (610 MiB
 // beside it) and 516 MiB for one whose allocation MPS refused
@@ -44,6 +43,7 @@ type NVML interface {
 // The acceptance's MPS probe measures it on the card it runs on.
 const DefaultContextReserve = 640 << 20
 
+// Options are what shares are made with.
 type Options struct {
 	NVML NVML
 	// Dir holds one directory per shared GPU (its gpu.json, its dmem
