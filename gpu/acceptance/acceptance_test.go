@@ -241,18 +241,9 @@ func stateDir(t *testing.T, prefix string) string {
 // (--mps-context-reserve).
 func sharePreparer(t *testing.T, s *gpu.Session, inv *nvmlinfo.Inventory, choice memslice.Choice, state string, pol *police.Police, reserve uint64) (*prep.Preparer, slices.Entry) {
 	t.Helper()
-	dev0 := inv.Devices[0]
 	mgr := memslice.New(memslice.Options{NVML: s, DriverLibDirs: gpu.LibraryDirs(*driverRoot), Dir: filepath.Join(state, memslice.SharesDir), Police: pol, KeepComputeMode: *keepMode,
 		MPSControl: mpsControl(), CgroupRoot: hook.DefaultCgroupRoot, DaemonCapabilities: agentDaemonCapabilities(t), ContextReserve: reserve, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
-	cfg := nodeconfig.Default()
-	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
-	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
-	var entry slices.Entry
-	for _, e := range res.Index {
-		if e.GPU != nil && e.GPU.Device.UUID == dev0.UUID && e.GPU.MIG == nil {
-			entry = e
-		}
-	}
+	res, entry := gpu0Slices(inv, choice)
 	p := prep.New(prep.Options{NVML: s, Root: "/", DriverRoot: *driverRoot, Shares: mgr, Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	p.Devices = func() map[string]slices.Entry { return res.Index }
 	return p, entry
@@ -291,4 +282,20 @@ func agentDaemonCapabilities(t *testing.T) mps.Capabilities {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// gpu0Slices are the node's slices with GPU 0 shared in 5 GiB steps under
+// choice, and GPU 0's whole-GPU entry.
+func gpu0Slices(inv *nvmlinfo.Inventory, choice memslice.Choice) (slices.Result, slices.Entry) {
+	dev0 := inv.Devices[0]
+	cfg := nodeconfig.Default()
+	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
+	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
+	var entry slices.Entry
+	for _, e := range res.Index {
+		if e.GPU != nil && e.GPU.Device.UUID == dev0.UUID && e.GPU.MIG == nil {
+			entry = e
+		}
+	}
+	return res, entry
 }

@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/carve-dra/carve/discovery"
 	"github.com/carve-dra/carve/gpu"
 	"github.com/carve-dra/carve/gpu/memslice"
 	"github.com/carve-dra/carve/gpu/mps"
@@ -28,7 +27,6 @@ import (
 	"github.com/carve-dra/carve/prepare/hook"
 	"github.com/carve-dra/carve/prepare/hostmount"
 	"github.com/carve-dra/carve/slices"
-	"github.com/carve-dra/carve/slices/nodeconfig"
 )
 
 var driverRoot = flag.String("driver-root", "/", "where the host's NVIDIA driver files are (the chart's nvidiaDriverRoot), e.g. /usr/local/nvidia")
@@ -252,15 +250,7 @@ func agentSide(t *testing.T, state string) {
 	mgr := memslice.New(memslice.Options{NVML: s, Dir: filepath.Join(state, "gpushare"), ShmDir: filepath.Join(state, "mps-shm"),
 		MPSControl: gpu.FindFile(driver, []string{"usr/bin", "bin", "usr/local/bin"}, mps.Binary), CgroupRoot: hook.DefaultCgroupRoot,
 		HostRoot: hostRoot, Start: mps.StartInNamespace(ns, root), Police: pol, KeepComputeMode: *keepMode, DaemonCapabilities: agentDaemonCapabilities(t), ContextReserve: memslice.DefaultContextReserve, Logger: logger})
-	cfg := nodeconfig.Default()
-	cfg.RequestPolicies = map[string]map[string]nodeconfig.RequestPolicy{"gpu": {"memory": {Default: "5Gi", Step: "5Gi"}}}
-	res := slices.Build(&discovery.Inventory{NVML: inv, GPUMemory: map[string]discovery.GPUMemory{dev0.UUID: {Enforcement: string(choice.Tier), Reason: choice.Reason, Region: choice.Region}}}, cfg, "acceptance")
-	var entry slices.Entry
-	for _, e := range res.Index {
-		if e.GPU != nil && e.GPU.Device.UUID == dev0.UUID && e.GPU.MIG == nil {
-			entry = e
-		}
-	}
+	res, entry := gpu0Slices(inv, choice)
 	p := prep.New(prep.Options{NVML: s, Root: root, DriverRoot: *driverRoot, Shares: mgr, StateDir: state, Logger: logger})
 	p.Devices = func() map[string]slices.Entry { return res.Index }
 	a := share(entry, "chart", "10Gi")
