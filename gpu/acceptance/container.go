@@ -36,28 +36,36 @@ var basicNodes = []cdispec.DeviceNode{
 // container's does: a MIG device whose capability nodes are not there is
 // one CUDA cannot open, so it sees exactly the claim's. A node without its
 // numbers in the edits gets those of its host path, as a runtime fills
-// them in.
+// them in, and its mode is the edit's or else its host node's (the
+// nvidia-caps nodes' 0444 matter to a client that is not root). The /dev
+// is read-only once made: a client cannot make the nodes it lacks.
 func StartWithDevices(cmd *exec.Cmd, nodes []*cdispec.DeviceNode) error {
 	all := append([]cdispec.DeviceNode(nil), basicNodes...)
 	for _, n := range nodes {
 		all = append(all, *n)
 	}
 	for i, n := range all {
-		if n.Major != 0 || n.Minor != 0 {
-			continue
-		}
 		host := n.HostPath
 		if host == "" {
 			host = n.Path
 		}
 		var st unix.Stat_t
 		if err := unix.Stat(host, &st); err != nil {
+			if n.Major != 0 || n.Minor != 0 {
+				continue
+			}
 			return fmt.Errorf("device node %s: %w", host, err)
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 			return fmt.Errorf("device node %s is not a character device", host)
 		}
-		all[i].Major, all[i].Minor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+		if n.Major == 0 && n.Minor == 0 {
+			all[i].Major, all[i].Minor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+		}
+		if n.FileMode == nil {
+			mode := os.FileMode(st.Mode & 0o777)
+			all[i].FileMode = &mode
+		}
 	}
 	return hostmount.OnOwnThread(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
@@ -79,10 +87,20 @@ func StartWithDevices(cmd *exec.Cmd, nodes []*cdispec.DeviceNode) error {
 			if n.Type != "" && n.Type != "c" {
 				return fmt.Errorf("device node %s: type %q, only character devices are made", n.Path, n.Type)
 			}
-			mode := uint32(unix.S_IFCHR | 0o666)
-			if err := unix.Mknod(n.Path, mode, int(unix.Mkdev(uint32(n.Major), uint32(n.Minor)))); err != nil {
+			perm := os.FileMode(0o666)
+			if n.FileMode != nil {
+				perm = n.FileMode.Perm()
+			}
+			if err := unix.Mknod(n.Path, unix.S_IFCHR, int(unix.Mkdev(uint32(n.Major), uint32(n.Minor)))); err != nil {
 				return fmt.Errorf("device node %s (%d:%d): %w", n.Path, n.Major, n.Minor, err)
 			}
+			// Not through mknod's mode, which the umask cuts.
+			if err := os.Chmod(n.Path, perm); err != nil {
+				return err
+			}
+		}
+		if err := unix.Mount("", "/dev", "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID, ""); err != nil {
+			return fmt.Errorf("make the claim's /dev read-only: %w", err)
 		}
 		return cmd.Start()
 	})

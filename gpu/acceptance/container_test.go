@@ -2,6 +2,7 @@ package acceptance
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
@@ -31,7 +33,7 @@ func TestStartWithDevicesShowsOnlyTheClaimsNodes(t *testing.T) {
 	// runtime does), under a subdirectory as nvidia-caps are.
 	claim := []*cdispec.DeviceNode{{Path: "/dev/caps/tty0", HostPath: "/dev/tty"}}
 	var out bytes.Buffer
-	cmd := exec.Command(sh, "-c", `cd /dev && find . | sort && cat /dev/caps/tty0 </dev/null >/dev/null 2>&1; stat -c '%t:%T' /dev/caps/tty0`)
+	cmd := exec.Command(sh, "-c", `cd /dev && find . | sort && cat /dev/caps/tty0 </dev/null >/dev/null 2>&1; stat -c '%t:%T %a' /dev/caps/tty0; echo x >/dev/null && echo null-writable; (: >/dev/new) 2>/dev/null || echo read-only`)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := StartWithDevices(cmd, claim); err != nil {
 		t.Fatal(err)
@@ -40,7 +42,11 @@ func TestStartWithDevicesShowsOnlyTheClaimsNodes(t *testing.T) {
 		t.Fatalf("%v: %s", err, out.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	want := []string{".", "./caps", "./caps/tty0", "./null", "./random", "./urandom", "./zero", "5:0"}
+	var host unix.Stat_t
+	if err := unix.Stat("/dev/tty", &host); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{".", "./caps", "./caps/tty0", "./null", "./random", "./urandom", "./zero", fmt.Sprintf("5:0 %o", host.Mode&0o777), "null-writable", "read-only"}
 	if !slices.Equal(lines, want) {
 		t.Fatalf("the client's /dev: %q, want %q", lines, want)
 	}

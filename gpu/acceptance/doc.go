@@ -15,10 +15,14 @@
 //   - `./run.sh mig`: with MIG on GPU 0 (already, or `--enable-mig`, which
 //     turns it on and off again after), every placement `nvidia-smi mig
 //     -lgipp` lists is published once with the name `-lgip` gives
-//     (PlacementRow); each is prepared, the CUDA client started with the
-//     claim's device nodes as its whole /dev (StartWithDevices, as a
-//     container's) must see exactly the instance made, and it is
-//     unprepared with nothing left; for every pair of placements the
+//     (PlacementRow); each is prepared, the CUDA client started as the
+//     tenant uid (1001) with the claim's device nodes as its whole /dev,
+//     read-only and with the host nodes' modes (StartWithDevices, as a
+//     container's), must see exactly the instance made, and it is
+//     unprepared with nothing left; two claims' instances that share no
+//     slice are prepared side by side and each tenant's client must see
+//     its own only, the one its CARVE_<REQUEST>_MIG_UUID names
+//     (besideRow); for every pair of placements the
 //     published counters must allow both exactly where the driver makes
 //     both (CountersAllow, PairsRow).
 //   - `./run.sh probe`: the MPS probe (TestMPSProbe, probe.go), the numbers
@@ -68,7 +72,7 @@
 // inside it: environment, record 45 s, discovery 45 s, mig 90 s, probe
 // 60 s, slices 150 s, chart 75 s, each cut to what is left of the 7
 // minutes), with the driver root it finds (/, /usr/local/nvidia, ...), the
-// compute and MIG modes kept, `probe` and `slices` as tenant uid 1001 and
+// compute and MIG modes kept, `mig`, `probe` and `slices` as tenant uid 1001 and
 // `chart` with PATH alone for an environment. It stops after `discovery`
 // under gVisor (uname -r 4.4.0), where MPS cannot work. $OUT (./out unless
 // set) gets summary.txt (a part a line: rc, seconds, PASS, FAIL or SKIP and

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -141,6 +142,7 @@ func TestMIG(t *testing.T) {
 	}
 	sort.Strings(order)
 	rows = append(rows, placementsRow(ctx, t, s, p, published, order))
+	rows = append(rows, besideRow(ctx, t, s, p, published, order))
 	rows = append(rows, PairsRow(pairs(ctx, t, s, res, published, order)))
 	printRows(t, "MIG on GPU 0", rows)
 }
@@ -163,7 +165,7 @@ func placementsRow(ctx context.Context, t *testing.T, s *gpu.Session, p *prep.Pr
 			continue
 		}
 		slowest = max(slowest, time.Since(start))
-		if why := cudaSeesOnly(ctx, t, s, e, out); why != "" {
+		if why := cudaSeesOnly(ctx, t, s, e, out, uint32(*tenant)); why != "" {
 			failed = append(failed, name+": "+why)
 		}
 		if err := p.Unprepare(ctx, a, out.Undo); err != nil {
@@ -181,12 +183,27 @@ func placementsRow(ctx context.Context, t *testing.T, s *gpu.Session, p *prep.Pr
 	return r
 }
 
-// cudaSeesOnly runs the ctypes client with the claim's device nodes as its
-// /dev and says what is wrong with what CUDA saw, or "".
-func cudaSeesOnly(ctx context.Context, t *testing.T, s *gpu.Session, e slices.Entry, out prepare.Prepared) string {
+// cudaSeesOnly runs the ctypes client as uid (a tenant where not 0) with
+// the claim's device nodes as its /dev, read-only, and says what is wrong
+// with what CUDA saw, or "": it must see exactly the claim's MIG device,
+// the one whose UUID the claim's CARVE_<REQUEST>_MIG_UUID names (else the
+// GPU's only one), whatever other instances the GPU holds.
+func cudaSeesOnly(ctx context.Context, t *testing.T, s *gpu.Session, e slices.Entry, out prepare.Prepared, uid uint32) string {
 	want := migUUIDs(ctx, s, e.GPU.Device.UUID)
-	file := filepath.Join(t.TempDir(), "info.json")
-	c := exec.Command(*python, *client, "--report", file, "--info")
+	for _, kv := range out.Edits.Env {
+		if k, v, _ := strings.Cut(kv, "="); strings.HasSuffix(k, "_MIG_UUID") {
+			want = []string{v}
+		}
+	}
+	dir, script := t.TempDir(), *client
+	if uid != 0 {
+		dir, script = openTempDir(t, "cvi-", 0o777), readableCopy(t, *client)
+	}
+	file := filepath.Join(dir, "info.json")
+	c := exec.Command(*python, script, "--report", file, "--info")
+	if uid != 0 {
+		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	}
 	c.Env = os.Environ()
 	c.Stdout, c.Stderr = os.Stderr, os.Stderr
 	if err := StartWithDevices(c, out.Edits.DeviceNodes); err != nil {
@@ -210,7 +227,7 @@ func cudaSeesOnly(ctx context.Context, t *testing.T, s *gpu.Session, e slices.En
 		return fmt.Sprintf("client report %s: %v", raw, err)
 	}
 	if info.Count != 1 || len(want) != 1 {
-		return fmt.Sprintf("CUDA sees %d devices %v; the card has %d MIG devices %v", info.Count, info.Devices, len(want), want)
+		return fmt.Sprintf("CUDA sees %d devices %v as uid %d; the claim's MIG device: %v", info.Count, info.Devices, uid, want)
 	}
 	if !strings.HasSuffix(want[0], info.Devices[0].UUID) {
 		return fmt.Sprintf("CUDA sees %s, the instance made is %s", info.Devices[0].UUID, want[0])
@@ -311,4 +328,58 @@ func pairs(ctx context.Context, t *testing.T, s *gpu.Session, res slices.Result,
 		}
 	}
 	return out
+}
+
+// besideRow prepares two instances that share no slice, for two claims,
+// and runs the client of each as the tenant uid with its own claim's nodes
+// (a read-only /dev): each must see its own MIG device only, with the
+// other's instance there beside it.
+func besideRow(ctx context.Context, t *testing.T, s *gpu.Session, p *prep.Preparer, published map[string]slices.Entry, order []string) Row {
+	r := Row{Attack: fmt.Sprintf("MIG: two tenants' instances side by side, each client as uid %d with a read-only /dev of its claim's nodes sees its own only", *tenant)}
+	var a, b string
+	for _, x := range order {
+		for _, y := range order {
+			px, py := published[x].GPU.MIG.Placement, published[y].GPU.MIG.Placement
+			if a == "" && x < y && (px.Start+px.Size <= py.Start || py.Start+py.Size <= px.Start) {
+				a, b = x, y
+			}
+		}
+	}
+	if a == "" {
+		r.Outcome = "no two published placements share no slice"
+		return r
+	}
+	var failed []string
+	var made []prepare.Allocation
+	var undo [][]byte
+	outs := map[string]prepare.Prepared{}
+	for i, name := range []string{a, b} {
+		al := prepare.Allocation{ClaimUID: types.UID(fmt.Sprintf("acc-beside-%d", i)), ClaimNamespace: "acc", ClaimName: fmt.Sprintf("beside-%d", i), Request: "mig",
+			Pool: "acceptance", Device: name, Kind: names.KindMIG}
+		out, err := p.Prepare(ctx, al, published[name])
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%s: prepare: %v", name, err))
+			continue
+		}
+		made, undo, outs[name] = append(made, al), append(undo, out.Undo), out
+	}
+	for name, out := range outs {
+		if why := cudaSeesOnly(ctx, t, s, published[name], out, uint32(*tenant)); why != "" {
+			failed = append(failed, name+": "+why)
+		}
+	}
+	for i, al := range made {
+		if err := p.Unprepare(ctx, al, undo[i]); err != nil {
+			failed = append(failed, fmt.Sprintf("%s: unprepare: %v", al.Device, err))
+		}
+	}
+	if left := instances(ctx, s, published[a].GPU.Device.UUID); left != "" {
+		failed = append(failed, "left after unprepare: "+left)
+	}
+	r.Passed = len(failed) == 0 && len(outs) == 2
+	r.Outcome = fmt.Sprintf("%s and %s", a, b)
+	if len(failed) > 0 {
+		r.Outcome += ": " + strings.Join(failed, "; ")
+	}
+	return r
 }

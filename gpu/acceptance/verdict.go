@@ -112,7 +112,8 @@ func Plan(keepComputeMode, enableMIG bool, tenantUID uint) []string {
 		"discovery: each GPU's uuid, bus id and memory against nvidia-smi --query-gpu",
 		mig,
 		"MIG: every placement `nvidia-smi mig -lgipp` lists is published once, with the name `-lgip` gives, and nothing else",
-		"MIG: each placement prepared; the ctypes CUDA client, with the claim's device nodes as its /dev, sees exactly its instance; unprepared, nothing left",
+		fmt.Sprintf("MIG: each placement prepared; the ctypes CUDA client, as uid %d with the claim's device nodes as its read-only /dev, sees exactly its instance; unprepared, nothing left", tenantUID),
+		fmt.Sprintf("MIG: two tenants' instances side by side (two claims, no shared slice), each client as uid %d with its own claim's nodes sees its own only", tenantUID),
 		"MIG: every pair of placements: the counters allow exactly the pairs the driver makes",
 		fmt.Sprintf("MPS probe: a 4 GiB share of GPU 0 through carve's preparer (its claim daemon's ceiling 4 GiB, the state directory 0711), clients as uid %d through the read-only pipe directory: "+
 			"the largest allocation allowed (bisected to 64 MiB) against NVML's figure for the process and the slice; the MPS server's own memory with a client and without", tenantUID),
