@@ -144,19 +144,16 @@ func (d Daemon) PID() (int, bool) {
 	if err != nil || pid <= 0 {
 		return 0, false
 	}
-	return pid, d.running(pid)
-}
-
-// running says whether pid is this daemon's process and has not exited: a
-// PID reused by another process is not the daemon, which (with what it
-// forks) carries this pipe directory in its environment; an exited one (a
-// zombie) has no environment left.
-func (d Daemon) running(pid int) bool {
 	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return false
+		return pid, false
 	}
+	// A PID reused by another process is not the daemon: the daemon (and
+	// what it forks) carries this pipe directory in its environment.
 	env, err := os.ReadFile(filepath.Join(d.procRoot(), strconv.Itoa(pid), "environ"))
-	return err == nil && bytes.Contains(env, []byte("CUDA_MPS_PIPE_DIRECTORY="+d.PipeDir()+"\x00"))
+	if err != nil || !bytes.Contains(env, []byte("CUDA_MPS_PIPE_DIRECTORY="+d.PipeDir()+"\x00")) {
+		return pid, false
+	}
+	return pid, true
 }
 
 // readNoFollow reads a file the daemon wrote, never through a symbolic
@@ -371,11 +368,9 @@ func (d Daemon) Stop(ctx context.Context) error {
 			// A daemon that cannot be asked is killed.
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		// The process itself, not its pid file, which a daemon may
-		// remove before it has exited: until it has, it holds its
-		// cgroup (Keeper), which the last claim's unprepare removes.
 		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, d.timeout(), true, func(context.Context) (bool, error) {
-			return !d.running(pid), nil
+			_, alive := d.PID()
+			return !alive, nil
 		})
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -24,7 +24,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -222,38 +221,22 @@ func (g Group) Remove() error {
 		return err
 	}
 	var errs []error
-	// A group whose last processes are still exiting (a daemon that has
-	// answered quit, its servers) is busy for a moment: it is tried
-	// again for up to removeWait, then left, as one still in use is.
-	for deadline := time.Now().Add(removeWait); ; time.Sleep(20 * time.Millisecond) {
-		var busy []hierarchy
-		for _, h := range hs {
-			// The name's own directory first, then each parent it
-			// made, up to the hierarchy's root.
-			for dir := filepath.Join(h.dir, g.Name); dir != h.dir && dir != "." && dir != "/"; dir = filepath.Dir(dir) {
-				err := unix.Rmdir(dir)
-				if err == nil || errors.Is(err, unix.ENOENT) {
-					continue
-				}
-				switch {
-				case errors.Is(err, unix.EBUSY) && dir == filepath.Join(h.dir, g.Name):
-					busy = append(busy, h)
-				case !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.ENOTEMPTY):
-					errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
-				}
-				break
+	for _, h := range hs {
+		// The name's own directory first, then each parent it made,
+		// up to the hierarchy's root.
+		for dir := filepath.Join(h.dir, g.Name); dir != h.dir && dir != "." && dir != "/"; dir = filepath.Dir(dir) {
+			err := unix.Rmdir(dir)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				continue
 			}
+			if !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.ENOTEMPTY) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+			}
+			break
 		}
-		if len(busy) == 0 || time.Now().After(deadline) {
-			return errors.Join(errs...)
-		}
-		hs = busy
 	}
+	return errors.Join(errs...)
 }
-
-// removeWait bounds how long Remove waits for a group's last processes to
-// be gone.
-const removeWait = 2 * time.Second
 
 // FromNamespaces is a Group used from the namespaces of another process:
 // its mount namespace, where the host's cgroup hierarchies are mounted at
