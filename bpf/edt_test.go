@@ -99,7 +99,7 @@ func TestEDTPacingFQ(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	got := measure(t, n.srv, n.clients, "10.77.0.1:5201", 500*time.Millisecond, 2*time.Second)
+	got := measure(t, n.srv, n.clients, "10.77.0.1", 500*time.Millisecond, 2*time.Second)
 	for i, r := range rates {
 		ratio := got[i] / float64(r)
 		t.Logf("share %s: %.1f Mbit/s goodput paced at %d Mbit/s, ratio %.3f", n.macs[i], got[i]/1e6, r/1e6, ratio)
