@@ -763,6 +763,9 @@ static __always_inline int classify(struct __sk_buff *skb, __u8 dir)
 	return CARVE_TCX_NEXT;
 }
 
+// Pure ACKs towards a share, past its IFB: ack_skips.
+#include "acks.h"
+
 // classify_egress, on each parent's egress, and the egress shaper's way
 // back (return_shaped) are in egress_shaper.h.
 #include "egress_shaper.h"
@@ -793,8 +796,13 @@ int redirect_ingress(struct __sk_buff *skb)
 		return CARVE_TCX_NEXT;
 	// Where the parent's unshared traffic has a class of its own, it
 	// goes to the IFB too, whose HTB gives what no share claims to it.
-	if (!ingress_share(skb, &key, ifindex, skb->pkt_type == PACKET_OTHERHOST) && !unshared_classid(ifindex, DIR_INGRESS))
+	struct share_val *v = ingress_share(skb, &key, ifindex, skb->pkt_type == PACKET_OTHERHOST);
+	if (!v && !unshared_classid(ifindex, DIR_INGRESS))
 		return CARVE_TCX_NEXT;
+	if (v && v->classid && ack_skips(skb, &key)) {
+		count(&key, skb->len);
+		return CARVE_TCX_NEXT; // acks.h
+	}
 	__u32 *ifb = bpf_map_lookup_elem(&ifb_of, &ifindex);
 	if (!ifb)
 		return CARVE_TCX_NEXT;

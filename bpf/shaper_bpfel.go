@@ -181,6 +181,7 @@ type shaperShareVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	shaperMapAckClocks        = "ack_clocks"
 	shaperMapAddrsUsed        = "addrs_used"
 	shaperMapAllowedAddrs     = "allowed_addrs"
 	shaperMapAqmState         = "aqm_state"
@@ -276,6 +277,7 @@ type shaperProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shaperMapSpecs struct {
+	AckClocks       *ebpf.MapSpec `ebpf:"ack_clocks"`
 	AddrsUsed       *ebpf.MapSpec `ebpf:"addrs_used"`
 	AllowedAddrs    *ebpf.MapSpec `ebpf:"allowed_addrs"`
 	AqmState        *ebpf.MapSpec `ebpf:"aqm_state"`
@@ -333,6 +335,7 @@ func (o *shaperObjects) Close() error {
 //
 // It can be passed to loadShaperObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shaperMaps struct {
+	AckClocks       *ebpf.Map `ebpf:"ack_clocks"`
 	AddrsUsed       *ebpf.Map `ebpf:"addrs_used"`
 	AllowedAddrs    *ebpf.Map `ebpf:"allowed_addrs"`
 	AqmState        *ebpf.Map `ebpf:"aqm_state"`
@@ -362,6 +365,7 @@ type shaperMaps struct {
 
 func (m *shaperMaps) Close() error {
 	return _ShaperClose(
+		m.AckClocks,
 		m.AddrsUsed,
 		m.AllowedAddrs,
 		m.AqmState,

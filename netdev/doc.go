@@ -83,7 +83,11 @@
 //   - Ingress: frames whose destination MAC is a share's are redirected to an
 //     IFB cvifb<ifindex>, whose HTB shapes them. Shaping (a queue) instead of
 //     policing (drops) holds TCP to its rate without the ~200 ms bursts a
-//     policer needs.
+//     policer needs. A flow-isolated share's pure TCP ACKs (no payload; of
+//     the flags only ACK, ECE and CWR) skip the IFB, counted as the share's,
+//     up to a sixteenth of its ingress rate (bpf/acks.h): the trip through
+//     the IFB delayed the acknowledgements of the pods' own sending, and a
+//     hundred saturated BBR senders fell short of their egress rates.
 //   - Every class has a bounded queue: fq_codel where the kernel has it.
 //     Else (flows.go) the share's class has children: one for its sparse
 //     flows (a ping, DNS, an RPC: served first, and assured a sixteenth of
@@ -243,6 +247,15 @@
 //     share without an egress limit is recorded too, so it is checked and
 //     its frames are never charged to another share. A frame a pod forwards
 //     without a socket of its own is classified by source MAC only.
+//   - Get more than its ingress share past the IFB as pure ACKs (a sender
+//     on another node can make any number). What skips is an allow-list (an
+//     IPv4 or IPv6 header, TCP straight after it, no fragment, no payload by
+//     the IP header's length, ACK set and no flag but ECE and CWR), charged
+//     at its whole frame's length, padding included, against a clock per
+//     share that lets through a sixteenth of the share's ingress rate after
+//     a burst of 16 minimum frames; past that the frames queue in the
+//     share's class as any other (TestPureACKBudget). The IP layer drops
+//     what follows the header's length, so no data reaches the pod this way.
 //   - Escape its ingress share by changing its MAC, in a class that allows
 //     it. Ingress classification follows the MACs the egress classifier
 //     learns for such a share, keyed by (parent, MAC), at most 4 per share,
