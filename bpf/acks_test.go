@@ -59,15 +59,12 @@ const (
 	tcpCWR = 0x80
 )
 
-// TestPureACKsSkipTheIFB runs redirect_ingress (on lo, standing in for the
-// parent) on frames towards a flow-isolated 10M share: pure ACKs, and only
-// they, stay on the parent (verdict -1) and are counted as the share's;
-// everything else, and pure ACKs past the budget or of a share without flow
-// isolation, is redirected to the IFB (7).
-func TestPureACKsSkipTheIFB(t *testing.T) {
+// ackShares opens a classifier with two ingress shares on lo (ifindex 1,
+// standing in for the parent): mac1 flow-isolated at rate bits/s, mac2 not.
+func ackShares(t *testing.T, rate uint64) *Shaper {
+	t.Helper()
 	needRoot(t)
 	s := openShaper(t, testPinDir(t))
-	defer s.Close()
 	const parent, ingressClass = 1, 0x10020
 	if err := s.objs.IfbOf.Put(uint32(parent), uint32(7)); err != nil { // any IFB: the redirect is not carried out
 		t.Fatal(err)
@@ -77,10 +74,20 @@ func TestPureACKsSkipTheIFB(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// mac1 is flow-isolated at 10M; mac2 is not.
-	if err := s.SetShareQueue(Ingress, mac1, ShareQueue{BitsPerSec: 10e6, ClassIfindex: parent, Minor: 0x20}); err != nil {
+	if err := s.SetShareQueue(Ingress, mac1, ShareQueue{BitsPerSec: rate, ClassIfindex: parent, Minor: 0x20}); err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// TestPureACKsSkipTheIFB runs redirect_ingress (on lo, standing in for the
+// parent) on frames towards a flow-isolated 10M share: pure ACKs, and only
+// they, stay on the parent (verdict -1) and are counted as the share's;
+// everything else, and pure ACKs past the budget or of a share without flow
+// isolation, is redirected to the IFB (7).
+func TestPureACKsSkipTheIFB(t *testing.T) {
+	s := ackShares(t, 10e6)
+	defer s.Close()
 
 	cases := []struct {
 		name string
@@ -124,20 +131,9 @@ func TestPureACKsSkipTheIFB(t *testing.T) {
 // after a burst of 16 minimum frames; past that they are redirected, so a
 // flood of empty ACKs towards a pod is shaped as its other frames are.
 func TestPureACKBudget(t *testing.T) {
-	needRoot(t)
-	s := openShaper(t, testPinDir(t))
-	defer s.Close()
-	const parent, ingressClass = 1, 0x10020
-	if err := s.objs.IfbOf.Put(uint32(parent), uint32(7)); err != nil { // any IFB: the redirect is not carried out
-		t.Fatal(err)
-	}
-	if err := s.SetShare(Ingress, mac1, ingressClass); err != nil {
-		t.Fatal(err)
-	}
 	const rate = 10e6
-	if err := s.SetShareQueue(Ingress, mac1, ShareQueue{BitsPerSec: rate, ClassIfindex: parent, Minor: 0x20}); err != nil {
-		t.Fatal(err)
-	}
+	s := ackShares(t, rate)
+	defer s.Close()
 	ack := tcpFrame(mac1, "10.9.0.1", "10.9.0.5", tcpACK, 0, 12, false, false)
 	perSec := rate / 8 / 16            // bytes a second that may skip
 	burst := 16 * 64 / perSec          // seconds of budget held
