@@ -35,7 +35,7 @@ func noopMain(v string) int {
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	stop, err := runNoopDriver(node, dir)
+	stop, err := runNoopDriver(node, dir, defaultLimits)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
