@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -290,16 +291,20 @@ func benchPrepare(b *testing.B, pc prepareCase) {
 			// shares leave parked are made then) and, with claims
 			// prepared at once, the rounds until the client's burst
 			// is spent, by a model of its bucket (a claim read a
-			// prepare; the client is as fresh as the driver). Before
-			// that a driver runs on its burst: the do-nothing
-			// driver's first rounds of 100 took 0.1 s, its later ones
-			// 0.5 s, and carve's agent, whose first round is slow
-			// and fills its bucket again, spent it over some 15
-			// rounds.
+			// prepare; the client is as fresh as the driver): until
+			// a round leaves it under a round's worth of tokens and
+			// no lower than the round before. Before that a driver
+			// runs on its burst: the do-nothing driver's first
+			// rounds of 100 took 0.1 s, its later ones 0.5 s, and
+			// carve's agent, whose first round is slow and fills its
+			// bucket again, spent it over some 15 rounds. What is
+			// left then is what a round refills while it uses no
+			// tokens (carve's unprepares: 10-20).
 			var firstRound time.Duration
 			warm := 0
 			if !firstShare {
 				bucket := tokenbucket.NewLimiter(tokenbucket.Limit(pc.limits.qps), pc.limits.burst)
+				last := math.Inf(1)
 				for warm < maxWarmRounds {
 					t0 := time.Now()
 					bucket.ReserveN(t0, concurrency)
@@ -308,9 +313,14 @@ func benchPrepare(b *testing.B, pc prepareCase) {
 						firstRound = time.Since(t0)
 					}
 					// Unthrottled, no burst to spend.
-					if concurrency == 1 || pc.limits == unthrottled || bucket.TokensAt(time.Now()) < float64(concurrency)/4 {
+					if concurrency == 1 || pc.limits == unthrottled {
 						break
 					}
+					left := bucket.TokensAt(time.Now())
+					if warm > 1 && left < float64(concurrency) && left >= last-1 {
+						break
+					}
+					last = left
 				}
 				prep, unprep = nil, nil
 			}
