@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Reads `go test -bench -benchmem` output on stdin and prints it as a
-# Markdown table, one row per benchmark, every metric in its own column.
+# Markdown table, one row per benchmark, every metric in its own column;
+# then, for each benchmark run against carve and the do-nothing driver in
+# the same run (<name>/carve, <name>/library-floor), their ratio a metric.
 set -euo pipefail
 awk '
 /^pkg: / { pkg = $2; sub(".*/carve/", "", pkg) }
@@ -23,6 +25,31 @@ END {
     line = "| " label[rows[r]]
     for (u = 1; u <= nunits; u++) { v = val[rows[r], units[u]]; line = line " | " (v == "" ? "" : v) }
     print line " |"
+  }
+  # carve against the do-nothing driver in the same run: a row a metric
+  # for each benchmark that has both (<name>/carve, <name>/library-floor).
+  npairs = 0
+  for (r = 1; r <= nrows; r++) {
+    split(label[rows[r]], f, " [|] ")
+    if (f[2] !~ /\/carve$/) continue
+    base = f[2]; sub(/\/carve$/, "", base)
+    # The reference runs after carve (its next row of that name).
+    for (q = r + 1; q <= nrows; q++) {
+      split(label[rows[q]], g, " [|] ")
+      if (g[1] != f[1] || g[2] != base "/library-floor") continue
+      for (u = 1; u <= nunits; u++) {
+        if (units[u] == "samples" || units[u] == "warm-rounds") continue
+        a = val[rows[r], units[u]]; b = val[rows[q], units[u]]
+        if (a == "" || b == "" || b + 0 == 0) continue
+        if (++npairs == 1) {
+          print ""
+          print "| package | benchmark | metric | carve | do-nothing driver | carve / do-nothing |"
+          print "|---|---|---|---:|---:|---:|"
+        }
+        printf "| %s | %s | %s | %s | %s | %.3f |\n", f[1], base, units[u], a, b, a / b
+      }
+      break
+    }
   }
   if (failed) exit 1
 }'
