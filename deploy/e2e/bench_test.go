@@ -163,7 +163,7 @@ func BenchmarkPrepare1(b *testing.B) {
 // BenchmarkPrepare100 prepares 100 claims concurrently, one call each, as
 // the kubelet does for 100 pods starting at once, then unprepares them,
 // round after round. Its claims/s is what each driver sustains: the rounds
-// timed are those after its client's burst is spent (warmRounds), as on a
+// timed are those after its client's burst is spent (warm-rounds), as on a
 // node where pods keep coming; the first round, on a node that has never
 // had a share, is its own figure (first-round-ms).
 func BenchmarkPrepare100(b *testing.B) {
