@@ -199,7 +199,7 @@
 // specs of an earlier boot are removed. A dead link-event subscription is
 // made again. A pod sandbox that is recreated gets its share's interface made
 // again by the hook (same name, MAC and mode), and the hook gives up after
-// 13 s rather than hold a pod's start.
+// 58 s rather than hold a pod's start for good (hook.TimeoutSeconds).
 //
 // # Security model
 //
