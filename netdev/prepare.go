@@ -54,6 +54,14 @@ func (p *NICPreparer) Prepare(ctx context.Context, a prepare.Allocation, dev sli
 	}
 	p.preparing.Add(1)
 	defer p.preparing.Add(-1)
+	leave, err := p.gate.enter(ctx)
+	if err != nil {
+		if added {
+			p.releaseShare(key)
+		}
+		return prepare.Prepared{}, err
+	}
+	defer leave()
 	// The same share unprepared a moment ago (a claim used again on this
 	// node) has the same names: what is left of it goes first.
 	if err := p.reaper.settle(key); err != nil {

@@ -123,6 +123,8 @@ type NICPreparer struct {
 	setUp setUpCache
 	// preparing counts prepares in flight; the reaper yields to them.
 	preparing atomic.Int32
+	// gate admits prepares a few at a time, in order (admit.go).
+	gate prepareGate
 }
 
 var (
@@ -158,7 +160,7 @@ func NewNICPreparer(opts Options) (*NICPreparer, error) {
 	}
 	p := &NICPreparer{opts: opts, h: h, route: &nl.SocketHandle{Socket: sock}, ipam: newIPAM(), minors: map[string]map[uint16]string{},
 		blocks: map[string]map[string][]uint16{}, plainRoot: map[int]bool{}, labels: map[string]shareLabels{},
-		held: map[string]map[string]bool{}, queuesSet: map[blockKey]queuesOf{}, parkMark: newParkMark(), parked: map[string][]parkedBlock{}, scanned: map[string]bool{}}
+		held: map[string]map[string]bool{}, queuesSet: map[blockKey]queuesOf{}, parkMark: newParkMark(), parked: map[string][]parkedBlock{}, scanned: map[string]bool{}, gate: newPrepareGate()}
 	if p.reaper, err = newReaper(p); err != nil {
 		h.Close()
 		return nil, err
