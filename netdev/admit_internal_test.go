@@ -29,7 +29,11 @@ func TestPrepareGateBoundsPrepares(t *testing.T) {
 				return
 			}
 			n := in.Add(1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			for {
+				m := most.Load()
+				if n <= m || most.CompareAndSwap(m, n) {
+					break
+				}
 			}
 			time.Sleep(2 * time.Millisecond)
 			in.Add(-1)
