@@ -13,11 +13,11 @@ import (
 // that each take the kernel's RTNL, which a burst of pods shares with
 // every sandbox's CNI and every share's classes: with 250 share pods
 // created at once and a bound of 15 s (13 s its own), containerd logged
-// 101 hook errors, all of hooks still waiting there, and their containers
-// started again after the kubelet's back-off, doing the work twice. A
-// minute turns those failures into waits; a hook stuck for good still
-// fails its container, well within the kubelet's runtime request timeout
-// (2 minutes).
+// 101 hook errors, each of a hook still waiting there, and their
+// containers started again after the kubelet's back-off, doing the work
+// twice. A minute turns those failures into waits; a hook stuck for good
+// still fails its container, well within the kubelet's runtime request
+// timeout (2 minutes).
 const TimeoutSeconds = 60
 
 // AliasOf is the alias (IFLA_IFALIAS) carve gives a share's interface. It
