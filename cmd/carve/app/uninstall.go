@@ -178,7 +178,11 @@ func warnClaimsKept(ctx context.Context, opts Options) {
 }
 
 // nodeEvent records a warning on the Node, written at once (an event
-// broadcaster's queue would go with the process) and at best effort.
+// broadcaster's queue would go with the process) and at best effort. A
+// refusal is logged as an error, with the reason: on an uninstall, helm
+// deletes the agent's RBAC and ServiceAccount right after its DaemonSet, so
+// an agent slower than those few requests is refused, and its log is then
+// the only place that says what it kept.
 func nodeEvent(ctx context.Context, client kubernetes.Interface, node, reason, msg string) {
 	if client == nil {
 		return
@@ -194,6 +198,6 @@ func nodeEvent(ctx context.Context, client kubernetes.Interface, node, reason, m
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 	}
 	if _, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		klog.FromContext(ctx).V(2).Info("Node event not recorded", "err", err)
+		klog.FromContext(ctx).Error(err, "Node event not recorded", "node", node, "reason", reason)
 	}
 }
