@@ -116,10 +116,19 @@ func (w *daemonSetWatch) watch(ctx context.Context, sel, rv string) error {
 // uninstalling reports whether the DaemonSet is being deleted: what the
 // watch saw, else (it may not have seen the last event yet) what the API
 // server says now, within a short bound. An answer it cannot get is no.
+// A yes runs onDeleted first where the watch has not, and waits for it where
+// the watch is running it: the agent stops right after, and an agent whose
+// signal came before its watch event (CI's loaded host once) left no Event.
 func (w *daemonSetWatch) uninstalling(ctx context.Context) bool {
-	if w.deleted.Load() {
-		return true
+	if !w.deleted.Load() && !w.deletedNow(ctx) {
+		return false
 	}
+	w.markDeleted()
+	return true
+}
+
+// deletedNow asks the API server whether the DaemonSet is being deleted.
+func (w *daemonSetWatch) deletedNow(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	ds, err := w.client.AppsV1().DaemonSets(w.namespace).Get(ctx, w.name, metav1.GetOptions{})

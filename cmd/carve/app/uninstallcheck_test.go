@@ -159,4 +159,13 @@ func TestDaemonSetWatch(t *testing.T) {
 	if never.uninstalling(ctx) {
 		t.Error("an agent that never saw its DaemonSet thinks it is uninstalled")
 	}
+
+	// Signalled before its watch saw the deletion: the agent asks, and
+	// runs onDeleted (the Node event) before it stops, once.
+	var late atomic.Int32
+	unwatched := &daemonSetWatch{client: fake.NewClientset(), namespace: "x", name: "y", onDeleted: func() { late.Add(1) }}
+	unwatched.seenOnce.Store(true)
+	if !unwatched.uninstalling(ctx) || !unwatched.uninstalling(ctx) || late.Load() != 1 {
+		t.Errorf("deletion seen only at the stop: onDeleted ran %d times, want once", late.Load())
+	}
 }
