@@ -165,7 +165,9 @@ func TestDaemonSetWatch(t *testing.T) {
 	var late atomic.Int32
 	unwatched := &daemonSetWatch{client: fake.NewClientset(), namespace: "x", name: "y", onDeleted: func() { late.Add(1) }}
 	unwatched.seenOnce.Store(true)
-	if !unwatched.uninstalling(ctx) || !unwatched.uninstalling(ctx) || late.Load() != 1 {
-		t.Errorf("deletion seen only at the stop: onDeleted ran %d times, want once", late.Load())
+	first := unwatched.uninstalling(ctx)
+	again := unwatched.uninstalling(ctx)
+	if !first || !again || late.Load() != 1 {
+		t.Errorf("deletion seen only at the stop: uninstalling %v then %v, onDeleted ran %d times; want true, true, once", first, again, late.Load())
 	}
 }
