@@ -190,8 +190,8 @@ func warnClaimsKept(ctx context.Context, opts Options) {
 // broadcaster's queue would go with the process) and at best effort. A
 // refusal is logged as an error, with the reason: on an uninstall, helm
 // deletes the agent's RBAC and ServiceAccount right after its DaemonSet, so
-// a late agent may be refused (here one 3 s late was not: the API server's
-// caches), and its log is then the only place that says what it kept.
+// a late agent is refused (a loaded CI host's was: "events is forbidden"),
+// and its log is then the only place that says what it kept.
 func nodeEvent(ctx context.Context, client kubernetes.Interface, node, reason, msg string) {
 	if client == nil {
 		return
