@@ -117,8 +117,8 @@ func (w *daemonSetWatch) watch(ctx context.Context, sel, rv string) error {
 // watch saw, else (it may not have seen the last event yet) what the API
 // server says now, within a short bound. An answer it cannot get is no.
 // A yes runs onDeleted first where the watch has not, and waits for it where
-// the watch is running it: the agent stops right after, and an agent whose
-// signal came before its watch event (CI's loaded host once) left no Event.
+// the watch is running it: the agent stops right after, and one whose
+// signal comes before its watch event would otherwise leave no Event.
 func (w *daemonSetWatch) uninstalling(ctx context.Context) bool {
 	if !w.deleted.Load() && !w.deletedNow(ctx) {
 		return false
