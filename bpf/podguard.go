@@ -18,7 +18,8 @@ import (
 // socket of the pod's and so escape the parent's check by namespace. The
 // program cannot tell from a frame which pod sent it (a socket-less frame's
 // namespace reads as the node's), so the agent loads one instance per
-// share with the share's MAC, parent and checks as constants, and pins it.
+// share with the share's MAC, parent and checks in its own frozen data
+// map, and pins it.
 // That instance only hands them to the policy, one program the classifier
 // loads and keeps in a pinned program array, by a tail call: it verifies
 // in microseconds, where the whole policy took 4-7 ms of every prepare; the runtime hook attaches it once
@@ -39,9 +40,10 @@ func PodGuardLinkPath(pinDir, name string) string {
 	return filepath.Join(pinDir, podGuardDir, name+"_link")
 }
 
-// PinPodGuard loads a pod guard for the share named g.MAC on parent
-// g.Parent, with g's checks, and pins it for the hook, in place of one
-// pinned before under the same name. g.VLAN is the share's VLAN, in which
+// PinPodGuard takes a pod guard from the pool (PreloadPodGuards) or loads
+// one, gives it the share named g.MAC on parent g.Parent, with g's checks,
+// and pins it for the hook, in place of one pinned before under the same
+// name. g.VLAN is the share's VLAN, in which
 // its addresses are recorded; in the pod a frame carries no tag at all
 // (the host's VLAN device adds it).
 func (s *Shaper) PinPodGuard(name string, g PodShare) error {
@@ -53,33 +55,30 @@ func (s *Shaper) PinPodGuard(name string, g PodShare) error {
 	if err != nil {
 		return err
 	}
-	spec := s.guardSpec.Copy() // its maps the classifier's own, pinned by name
 	var share [6]byte
 	copy(share[:], mac)
-	for n, v := range map[string]any{"guard_share_mac": share, "guard_parent": uint32(g.Parent), "guard_flags": vf} {
-		vs, ok := spec.Variables[n]
-		if !ok {
-			return fmt.Errorf("pod guard: no variable %s in the classifier", n)
-		}
-		if err := vs.Set(v); err != nil {
-			return fmt.Errorf("pod guard: set %s: %w", n, err)
-		}
+	data, err := s.guardData(map[string]any{"guard_share_mac": share, "guard_parent": uint32(g.Parent), "guard_flags": vf})
+	if err != nil {
+		return err
 	}
-	var objs struct {
-		Guard *ebpf.Program `ebpf:"pod_guard"`
+	guard, err := s.takeGuard()
+	if err != nil {
+		return fmt.Errorf("pod guard of %s: %w", name, err)
 	}
-	// The policy's program array is this classifier's own, open already:
-	// no pin to open and check at every prepare.
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: s.pinDir}, MapReplacements: map[string]*ebpf.Map{"pod_guard_policy": s.objs.PodGuardPolicy}}
-	if err := spec.LoadAndAssign(&objs, opts); err != nil {
-		return fmt.Errorf("load the pod guard of %s: %w", name, err)
+	defer guard.close()
+	// Frozen, the share's data are as fixed as constants: no one can
+	// write them through the bpf syscall any more, the agent included.
+	if err := guard.data.Update(uint32(0), data, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("pod guard of %s: write its data: %w", name, err)
 	}
-	defer objs.Guard.Close()
+	if err := guard.data.Freeze(); err != nil {
+		return fmt.Errorf("pod guard of %s: freeze its data: %w", name, err)
+	}
 	path := PodGuardProgramPath(s.pinDir, name)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	return pinReplacing(objs.Guard, path)
+	return pinReplacing(guard.prog, path)
 }
 
 // UnpinPodGuard removes the pins of the pod guard of the share named name:

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -11,7 +12,7 @@ import (
 )
 
 // A pod guard is the policy for one share, whose MAC, parent and checks it
-// carries as constants: run on its own (BPF_PROG_RUN, as on the pod's
+// carries in its frozen data: run on its own (BPF_PROG_RUN, as on the pod's
 // interface), it passes the share's own frames, whatever socket sent them,
 // and drops and counts what the share may not send, under the share.
 // Unpinned, nothing of it is left.
@@ -201,17 +202,39 @@ func TestARecreatedSandboxReplacesItsEntry(t *testing.T) {
 }
 
 // BenchmarkPinPodGuard measures what a prepare pays for its share's pod
-// guard: the load of pod_guard with the share's constants and its pin.
+// guard: its load with the share's data and its pin (on-demand), or, from
+// a pool holding one (pooled, as the agent runs), the write of its data,
+// their freeze and the pin.
 func BenchmarkPinPodGuard(b *testing.B) {
 	needRoot(b)
-	dir := testPinDir(b)
-	s := openShaper(b, dir)
-	defer s.Close()
-	defer func() { _ = UnpinPodGuard(dir, "cvbench") }()
-	b.ResetTimer()
-	for range b.N {
-		if err := s.PinPodGuard("cvbench", PodShare{Parent: 1, MAC: mac1.String(), CheckIPv4: true, CheckIPv6: true}); err != nil {
-			b.Fatal(err)
-		}
+	for _, pooled := range []bool{false, true} {
+		b.Run(map[bool]string{false: "on-demand", true: "pooled"}[pooled], func(b *testing.B) {
+			dir := testPinDir(b)
+			s := openShaper(b, dir)
+			defer s.Close()
+			defer func() { _ = UnpinPodGuard(dir, "cvbench") }()
+			if pooled {
+				// The filler never runs: the loop puts a guard
+				// in, untimed.
+				if err := s.PreloadPodGuards(1, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				if pooled {
+					b.StopTimer()
+					g, err := s.loadGuard()
+					if err != nil {
+						b.Fatal(err)
+					}
+					s.pool.ready <- g
+					b.StartTimer()
+				}
+				if err := s.PinPodGuard("cvbench", PodShare{Parent: 1, MAC: mac1.String(), CheckIPv4: true, CheckIPv6: true}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

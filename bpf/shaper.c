@@ -820,16 +820,19 @@ int share_dequeued(struct __sk_buff *skb)
 }
 
 // A share's pod guard is two programs. pod_guard is loaded once for each
-// share (Shaper.PinPodGuard) with the share's MAC, parent and VLAN flags as
-// constants: it only writes them into the frame's cb[] and tail-calls
-// pod_guard_check, the policy, loaded once with the classifier and kept in
-// the pinned pod_guard_policy. The per-share program verifies in
-// microseconds where the whole policy took milliseconds at every prepare
-// (issue 44), and every guard runs the newest agent's policy. The
-// constants are zero in the classifier's own load.
-volatile const __u8 guard_share_mac[ETH_ALEN];
-volatile const __u32 guard_parent;
-volatile const __u16 guard_flags; // netns_val's vlan_flags: the share's VLAN, for its addresses
+// share with the share's MAC, parent and VLAN flags in its own data map: it
+// only writes them into the frame's cb[] and tail-calls pod_guard_check,
+// the policy, loaded once with the classifier and kept in the pinned
+// pod_guard_policy. The per-share program verifies in microseconds where
+// the whole policy took milliseconds at every prepare (issue 44), and every
+// guard runs the newest agent's policy. The data are a section of their
+// own, not constants, so that the agent can load guards ahead of the
+// prepares that take them (bpf/guardpool.go): it writes the share's values
+// and freezes the map before it pins the guard, which leaves them as fixed
+// as constants. They are zero in the classifier's own load.
+volatile __u8 guard_share_mac[ETH_ALEN] SEC(".data.pod_guard");
+volatile __u32 guard_parent SEC(".data.pod_guard");
+volatile __u16 guard_flags SEC(".data.pod_guard"); // netns_val's vlan_flags: the share's VLAN, for its addresses
 
 // The cb[] words pod_guard hands pod_guard_check: a magic word, so that
 // nothing but pod_guard reaches the policy with a share of its choosing,
@@ -852,8 +855,9 @@ struct {
 SEC("tc")
 int pod_guard(struct __sk_buff *skb)
 {
-	// Byte by byte, through volatile: a load of the constant as a whole
-	// would be folded to the zeros it was compiled with.
+	// Byte by byte, through volatile: read from the guard's map at run
+	// time (an older agent's guards had them as constants, which a load
+	// as a whole folded to the zeros they were compiled with).
 	skb->cb[0] = GUARD_CB_MAGIC;
 	skb->cb[1] = (__u32)guard_share_mac[0] | (__u32)guard_share_mac[1] << 8 | (__u32)guard_share_mac[2] << 16 |
 		     (__u32)guard_share_mac[3] << 24;

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -61,6 +62,10 @@ type Shaper struct {
 	// loaded from a copy of it at each prepare, without parsing the
 	// object or copying every program again.
 	guardSpec *ebpf.CollectionSpec
+	// pool holds guards loaded ahead (guardpool.go); nil where the
+	// caller never asked for one.
+	poolMu sync.Mutex
+	pool   *guardPool
 }
 
 // MountBPFFS mounts bpffs at dir (DefaultBPFFS when empty) unless dir is
@@ -177,7 +182,11 @@ func OpenShaper(pinDir string) (*Shaper, error) {
 var retiredMaps = []string{"share_flow_stats"}
 
 // Close releases this process's handles. Pinned maps and attached links stay.
-func (s *Shaper) Close() error { return s.objs.Close() }
+// The guards of the pool not taken are released.
+func (s *Shaper) Close() error {
+	s.closePool()
+	return s.objs.Close()
+}
 
 func makeKey(dir Direction, mac net.HardwareAddr) (shaperShareKey, error) {
 	var k shaperShareKey

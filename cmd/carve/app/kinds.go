@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
@@ -175,8 +176,25 @@ func openShaper(pinDir string) (*bpf.Shaper, error) {
 	if err := bpf.MountBPFFS(filepath.Dir(pinDir)); err != nil {
 		return nil, err
 	}
-	return bpf.OpenShaper(pinDir)
+	s, err := bpf.OpenShaper(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.PreloadPodGuards(podGuardPool, podGuardQuiet); err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return s, nil
 }
+
+// The pod guards the agent keeps loaded ahead of the prepares that take
+// them (bpf/guardpool.go): enough for a node's usual arrivals, each a few
+// kilobytes of kernel memory. The pool fills once no prepare has asked for
+// a guard for about one prepare's length, so a burst's prepares do not
+// wait behind it.
+const (
+	podGuardPool  = 16
+	podGuardQuiet = 5 * time.Millisecond
+)
 
 // hookBinary is the hook the container runtime runs, as installed on the
 // host: the small static carve-hook, or the agent's own binary.
