@@ -17,7 +17,10 @@ import (
 // while, and a prepare takes one, writes its share's data, freezes them
 // and pins it. A burst that drains the pool loads the rest on demand, as
 // without a pool, and the pool fills again when the burst is over: the
-// filler never competes with prepares for the CPU. A pooled guard is only
+// filler stops at a burst's next prepare. A serial stream of prepares a few
+// milliseconds apart still shares the CPU with it (BenchmarkPrepare1 read
+// no gain end to end on two vCPUs); a node's pods arriving seconds apart
+// find their guard loaded. A pooled guard is only
 // held by this process's descriptors, so a crash leaves nothing behind.
 
 // guardDataSection is the pod guard's data map (shaper.c).
